@@ -1,0 +1,208 @@
+// lanebus — MIT License.
+// Bus: the root object. Topics, queues, consumer groups, publishing handles, shutdown.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "lanebus/export.hpp"
+#include "lanebus/handler.hpp"
+#include "lanebus/message.hpp"
+#include "lanebus/options.hpp"
+#include "lanebus/stats.hpp"
+#include "lanebus/status.hpp"
+
+namespace lanebus {
+
+namespace detail {
+class BusCore;
+class TopicImpl;
+struct Consumer;
+struct PublisherState;
+}  // namespace detail
+
+/// A topic or queue: a cheap, copyable reference. Valid while its Bus lives.
+/// A default-constructed Topic refers to nothing; using it gives InvalidArgument.
+///
+/// Publishing, in one sentence per guarantee:
+/// - The message is copied into a pooled slot; once publish returns OK the bus
+///   owns it, and the views in OutgoingMessage may be reused.
+/// - Ordering contract: within one key (one lane), if one publish returns
+///   before another starts (same thread, or threads ordered by any
+///   synchronisation), every group sees them in that order. Publishes that
+///   overlap in time have no defined order. There is no order across lanes.
+/// - Ephemeral topics are at-most-once across a crash: nothing is stored.
+/// - With no groups subscribed, a published message is counted (`unrouted`)
+///   and discarded.
+///
+/// Thread safety: thread-safe.
+class LANEBUS_API Topic {
+ public:
+  Topic() noexcept = default;
+
+  /// Publish one message. Allocation-free once the topic exists.
+  ///
+  /// Blocks only under Backpressure::Block, for at most the topic's
+  /// block_timeout, waiting for a free slot. Errors (nothing is published):
+  /// - InvalidArgument: empty payload, or a default-constructed Topic.
+  /// - PayloadTooLarge: key + idempotency key + payload exceed slot_bytes.
+  /// - WouldBlock: topic full under Backpressure::FailFast.
+  /// - TimedOut: topic still full after block_timeout under Backpressure::Block.
+  /// - ShutDown: the bus is shut down or shutting down.
+  Status publish(const OutgoingMessage& message) const noexcept;
+
+  /// Like publish, but never blocks: a full topic gives WouldBlock (or, under
+  /// DropOldest, drops the oldest message to make room).
+  Status try_publish(const OutgoingMessage& message) const noexcept;
+
+  std::string_view name() const noexcept;
+  std::uint32_t lanes() const noexcept;
+  bool is_queue() const noexcept;
+  bool valid() const noexcept { return impl_ != nullptr; }
+
+ private:
+  friend class Bus;
+  friend class Publisher;
+  explicit Topic(detail::TopicImpl* impl) noexcept : impl_(impl) {}
+  detail::TopicImpl* impl_ = nullptr;
+};
+
+/// One consumer attached to a group (topic) or to a queue's consumer set.
+/// Move-only RAII: destroying it unsubscribes and waits for a running call of
+/// its handler to finish; no handler call of it starts after close() returns.
+///
+/// Thread safety: one thread at a time.
+class LANEBUS_API Subscription {
+ public:
+  Subscription() noexcept = default;
+  Subscription(Subscription&& other) noexcept;
+  Subscription& operator=(Subscription&& other) noexcept;
+  Subscription(const Subscription&) = delete;
+  Subscription& operator=(const Subscription&) = delete;
+  /// close(); from inside its own handler it detaches without waiting.
+  ~Subscription();
+
+  /// Unsubscribe. Blocks until a running call of this subscription's handler
+  /// returns (no timeout: a handler that never returns blocks close forever).
+  /// Messages not yet handled stay with the group for its other consumers;
+  /// when the last consumer of a group leaves, the group stops receiving and
+  /// its queued messages are discarded (counted as dropped).
+  /// Errors: Busy when called from inside this subscription's own handler
+  /// (the subscription is then detached but the running call is not awaited).
+  /// Closing twice, or a moved-from subscription, is OK.
+  Status close() noexcept;
+
+  bool active() const noexcept { return consumer_ != nullptr; }
+
+ private:
+  friend class Bus;
+  Subscription(std::shared_ptr<detail::BusCore> core, detail::Consumer* consumer) noexcept;
+  std::shared_ptr<detail::BusCore> core_;
+  detail::Consumer* consumer_ = nullptr;
+};
+
+/// A per-thread publishing handle: hands out message ids from a private block
+/// so that publishers on different threads do not contend on one counter.
+/// Publishing through it is otherwise the same as Topic::publish.
+/// Valid while its Bus lives.
+///
+/// Thread safety: one thread at a time.
+class LANEBUS_API Publisher {
+ public:
+  Publisher() noexcept;
+  Publisher(Publisher&&) noexcept;
+  Publisher& operator=(Publisher&&) noexcept;
+  ~Publisher();
+
+  /// As Topic::publish (same errors and blocking).
+  Status publish(const Topic& topic, const OutgoingMessage& message) noexcept;
+  /// As Topic::try_publish.
+  Status try_publish(const Topic& topic, const OutgoingMessage& message) noexcept;
+
+ private:
+  friend class Bus;
+  explicit Publisher(std::unique_ptr<detail::PublisherState> state) noexcept;
+  std::unique_ptr<detail::PublisherState> state_;
+};
+
+/// How shutdown treats messages that are queued but not yet handled.
+enum class ShutdownMode : std::uint8_t {
+  /// Stop accepting publishes, let workers handle everything queued (up to
+  /// the timeout), then stop. Messages still queued at the timeout are
+  /// abandoned and shutdown returns TimedOut.
+  Drain,
+  /// Stop accepting publishes, let running handler calls finish, discard the
+  /// rest, then stop.
+  Abandon,
+};
+
+/// The root object: owns topics, queues, groups, the message pools and the
+/// worker threads. There are no globals; several buses may live in one process.
+///
+/// Thread safety: thread-safe.
+class LANEBUS_API Bus {
+ public:
+  /// Create a bus and start its workers.
+  /// Errors: InvalidArgument (a zero or absurd option), Internal (threads
+  /// could not be started).
+  static Result<std::unique_ptr<Bus>> open(const BusOptions& options = {});
+
+  /// shutdown(Drain, options.close_timeout), then abandon what is left.
+  ~Bus();
+  Bus(const Bus&) = delete;
+  Bus& operator=(const Bus&) = delete;
+
+  /// Create a topic (fan-out to consumer groups), or return the existing one
+  /// if it was created with the same kind and lane count. Allocates its
+  /// slots and lane buffers now, once.
+  /// Errors: InvalidName; InvalidArgument (lanes 0 or > 4096, capacity 0 or
+  /// > 2^24, slot_bytes 0 or > 16 MiB, max_groups 0 or > 1024); Conflict (the
+  /// name exists as a queue, or with another lane count); ShutDown;
+  /// Busy (max_topics reached).
+  Result<Topic> create_topic(std::string_view name, const TopicOptions& options = {});
+
+  /// Create a queue: one implicit group whose consumers compete (each
+  /// message handled by one of them). Same rules and errors as create_topic.
+  Result<Topic> create_queue(std::string_view name, const TopicOptions& options = {});
+
+  /// Look a topic or queue up. Errors: InvalidName, NotFound.
+  Result<Topic> find(std::string_view name) const;
+
+  /// Attach a consumer to consumer group `group` of a topic. The group is
+  /// created on first use and receives every message published after that;
+  /// several subscriptions to one group compete for its messages (each
+  /// message goes to one of them, lanes stay ordered). The group's options
+  /// are fixed by its first subscription.
+  /// The handler runs on a worker thread (see Handler).
+  /// Errors: InvalidArgument (invalid Topic, empty handler, the topic is a
+  /// queue: use consume), InvalidName (group), Busy (max_groups or
+  /// max_consumers_per_group reached), ShutDown.
+  Result<Subscription> subscribe(const Topic& topic, std::string_view group, Handler handler,
+                                 const GroupOptions& options = {});
+
+  /// Attach a competing consumer to a queue. Same rules as subscribe.
+  /// Errors: InvalidArgument (not a queue, empty handler), Busy, ShutDown.
+  Result<Subscription> consume(const Topic& queue, Handler handler, const GroupOptions& options = {});
+
+  /// A publishing handle for one thread (allocates once, here).
+  Publisher publisher();
+
+  /// A snapshot of every counter, taken without stopping the bus.
+  BusStats stats() const;
+
+  /// Stop the bus: refuse new publishes (ShutDown), then drain or abandon
+  /// queued messages, then join every worker thread. Blocks up to `timeout`
+  /// for draining plus however long running handler calls take to return.
+  /// Calling it again is OK (returns OK at once).
+  /// Errors: TimedOut (Drain could not finish in time; the rest was
+  /// abandoned), Busy (called from a handler: a worker cannot join itself).
+  Status shutdown(ShutdownMode mode, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+ private:
+  explicit Bus(std::shared_ptr<detail::BusCore> core) noexcept;
+  std::shared_ptr<detail::BusCore> core_;
+};
+
+}  // namespace lanebus

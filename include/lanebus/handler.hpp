@@ -1,0 +1,53 @@
+// lanebus — MIT License.
+// Outcome (ack / retry / reject) and the handler signature.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string_view>
+
+#include "lanebus/message.hpp"
+
+namespace lanebus {
+
+/// What a handler tells the bus about one message.
+///
+/// - ack: done; the group moves past the message.
+/// - retry(reason): a transient failure; the same message is delivered again
+///   (before any later message of its lane) until the group's max_attempts,
+///   then it counts as failed (and, once the DLQ lands, goes there).
+/// - reject(reason): a permanent failure; never retried.
+///
+/// The reason is copied (truncated to kMaxReason bytes), so building an
+/// Outcome never allocates.
+class Outcome {
+ public:
+  enum class Kind : std::uint8_t { Ack, Retry, Reject };
+  static constexpr std::size_t kMaxReason = 95;
+
+  static Outcome ack() noexcept { return Outcome(Kind::Ack, {}); }
+  static Outcome retry(std::string_view reason) noexcept { return Outcome(Kind::Retry, reason); }
+  static Outcome reject(std::string_view reason) noexcept { return Outcome(Kind::Reject, reason); }
+
+  Kind kind() const noexcept { return kind_; }
+  std::string_view reason() const noexcept { return std::string_view(reason_, len_); }
+
+ private:
+  Outcome(Kind kind, std::string_view reason) noexcept : kind_(kind) {
+    len_ = static_cast<std::uint8_t>(reason.size() < kMaxReason ? reason.size() : kMaxReason);
+    if (len_) std::memcpy(reason_, reason.data(), len_);
+  }
+  Kind kind_;
+  std::uint8_t len_ = 0;
+  char reason_[kMaxReason];
+};
+
+/// A message handler. Runs on a bus worker thread with no lanebus lock held;
+/// at most one call at a time per (group, lane). It may publish, subscribe and
+/// read stats; it must not shut the bus down or wait for its own subscription
+/// to close. An exception escaping it is caught and counted as a failure of
+/// that message (treated like retry("exception: ...")).
+using Handler = std::function<Outcome(const MessageView&)>;
+
+}  // namespace lanebus

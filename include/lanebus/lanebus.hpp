@@ -1,0 +1,11 @@
+// lanebus — MIT License.
+// Umbrella header: includes the public headers and nothing else.
+#pragma once
+
+#include "lanebus/bus.hpp"
+#include "lanebus/handler.hpp"
+#include "lanebus/message.hpp"
+#include "lanebus/options.hpp"
+#include "lanebus/stats.hpp"
+#include "lanebus/status.hpp"
+#include "lanebus/version.hpp"

@@ -1,0 +1,101 @@
+// lanebus — MIT License.
+// The message header of SPEC §1, the outgoing message a publisher fills in, and
+// MessageView, the non-owning view a handler receives.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "lanebus/export.hpp"
+
+namespace lanebus {
+
+/// The fixed-size part of every message header (SPEC §1). The variable parts
+/// (key, idempotency key) travel next to it. The same struct is stored by the
+/// durable layer, so its fields are plain integers with fixed meaning.
+struct MessageHeader {
+  /// Unique per bus; assigned by publish, increasing per publishing thread.
+  std::uint64_t id = 0;
+  /// Wall-clock time of publish, in nanoseconds since the Unix epoch.
+  std::int64_t created_at_ns = 0;
+  /// Free for the application: ties a message to the request that caused it. 0 = none.
+  std::uint64_t correlation_id = 0;
+  /// Fencing token of the lease the publisher held (SPEC §6). 0 = none.
+  std::uint64_t fencing_token = 0;
+  /// Delivery attempt, starting at 1 for the first delivery to a group.
+  std::uint32_t attempt = 0;
+  /// Application-defined content type id. 0 = unspecified.
+  std::uint16_t content_type = 0;
+  /// Schema version of the payload. 0 = unspecified.
+  std::uint16_t schema_version = 0;
+};
+
+/// What a publisher hands to publish(). All views are read during the call
+/// only: publish copies key, idempotency key and payload into the bus.
+struct OutgoingMessage {
+  /// Ordering key: `lane = hash(key) % lanes` (hash = 64-bit FNV-1a, stable
+  /// across processes and releases). May be empty; an empty key is one key
+  /// like any other, so all empty-key messages share one lane and keep order.
+  std::string_view key;
+  /// The payload bytes. Must not be empty.
+  std::string_view payload;
+  /// The stable business key used for deduplication (SPEC §4). Optional.
+  std::string_view idempotency_key;
+  std::uint64_t correlation_id = 0;
+  std::uint64_t fencing_token = 0;
+  std::uint16_t content_type = 0;
+  std::uint16_t schema_version = 0;
+};
+
+/// A delivered message, valid only while the handler that received it runs
+/// (the bytes live in a pooled slot that is recycled afterwards). Copy out
+/// what you keep.
+///
+/// Thread safety: const methods are safe.
+class MessageView {
+ public:
+  MessageView(const MessageHeader& header, std::string_view key, std::string_view idempotency_key,
+              std::string_view payload, std::uint32_t lane, std::uint64_t offset = 0) noexcept
+      : header_(&header),
+        key_(key),
+        idempotency_key_(idempotency_key),
+        payload_(payload),
+        lane_(lane),
+        offset_(offset) {}
+
+  const MessageHeader& header() const noexcept { return *header_; }
+  std::uint64_t id() const noexcept { return header_->id; }
+  std::int64_t created_at_ns() const noexcept { return header_->created_at_ns; }
+  std::uint64_t correlation_id() const noexcept { return header_->correlation_id; }
+  std::uint64_t fencing_token() const noexcept { return header_->fencing_token; }
+  /// 1 for the first delivery to this group, 2 for the first retry, ...
+  std::uint32_t attempt() const noexcept { return attempt_override_ ? attempt_override_ : header_->attempt; }
+  std::uint16_t content_type() const noexcept { return header_->content_type; }
+  std::uint16_t schema_version() const noexcept { return header_->schema_version; }
+
+  std::string_view key() const noexcept { return key_; }
+  std::string_view idempotency_key() const noexcept { return idempotency_key_; }
+  std::string_view payload() const noexcept { return payload_; }
+  /// The lane the message travels in (hash(key) % lanes).
+  std::uint32_t lane() const noexcept { return lane_; }
+  /// The message's offset in its lane's log (durable topics); 0 for ephemeral ones.
+  std::uint64_t offset() const noexcept { return offset_; }
+
+  /// Used by the dispatcher: the attempt number of this delivery to this group.
+  void set_attempt(std::uint32_t attempt) noexcept { attempt_override_ = attempt; }
+
+ private:
+  const MessageHeader* header_;
+  std::string_view key_;
+  std::string_view idempotency_key_;
+  std::string_view payload_;
+  std::uint32_t lane_;
+  std::uint32_t attempt_override_ = 0;
+  std::uint64_t offset_;
+};
+
+/// The lane a key maps to: 64-bit FNV-1a of the key bytes, modulo `lanes`.
+/// REQUIRES: lanes > 0. Stable across processes, platforms and releases.
+LANEBUS_API std::uint32_t lane_for_key(std::string_view key, std::uint32_t lanes) noexcept;
+
+}  // namespace lanebus

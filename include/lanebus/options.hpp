@@ -1,0 +1,74 @@
+// lanebus — MIT License.
+// Plain option structs with documented defaults: BusOptions, TopicOptions, GroupOptions.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace lanebus {
+
+/// What publish does when a topic has no free message slot (SPEC §2).
+enum class Backpressure : std::uint8_t {
+  /// Wait up to TopicOptions::block_timeout for room, then fail with TimedOut.
+  Block,
+  /// Fail at once with WouldBlock.
+  FailFast,
+  /// Make room by discarding the oldest undelivered message of the lanes
+  /// (counted per group and lane as `dropped`). For telemetry-like topics.
+  DropOldest,
+};
+
+/// Per topic or queue. Fixed at creation; creating the same name again with a
+/// different lane count or kind is a Conflict.
+struct TopicOptions {
+  // ---- behaviour ----
+  /// Number of lanes (ordered sub-streams). 1..4096. Default 8. Fixed forever:
+  /// changing it would remap keys and break per-key order.
+  std::uint32_t lanes = 8;
+  /// What publish does when the topic is full. Default Block.
+  Backpressure backpressure = Backpressure::Block;
+  /// Longest a blocking publish waits for room. Default 1 s.
+  std::chrono::milliseconds block_timeout{1000};
+
+  // ---- memory (bounded; allocated once at creation) ----
+  /// Messages the topic can hold in memory at once (published but not yet
+  /// handled by every group). Rounded up to a power of two. Default 4096.
+  std::uint32_t capacity = 4096;
+  /// Bytes per message slot for key + idempotency key + payload. A message
+  /// that does not fit is refused with PayloadTooLarge. Default 256.
+  std::uint32_t slot_bytes = 256;
+  /// Most consumer groups the topic can have at once. Default 16.
+  std::uint32_t max_groups = 16;
+};
+
+/// Per consumer group (topic subscription) or queue consumer set.
+struct GroupOptions {
+  /// Deliveries of one message before it counts as failed (retry outcomes and
+  /// handler exceptions both use attempts). Default 3. Minimum 1.
+  std::uint32_t max_attempts = 3;
+  /// Most messages a worker handles from one lane before it lets other lanes
+  /// run (fairness between lanes). Default 64.
+  std::uint32_t batch = 64;
+};
+
+/// Per Bus.
+struct BusOptions {
+  /// A name used in error messages and stats. Default "bus".
+  std::string name = "bus";
+  /// Worker threads that run handlers. 0 = std::thread::hardware_concurrency().
+  std::size_t workers = 0;
+  /// How long an idle worker spins looking for work before it parks (sleeps
+  /// on a semaphore, burning no CPU). Default 50 µs. 0 = park at once.
+  std::chrono::nanoseconds spin{50'000};
+  /// Default for how long the Bus destructor lets pending messages drain
+  /// before abandoning them. Default 5 s.
+  std::chrono::milliseconds close_timeout{5000};
+  /// Most topics and queues the bus can hold. Default 1024.
+  std::uint32_t max_topics = 1024;
+  /// Most consumers (subscriptions) one group can have at once. Default 64.
+  std::uint32_t max_consumers_per_group = 64;
+};
+
+}  // namespace lanebus
