@@ -35,26 +35,29 @@ Status::Status(Code code, std::string_view message)
 
 Status::Status(const Status& other)
     : code_(other.code_),
+      literal_(other.literal_),
       message_(other.message_ ? std::make_unique<std::string>(*other.message_) : nullptr) {}
 
 Status& Status::operator=(const Status& other) {
   if (this != &other) {
     code_ = other.code_;
+    literal_ = other.literal_;
     message_ = other.message_ ? std::make_unique<std::string>(*other.message_) : nullptr;
   }
   return *this;
 }
 
 std::string_view Status::message() const noexcept {
-  return message_ ? std::string_view(*message_) : std::string_view();
+  if (message_) return *message_;
+  return literal_ ? std::string_view(literal_) : std::string_view();
 }
 
 std::string Status::to_string() const {
   if (ok()) return "OK";
   std::string s = lanebus::to_string(code_);
-  if (message_) {
+  if (std::string_view m = message(); !m.empty()) {
     s += ": ";
-    s += *message_;
+    s += m;
   }
   return s;
 }

@@ -5,5 +5,5 @@
 #if defined(LANEBUS_STATIC_BUILD) || !defined(__GNUC__)
 #define LANEBUS_API
 #else
-#define LANEBUS_API __attribute__((visibility("default")))
+#define LANEBUS_API [[gnu::visibility("default")]]
 #endif

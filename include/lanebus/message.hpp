@@ -36,11 +36,11 @@ struct OutgoingMessage {
   /// Ordering key: `lane = hash(key) % lanes` (hash = 64-bit FNV-1a, stable
   /// across processes and releases). May be empty; an empty key is one key
   /// like any other, so all empty-key messages share one lane and keep order.
-  std::string_view key;
+  std::string_view key{};
   /// The payload bytes. Must not be empty.
-  std::string_view payload;
+  std::string_view payload{};
   /// The stable business key used for deduplication (SPEC §4). Optional.
-  std::string_view idempotency_key;
+  std::string_view idempotency_key{};
   std::uint64_t correlation_id = 0;
   std::uint64_t fencing_token = 0;
   std::uint16_t content_type = 0;

@@ -54,7 +54,7 @@ LANEBUS_API const char* to_string(Code code) noexcept;
 /// Cold paths attach a message that says what failed, on what, and why.
 ///
 /// Thread safety: const methods are safe; others need external synchronization.
-class LANEBUS_API [[nodiscard]] Status {
+class [[nodiscard]] LANEBUS_API Status {
  public:
   /// OK.
   Status() noexcept = default;
@@ -70,6 +70,13 @@ class LANEBUS_API [[nodiscard]] Status {
   ~Status() = default;
 
   static Status OK() noexcept { return Status(); }
+  /// A failure whose message is a string literal (or any text that outlives
+  /// the Status): allocation-free, for hot-path errors.
+  static Status from_literal(Code code, const char* text) noexcept {
+    Status s(code);
+    s.literal_ = text;
+    return s;
+  }
 
   bool ok() const noexcept { return code_ == Code::Ok; }
   Code code() const noexcept { return code_; }
@@ -80,6 +87,7 @@ class LANEBUS_API [[nodiscard]] Status {
 
  private:
   Code code_ = Code::Ok;
+  const char* literal_ = nullptr;  // set by from_literal; not owned
   std::unique_ptr<std::string> message_;
 };
 

@@ -1,0 +1,125 @@
+// lanebus — MIT License.
+// Options of the durable layer (SPEC §3): where and how messages are stored in
+// LMDB, how long they are kept, and where a consumer group starts reading.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace lanebus {
+
+/// What "publish returned OK" means for a durable topic or queue.
+///
+/// Both modes commit every message in an LMDB write transaction before the
+/// publish completes, and many publishers share one transaction (group commit).
+enum class Durability : std::uint8_t {
+  /// The commit is fsynced (LMDB's default: fdatasync of the data pages, then
+  /// the meta page through an O_DSYNC descriptor) before publish completes.
+  /// A `kill -9` or a power loss after OK loses nothing (atomic-sector storage
+  /// assumed, see doc/storage-format.md). Many concurrent publishers share one
+  /// fsync.
+  Sync,
+  /// The commit is written with MDB_NOSYNC and flushed every
+  /// StoreOptions::async_flush_interval. A process crash (`kill -9`) loses
+  /// nothing that completed (the page cache survives it); a power loss or OS
+  /// crash may lose up to the last interval. NOT durable in the at-least-once
+  /// sense: label it so to your users.
+  Async,
+};
+
+/// Per bus directory (one LMDB environment). Plain struct; every field has a
+/// default.
+struct StoreOptions {
+  // ---- behaviour ----
+  /// The store's directory. Created (mode 0700, parents must exist) if it is
+  /// missing; the LMDB files in it are created with mode 0600. Must be on a
+  /// local file system (NFS/CIFS are refused: LMDB's locks do not work there).
+  std::string directory;
+  /// Durability of publishes and of acknowledgements/offset commits. Default Sync.
+  Durability durability = Durability::Sync;
+  /// Open the store read-only (the CLI's inspect mode). No file is created,
+  /// no writer thread runs, and every mutating call returns InvalidArgument.
+  /// Works on a store that another process has open read-write. Default false.
+  bool read_only = false;
+
+  // ---- capacity ----
+  /// Initial LMDB map size in bytes (the largest the data file can grow before
+  /// the map is grown). Rounded up to a multiple of the OS page size by LMDB.
+  /// Default 64 MiB. An existing store opened with a smaller value keeps its
+  /// current size.
+  std::uint64_t map_size_initial = 64ull << 20;
+  /// The map doubles (at most to this value) each time a write transaction
+  /// hits MDB_MAP_FULL. Beyond it appends fail with MapFull and nothing already
+  /// acknowledged is lost. Default 16 GiB. Must be >= map_size_initial.
+  std::uint64_t map_size_max = 16ull << 30;
+  /// LMDB reader slots shared by every process that opens the directory; each
+  /// read call holds one slot for its duration. Default 126 (LMDB's default).
+  /// Only the first process to open the environment sets it.
+  unsigned max_readers = 126;
+
+  // ---- performance ----
+  /// How often async mode flushes committed transactions to disk
+  /// (mdb_env_sync). Unused in Sync mode. Default 100 ms.
+  std::chrono::milliseconds async_flush_interval{100};
+  /// Most operations (appends, offset commits, claims, ...) the writer thread
+  /// puts in one write transaction. Default 4096.
+  std::uint32_t max_batch = 4096;
+  /// Most operations queued for the writer at once; an append beyond it waits
+  /// for room (the writer is always making progress or failing every queued
+  /// operation). Default 65536.
+  std::uint32_t max_pending = 65536;
+  /// Period of the housekeeping done by the writer thread between batches:
+  /// mdb_reader_check (clears reader slots of dead processes) and retention.
+  /// Default 1 s.
+  std::chrono::milliseconds maintenance_interval{1000};
+  /// Most log records retention deletes in one write transaction, so a large
+  /// deletion never holds the writer (and the publishers queued behind it) for
+  /// long. Default 2048.
+  std::uint32_t retention_batch = 2048;
+};
+
+/// Retention of a durable topic's or queue's log, applied in the background
+/// regardless of consumption (Kafka-like): a group behind the retention point
+/// continues from the earliest retained offset and the skip is counted. Each
+/// limit applies per lane; 0 means no limit. A message is deleted when any
+/// limit says so. Retention may be changed when the topic is reopened.
+struct RetentionOptions {
+  /// Delete messages whose timestamp (see doc/storage-format.md: the running
+  /// maximum of created_at in the lane) is older than this. Default 0 = keep.
+  std::chrono::milliseconds max_age{0};
+  /// Keep at most this many bytes of stored records per lane. Default 0 = no limit.
+  std::uint64_t max_bytes = 0;
+  /// Keep at most this many messages per lane. Default 0 = no limit.
+  std::uint64_t max_count = 0;
+};
+
+/// Where a new consumer group starts in each lane (an existing group resumes
+/// from its committed offsets; seek moves it explicitly).
+enum class StartFrom : std::uint8_t {
+  /// The earliest retained message (replay everything kept).
+  Earliest,
+  /// The end of the log: only messages appended after the group is created.
+  Latest,
+  /// StartPosition::offset in every lane (clamped to [earliest, end]).
+  Offset,
+  /// The first message whose timestamp is at or after
+  /// StartPosition::timestamp_ns, in every lane (end of lane if none).
+  Timestamp,
+};
+
+/// A starting point for a consumer group. Plain struct.
+struct StartPosition {
+  StartFrom from = StartFrom::Earliest;
+  /// Used with StartFrom::Offset.
+  std::uint64_t offset = 0;
+  /// Used with StartFrom::Timestamp: nanoseconds since the Unix epoch.
+  std::int64_t timestamp_ns = 0;
+
+  static StartPosition earliest() noexcept { return {}; }
+  static StartPosition latest() noexcept { return {StartFrom::Latest, 0, 0}; }
+  static StartPosition at_offset(std::uint64_t o) noexcept { return {StartFrom::Offset, o, 0}; }
+  static StartPosition at_time(std::int64_t ns) noexcept { return {StartFrom::Timestamp, 0, ns}; }
+};
+
+}  // namespace lanebus

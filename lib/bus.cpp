@@ -1,0 +1,725 @@
+// lanebus — MIT License.
+// The in-process bus: publish path, lane scheduling, workers, subscriptions,
+// shutdown. Design notes and lock order are in bus_impl.hpp.
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <exception>
+#include <string>
+
+#include "bus_impl.hpp"
+#include "names.hpp"
+
+namespace lanebus {
+namespace detail {
+
+namespace {
+
+// The consumer whose handler this thread is running, if any: lets close() and
+// shutdown() called from inside a handler return Busy instead of deadlocking.
+thread_local Consumer* tl_running_consumer = nullptr;
+thread_local BusCore* tl_running_bus = nullptr;
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::uint32_t round_pow2(std::uint32_t v) { return std::bit_ceil(std::max<std::uint32_t>(v, 2)); }
+
+Status check_topic_options(std::string_view name, const TopicOptions& o) {
+  auto bad = [&](const std::string& why) {
+    return Status(Code::InvalidArgument, "topic \"" + std::string(name) + "\": " + why);
+  };
+  if (o.lanes == 0 || o.lanes > 4096) return bad("lanes must be 1..4096, got " + std::to_string(o.lanes));
+  if (o.capacity == 0 || o.capacity > (1u << 24))
+    return bad("capacity must be 1..16777216, got " + std::to_string(o.capacity));
+  if (o.slot_bytes == 0 || o.slot_bytes > (16u << 20))
+    return bad("slot_bytes must be 1..16 MiB, got " + std::to_string(o.slot_bytes));
+  if (o.max_groups == 0 || o.max_groups > 1024)
+    return bad("max_groups must be 1..1024, got " + std::to_string(o.max_groups));
+  if (o.block_timeout.count() < 0) return bad("block_timeout must not be negative");
+  return Status();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- groups
+
+GroupImpl::GroupImpl(TopicImpl* t, std::string n, const GroupOptions& o, std::uint32_t lane_count,
+                     std::uint32_t ring_capacity, std::uint32_t max_cons)
+    : topic(t),
+      name(std::move(n)),
+      options(o),
+      consumers(new Consumer[max_cons]),
+      max_consumers(max_cons),
+      persistent(t->is_queue) {
+  lanes.reserve(lane_count);
+  for (std::uint32_t l = 0; l < lane_count; ++l) lanes.push_back(std::make_unique<GroupLane>(this, l, ring_capacity));
+  for (std::uint32_t i = 0; i < max_cons; ++i) consumers[i].group = this;
+}
+
+// ---------------------------------------------------------------- topics
+
+TopicImpl::TopicImpl(BusCore* b, std::string n, bool queue, const TopicOptions& o)
+    : bus(b),
+      name(std::move(n)),
+      is_queue(queue),
+      options(o),
+      capacity(round_pow2(o.capacity)),
+      pool(capacity, o.slot_bytes),
+      groups(new std::atomic<GroupImpl*>[o.max_groups]),
+      lane_load(new LaneLoad[o.lanes]) {
+  for (std::uint32_t i = 0; i < o.max_groups; ++i) groups[i].store(nullptr, std::memory_order_relaxed);
+}
+
+// Discard the oldest queued message of each active group, lane by lane from
+// `first_lane`, until a slot comes free. True if something was dropped.
+bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
+  bool dropped_any = false;
+  std::uint32_t ng = group_count.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < options.lanes; ++i) {
+    std::uint32_t lane = (first_lane + i) % options.lanes;
+    for (std::uint32_t gi = 0; gi < ng; ++gi) {
+      GroupImpl* g = groups[gi].load(std::memory_order_acquire);
+      if (g == nullptr) continue;
+      GroupLane& gl = *g->lanes[lane];
+      std::uint32_t idx;
+      if (gl.ring.try_dequeue(idx)) {
+        gl.dropped.fetch_add(1, std::memory_order_relaxed);
+        pool.release(pool.at(idx));
+        dropped_any = true;
+      }
+    }
+    if (dropped_any) return true;
+  }
+  return false;
+}
+
+Slot* TopicImpl::acquire_slot(std::uint32_t lane, bool may_block) noexcept {
+  Slot* s = pool.try_alloc();
+  if (s != nullptr) return s;
+  switch (options.backpressure) {
+    case Backpressure::FailFast:
+      return nullptr;
+    case Backpressure::DropOldest: {
+      // A drop frees a slot unless another group or a worker still holds the
+      // message; keep dropping (bounded by the pool size) until one is free.
+      for (std::uint32_t tries = 0; tries <= capacity; ++tries) {
+        if (!drop_oldest(lane)) break;
+        if ((s = pool.try_alloc()) != nullptr) return s;
+      }
+      if ((s = pool.try_alloc()) != nullptr) return s;
+      if (!may_block) return nullptr;
+      [[fallthrough]];
+    }
+    case Backpressure::Block: {
+      if (!may_block) return nullptr;
+      auto deadline = std::chrono::steady_clock::now() + options.block_timeout;
+      for (std::uint32_t spin = 0;; ++spin) {
+        if ((s = pool.try_alloc()) != nullptr) return s;
+        if (bus->closing()) return nullptr;
+        if (spin < 64) {
+          std::this_thread::yield();
+        } else {
+          if (std::chrono::steady_clock::now() >= deadline) return nullptr;
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      }
+    }
+  }
+  return nullptr;
+}
+
+Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
+  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+  if (need > options.slot_bytes)
+    return Status::from_literal(Code::PayloadTooLarge,
+                                "publish: key + idempotency key + payload exceed the topic's slot_bytes "
+                                "(raise TopicOptions::slot_bytes)");
+  if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+
+  const std::uint32_t lane = lane_for_key(m.key, options.lanes);
+  Slot* s = acquire_slot(lane, may_block);
+  if (s == nullptr) {
+    if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+    refused.fetch_add(1, std::memory_order_relaxed);
+    if (may_block && options.backpressure != Backpressure::FailFast)
+      return Status::from_literal(Code::TimedOut, "publish: the topic stayed full for its whole block_timeout");
+    return Status::from_literal(Code::WouldBlock, "publish: the topic is full (all capacity slots in use)");
+  }
+  // try_alloc incremented the pool's in_use (seq_cst); shutdown sets closing
+  // and then waits on in_use, so either we see closing here or it waits for us.
+  if (bus->closing()) {
+    pool.free(s);
+    return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+  }
+
+  s->lane = lane;
+  s->key_len = static_cast<std::uint32_t>(m.key.size());
+  s->idem_len = static_cast<std::uint32_t>(m.idempotency_key.size());
+  s->payload_len = static_cast<std::uint32_t>(m.payload.size());
+  char* d = s->data();
+  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
+  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
+  std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
+  s->header.id = id;
+  s->header.created_at_ns = now_ns();
+  s->header.correlation_id = m.correlation_id;
+  s->header.fencing_token = m.fencing_token;
+  s->header.attempt = 0;
+  s->header.content_type = m.content_type;
+  s->header.schema_version = m.schema_version;
+  // relaxed: nobody else can see the slot until it is pushed into a ring
+  // (a seq_cst store that publishes everything written above).
+  s->refs.store(1, std::memory_order_relaxed);
+
+  bool routed = false;
+  const std::uint32_t ng = group_count.load(std::memory_order_acquire);
+  for (std::uint32_t gi = 0; gi < ng; ++gi) {
+    GroupImpl* g = groups[gi].load(std::memory_order_acquire);
+    if (g == nullptr || !g->active.load(std::memory_order_acquire)) continue;
+    GroupLane* gl = g->lanes[lane].get();
+    s->refs.fetch_add(1, std::memory_order_relaxed);  // relaxed: we still hold our guard ref
+    // The ring holds at most `capacity` entries and every entry pins a live
+    // slot, so it cannot be full; a failed try only means a dequeuer of the
+    // cell we need has not finished its store yet.
+    while (!gl->ring.try_enqueue(pool.index_of(s))) std::this_thread::yield();
+    bus->schedule(gl);
+    routed = true;
+  }
+  lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+  if (!routed) unrouted.fetch_add(1, std::memory_order_relaxed);
+  pool.release(s);  // drop the publisher's guard
+  return Status();
+}
+
+// ---------------------------------------------------------------- bus core
+
+BusCore::BusCore(const BusOptions& o) : options(o), runq_(4096) {}
+
+BusCore::~BusCore() {
+  // Bus::~Bus already shut down; this covers a failed start().
+  if (!stopped_.load()) (void)shutdown(ShutdownMode::Abandon, std::chrono::milliseconds(0));
+}
+
+Status BusCore::start() {
+  std::size_t n = options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency());
+  try {
+    workers_.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+  } catch (const std::exception& e) {
+    return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting workers: " + e.what());
+  }
+  return Status();
+}
+
+void BusCore::schedule(GroupLane* gl) noexcept {
+  // seq_cst: the publisher's side of the Dekker hand-off (bus_impl.hpp).
+  if (gl->scheduled.load(std::memory_order_seq_cst)) return;
+  if (gl->scheduled.exchange(true, std::memory_order_seq_cst)) return;
+  if (!runq_.try_enqueue(gl)) {
+    // The queue's pre-sized blocks are exhausted (many publishing threads):
+    // correctness first, allocate one more block, and count it.
+    runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    runq_.enqueue(gl);
+  }
+}
+
+Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
+  std::uint32_t n = g->consumers_hw.load(std::memory_order_acquire);
+  if (n == 0) return nullptr;
+  std::uint32_t start = g->rr.fetch_add(1, std::memory_order_relaxed);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Consumer* c = &g->consumers[(start + i) % n];
+    if (!c->enabled.load(std::memory_order_acquire)) continue;
+    // seq_cst pair with close(): enabled=false then wait for calls==0.
+    c->calls.fetch_add(1, std::memory_order_seq_cst);
+    if (c->enabled.load(std::memory_order_seq_cst)) return c;
+    c->calls.fetch_sub(1, std::memory_order_release);
+  }
+  return nullptr;
+}
+
+void BusCore::run_lane(GroupLane* gl) {
+  GroupImpl* g = gl->group;
+  MessagePool& pool = g->topic->pool;
+  const bool abandon = abandon_.load(std::memory_order_acquire);
+  Consumer* c = abandon ? nullptr : pin_consumer(g);
+
+  if (c == nullptr && g->persistent && !abandon) {
+    // A queue with no consumer: messages wait. Unschedule; attach() reschedules
+    // lanes once a consumer exists (Dekker on enabled / scheduled).
+    gl->scheduled.store(false, std::memory_order_seq_cst);
+    if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (gl->current || gl->ring.ready())) schedule(gl);
+    return;
+  }
+
+  std::uint32_t handled = 0;
+  bool yield_for_retry = false;
+  while (handled < g->options.batch) {
+    if (gl->current == nullptr) {
+      std::uint32_t idx;
+      if (!gl->ring.try_dequeue(idx)) break;
+      gl->current = pool.at(idx);
+      gl->attempts = 0;
+    }
+    Slot* s = gl->current;
+    if (c == nullptr) {
+      // No consumer (the group was left, or shutdown abandons): discard.
+      gl->dropped.fetch_add(1, std::memory_order_relaxed);
+      gl->current = nullptr;
+      pool.release(s);
+      continue;
+    }
+    ++gl->attempts;
+    bump(gl->delivered);
+    MessageView view(s->header, s->key(), s->idempotency_key(), s->payload(), s->lane);
+    view.set_attempt(gl->attempts);
+    Outcome out = Outcome::ack();
+    tl_running_consumer = c;
+    tl_running_bus = this;
+    try {
+      out = c->handler(view);
+    } catch (const std::exception&) {
+      out = Outcome::retry("handler threw an exception");
+    } catch (...) {
+      out = Outcome::retry("handler threw a non-standard exception");
+    }
+    tl_running_consumer = nullptr;
+    tl_running_bus = nullptr;
+    ++handled;
+    switch (out.kind()) {
+      case Outcome::Kind::Ack:
+        bump(gl->acked);
+        break;
+      case Outcome::Kind::Reject:
+        bump(gl->rejected);
+        break;
+      case Outcome::Kind::Retry:
+        bump(gl->retried);
+        if (gl->attempts < g->options.max_attempts) {
+          // Keep the message at the head of its lane (later messages of the
+          // lane must not overtake it) and let other lanes run first.
+          yield_for_retry = true;
+        } else {
+          bump(gl->failed);
+        }
+        break;
+    }
+    if (yield_for_retry) break;
+    gl->current = nullptr;
+    pool.release(s);
+  }
+  if (c) c->calls.fetch_sub(1, std::memory_order_release);  // release: handler's effects before close() returns
+
+  if (gl->current != nullptr) {
+    // A retry is pending: stay scheduled and go to the back of the run queue.
+    if (!runq_.try_enqueue(gl)) {
+      runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+      runq_.enqueue(gl);
+    }
+    return;
+  }
+  gl->scheduled.store(false, std::memory_order_seq_cst);
+  if (gl->ring.ready()) schedule(gl);
+}
+
+void BusCore::worker_main(std::size_t /*index*/) {
+  using clock = std::chrono::steady_clock;
+  for (;;) {
+    GroupLane* gl = nullptr;
+    bool got = runq_.try_dequeue(gl);
+    if (!got && options.spin.count() > 0) {
+      auto until = clock::now() + options.spin;
+      for (std::uint32_t i = 1; !got; ++i) {
+        got = runq_.try_dequeue(gl);
+        if (!got && (i & 63) == 0 && clock::now() >= until) break;
+      }
+    }
+    if (!got) runq_.wait_dequeue(gl);  // park: no CPU until a lane is scheduled
+    if (gl == nullptr) return;         // stop sentinel from shutdown()
+    run_lane(gl);
+  }
+}
+
+std::int64_t BusCore::slots_in_use() const {
+  MutexLock l(&mu_);
+  std::int64_t n = 0;
+  for (const auto& [name, t] : topics_) n += t->pool.in_use();
+  return n;
+}
+
+void BusCore::release_remaining() noexcept {
+  MutexLock l(&mu_);
+  for (auto& [name, t] : topics_) {
+    for (auto& g : t->owned_groups) {
+      for (auto& gl : g->lanes) {
+        if (gl->current) {
+          gl->dropped.fetch_add(1, std::memory_order_relaxed);
+          t->pool.release(gl->current);
+          gl->current = nullptr;
+        }
+        std::uint32_t idx;
+        while (gl->ring.try_dequeue(idx)) {
+          gl->dropped.fetch_add(1, std::memory_order_relaxed);
+          t->pool.release(t->pool.at(idx));
+        }
+        gl->scheduled.store(false, std::memory_order_relaxed);
+      }
+    }
+  }
+}
+
+Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
+  if (tl_running_bus == this)
+    return Status(Code::Busy, "bus \"" + options.name + "\": shutdown called from a handler; a worker cannot join itself");
+  MutexLock guard(&shutdown_mu_);
+  if (stopped_.load()) return Status();
+  closing_.store(true, std::memory_order_seq_cst);
+  Status result;
+  if (mode == ShutdownMode::Drain) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (slots_in_use() > 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        result = Status(Code::TimedOut, "bus \"" + options.name + "\": drain did not finish within " +
+                                            std::to_string(timeout.count()) + " ms; " +
+                                            std::to_string(slots_in_use()) + " messages abandoned");
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  abandon_.store(true, std::memory_order_release);
+  for (std::size_t i = 0; i < workers_.size(); ++i) runq_.enqueue(nullptr);
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+  // Publishers that passed the closing check before it was set may still be
+  // pushing into rings; they hold a slot (in_use) until done, so loop.
+  for (;;) {
+    release_remaining();
+    if (slots_in_use() == 0) break;
+    std::this_thread::yield();
+  }
+  stopped_.store(true);
+  return result;
+}
+
+TopicImpl* BusCore::find(std::string_view name) const {
+  MutexLock l(&mu_);
+  auto it = topics_.find(name);
+  return it == topics_.end() ? nullptr : it->second.get();
+}
+
+Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const TopicOptions& o) {
+  const char* kind = is_queue ? "queue" : "topic";
+  if (Status s = check_name(name, kind); !s.ok()) return s;
+  if (Status s = check_topic_options(name, o); !s.ok()) return s;
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  MutexLock l(&mu_);
+  auto it = topics_.find(name);
+  if (it != topics_.end()) {
+    TopicImpl* t = it->second.get();
+    if (t->is_queue != is_queue)
+      return Status(Code::Conflict, std::string(kind) + " \"" + std::string(name) + "\": already exists as a " +
+                                        (t->is_queue ? "queue" : "topic"));
+    if (t->options.lanes != o.lanes)
+      return Status(Code::Conflict, std::string(kind) + " \"" + std::string(name) + "\": already exists with " +
+                                        std::to_string(t->options.lanes) + " lanes, asked for " +
+                                        std::to_string(o.lanes) + " (the lane count is fixed at creation)");
+    return t;
+  }
+  if (topics_.size() >= options.max_topics)
+    return Status(Code::Busy, "bus \"" + options.name + "\": max_topics (" + std::to_string(options.max_topics) +
+                                  ") reached; raise BusOptions::max_topics");
+  auto t = std::make_unique<TopicImpl>(this, std::string(name), is_queue, o);
+  TopicImpl* raw = t.get();
+  if (is_queue) {
+    // The queue's one group exists from the start and keeps messages until a
+    // consumer attaches.
+    auto g = std::make_unique<GroupImpl>(raw, std::string(), GroupOptions{}, o.lanes, raw->capacity,
+                                         options.max_consumers_per_group);
+    g->active.store(true, std::memory_order_release);
+    raw->groups[0].store(g.get(), std::memory_order_release);
+    raw->owned_groups.push_back(std::move(g));
+    raw->group_count.store(1, std::memory_order_release);
+  }
+  topics_.emplace(std::string(name), std::move(t));
+  return raw;
+}
+
+Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler handler, const GroupOptions& o) {
+  if (!handler) return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": the handler is empty");
+  if (o.max_attempts == 0 || o.batch == 0)
+    return Status(Code::InvalidArgument,
+                  "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  MutexLock l(&mu_);
+  GroupImpl* g = nullptr;
+  if (t->is_queue) {
+    g = t->owned_groups.front().get();
+  } else {
+    for (auto& og : t->owned_groups)
+      if (og->name == group) g = og.get();
+    if (g == nullptr) {
+      std::uint32_t n = t->group_count.load(std::memory_order_relaxed);
+      if (n >= t->options.max_groups)
+        return Status(Code::Busy, "topic \"" + t->name + "\": max_groups (" + std::to_string(t->options.max_groups) +
+                                      ") reached; raise TopicOptions::max_groups");
+      auto ng = std::make_unique<GroupImpl>(t, std::string(group), o, t->options.lanes, t->capacity,
+                                            options.max_consumers_per_group);
+      g = ng.get();
+      t->owned_groups.push_back(std::move(ng));
+      t->groups[n].store(g, std::memory_order_release);
+      t->group_count.store(n + 1, std::memory_order_release);
+    }
+  }
+  Consumer* c = nullptr;
+  for (std::uint32_t i = 0; i < g->max_consumers; ++i) {
+    if (!g->consumers[i].in_use) {
+      c = &g->consumers[i];
+      if (i + 1 > g->consumers_hw.load(std::memory_order_relaxed))
+        g->consumers_hw.store(i + 1, std::memory_order_release);
+      break;
+    }
+  }
+  if (c == nullptr)
+    return Status(Code::Busy, "group \"" + g->name + "\" of \"" + t->name + "\": max_consumers_per_group (" +
+                                  std::to_string(g->max_consumers) + ") reached");
+  c->in_use = true;
+  c->handler = std::move(handler);
+  c->enabled.store(true, std::memory_order_seq_cst);
+  g->consumer_count.fetch_add(1, std::memory_order_seq_cst);
+  g->active.store(true, std::memory_order_seq_cst);
+  // Lanes of a queue may hold messages that waited for a consumer.
+  for (auto& gl : g->lanes)
+    if (gl->ring.ready() || gl->current) schedule(gl.get());
+  return c;
+}
+
+Status BusCore::detach(Consumer* c) noexcept {
+  c->enabled.store(false, std::memory_order_seq_cst);
+  if (tl_running_consumer == c) {
+    // Cannot wait for ourselves; the slot is freed by nobody until the bus
+    // dies (documented: detached, not awaited).
+    return Status::from_literal(Code::Busy,
+                                "close: called from the subscription's own handler; detached without waiting");
+  }
+  while (c->calls.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+  MutexLock l(&mu_);
+  GroupImpl* g = c->group;
+  Handler old = std::move(c->handler);
+  c->handler = nullptr;
+  c->in_use = false;
+  if (g->consumer_count.fetch_sub(1, std::memory_order_seq_cst) == 1 && !g->persistent) {
+    // Last consumer of a topic group: it stops receiving; queued messages are
+    // discarded by the workers (no consumer) and counted as dropped.
+    g->active.store(false, std::memory_order_seq_cst);
+    for (auto& gl : g->lanes) schedule(gl.get());
+  }
+  return Status();
+}
+
+BusStats BusCore::stats() const {
+  BusStats out;
+  out.name = options.name;
+  MutexLock l(&mu_);
+  out.workers = static_cast<std::uint32_t>(workers_.size());
+  for (const auto& [name, t] : topics_) {
+    TopicStats ts;
+    ts.name = name;
+    ts.is_queue = t->is_queue;
+    ts.lanes = t->options.lanes;
+    ts.unrouted = t->unrouted.load(std::memory_order_relaxed);
+    ts.publish_refused = t->refused.load(std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < t->options.lanes; ++i) {
+      std::uint64_t p = t->lane_load[i].published.load(std::memory_order_relaxed);
+      ts.lane_published.push_back(p);
+      ts.published += p;
+    }
+    for (const auto& g : t->owned_groups) {
+      GroupStats gs;
+      gs.name = g->name;
+      gs.consumers = g->consumer_count.load(std::memory_order_relaxed);
+      for (const auto& gl : g->lanes) {
+        LaneCounters lc;
+        lc.delivered = gl->delivered.load(std::memory_order_relaxed);
+        lc.acked = gl->acked.load(std::memory_order_relaxed);
+        lc.retried = gl->retried.load(std::memory_order_relaxed);
+        lc.rejected = gl->rejected.load(std::memory_order_relaxed);
+        lc.failed = gl->failed.load(std::memory_order_relaxed);
+        lc.dropped = gl->dropped.load(std::memory_order_relaxed);
+        lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
+        gs.total.delivered += lc.delivered;
+        gs.total.acked += lc.acked;
+        gs.total.retried += lc.retried;
+        gs.total.rejected += lc.rejected;
+        gs.total.failed += lc.failed;
+        gs.total.dropped += lc.dropped;
+        gs.total.in_flight += lc.in_flight;
+        gs.lanes.push_back(lc);
+      }
+      ts.groups.push_back(std::move(gs));
+    }
+    out.topics.push_back(std::move(ts));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- public API
+
+namespace {
+Status no_topic() noexcept {
+  return Status::from_literal(Code::InvalidArgument, "publish: the topic handle is empty or foreign to this bus");
+}
+}  // namespace
+
+Status Topic::publish(const OutgoingMessage& message) const noexcept {
+  if (impl_ == nullptr) return no_topic();
+  return impl_->publish(message, true, impl_->bus->take_ids(1));
+}
+
+Status Topic::try_publish(const OutgoingMessage& message) const noexcept {
+  if (impl_ == nullptr) return no_topic();
+  return impl_->publish(message, false, impl_->bus->take_ids(1));
+}
+
+std::string_view Topic::name() const noexcept { return impl_ ? std::string_view(impl_->name) : std::string_view(); }
+std::uint32_t Topic::lanes() const noexcept { return impl_ ? impl_->options.lanes : 0; }
+bool Topic::is_queue() const noexcept { return impl_ && impl_->is_queue; }
+
+// Subscription
+
+Subscription::Subscription(std::shared_ptr<detail::BusCore> core, detail::Consumer* consumer) noexcept
+    : core_(std::move(core)), consumer_(consumer) {}
+
+Subscription::Subscription(Subscription&& other) noexcept
+    : core_(std::move(other.core_)), consumer_(std::exchange(other.consumer_, nullptr)) {}
+
+Subscription& Subscription::operator=(Subscription&& other) noexcept {
+  if (this != &other) {
+    (void)close();
+    core_ = std::move(other.core_);
+    consumer_ = std::exchange(other.consumer_, nullptr);
+  }
+  return *this;
+}
+
+Subscription::~Subscription() { (void)close(); }
+
+Status Subscription::close() noexcept {
+  if (consumer_ == nullptr) return Status();
+  detail::Consumer* c = std::exchange(consumer_, nullptr);
+  Status s = core_->detach(c);
+  core_.reset();
+  return s;
+}
+
+// Publisher
+
+Publisher::Publisher() noexcept = default;
+Publisher::Publisher(std::unique_ptr<detail::PublisherState> state) noexcept : state_(std::move(state)) {}
+Publisher::Publisher(Publisher&&) noexcept = default;
+Publisher& Publisher::operator=(Publisher&&) noexcept = default;
+Publisher::~Publisher() = default;
+
+namespace {
+constexpr std::uint64_t kIdBlock = 1024;
+
+std::uint64_t next_publisher_id(detail::PublisherState& st) noexcept {
+  if (st.next_id == st.end_id) {
+    st.next_id = st.bus->take_ids(kIdBlock);
+    st.end_id = st.next_id + kIdBlock;
+  }
+  return st.next_id++;
+}
+}  // namespace
+
+Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
+  if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
+  return topic.impl_->publish(message, true, next_publisher_id(*state_));
+}
+
+Status Publisher::try_publish(const Topic& topic, const OutgoingMessage& message) noexcept {
+  if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
+  return topic.impl_->publish(message, false, next_publisher_id(*state_));
+}
+
+// Bus
+
+Bus::Bus(std::shared_ptr<detail::BusCore> core) noexcept : core_(std::move(core)) {}
+
+Result<std::unique_ptr<Bus>> Bus::open(const BusOptions& options) {
+  if (options.workers > 1024)
+    return Status(Code::InvalidArgument, "bus \"" + options.name + "\": workers must be at most 1024, got " +
+                                             std::to_string(options.workers));
+  if (options.max_topics == 0 || options.max_consumers_per_group == 0)
+    return Status(Code::InvalidArgument,
+                  "bus \"" + options.name + "\": max_topics and max_consumers_per_group must be at least 1");
+  if (options.spin.count() < 0 || options.close_timeout.count() < 0)
+    return Status(Code::InvalidArgument, "bus \"" + options.name + "\": spin and close_timeout must not be negative");
+  auto core = std::make_shared<detail::BusCore>(options);
+  if (Status s = core->start(); !s.ok()) return s;
+  return std::unique_ptr<Bus>(new Bus(std::move(core)));
+}
+
+Bus::~Bus() { (void)core_->shutdown(ShutdownMode::Drain, core_->options.close_timeout); }
+
+Result<Topic> Bus::create_topic(std::string_view name, const TopicOptions& options) {
+  auto t = core_->create(name, false, options);
+  if (!t.ok()) return t.status();
+  return Topic(*t);
+}
+
+Result<Topic> Bus::create_queue(std::string_view name, const TopicOptions& options) {
+  auto t = core_->create(name, true, options);
+  if (!t.ok()) return t.status();
+  return Topic(*t);
+}
+
+Result<Topic> Bus::find(std::string_view name) const {
+  if (Status s = detail::check_name(name, "topic"); !s.ok()) return s;
+  detail::TopicImpl* t = core_->find(name);
+  if (t == nullptr) return Status(Code::NotFound, "no topic or queue named \"" + std::string(name) + "\"");
+  return Topic(t);
+}
+
+Result<Subscription> Bus::subscribe(const Topic& topic, std::string_view group, Handler handler,
+                                    const GroupOptions& options) {
+  if (topic.impl_ == nullptr || topic.impl_->bus != core_.get())
+    return Status(Code::InvalidArgument, "subscribe: the topic handle is empty or belongs to another bus");
+  if (topic.impl_->is_queue)
+    return Status(Code::InvalidArgument,
+                  "subscribe: \"" + topic.impl_->name + "\" is a queue; use Bus::consume for competing consumers");
+  if (Status s = detail::check_name(group, "group"); !s.ok()) return s;
+  auto c = core_->attach(topic.impl_, group, std::move(handler), options);
+  if (!c.ok()) return c.status();
+  return Subscription(core_, *c);
+}
+
+Result<Subscription> Bus::consume(const Topic& queue, Handler handler, const GroupOptions& options) {
+  if (queue.impl_ == nullptr || queue.impl_->bus != core_.get())
+    return Status(Code::InvalidArgument, "consume: the queue handle is empty or belongs to another bus");
+  if (!queue.impl_->is_queue)
+    return Status(Code::InvalidArgument,
+                  "consume: \"" + queue.impl_->name + "\" is a topic; use Bus::subscribe with a group name");
+  auto c = core_->attach(queue.impl_, {}, std::move(handler), options);
+  if (!c.ok()) return c.status();
+  return Subscription(core_, *c);
+}
+
+Publisher Bus::publisher() {
+  auto st = std::make_unique<detail::PublisherState>();
+  st->bus = core_.get();
+  return Publisher(std::move(st));
+}
+
+BusStats Bus::stats() const { return core_->stats(); }
+
+Status Bus::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) { return core_->shutdown(mode, timeout); }
+
+}  // namespace lanebus

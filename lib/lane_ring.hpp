@@ -1,0 +1,111 @@
+// lanebus — MIT License.
+// LaneRing: the bounded, allocation-free, linearizable FIFO that carries one
+// lane of one consumer group (Vyukov's bounded MPMC queue).
+//
+// Design notes
+// - Why not moodycamel here: moodycamel gives FIFO per producer only, and the
+//   ordering contract is per key across threads ("if publish A returns before
+//   publish B starts, every group sees A first"). A single ticket counter gives
+//   exactly that: A's CAS on tail_ happens before B reads tail_, so A's position
+//   is lower, and consumers take positions in order.
+// - Several dequeuers may race (the lane's worker and a DropOldest publisher);
+//   the algorithm is MPMC, so that is safe and the worker still sees order.
+// - Capacity is a power of two fixed at construction; memory is allocated once.
+//
+// Invariants
+// 1. cell[p & mask].seq == p      : free, may be written for position p.
+// 2. cell[p & mask].seq == p + 1  : holds the value for position p.
+// 3. A dequeuer of p stores seq = p + capacity, freeing the cell for p + capacity.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace lanebus::detail {
+
+class LaneRing {
+ public:
+  explicit LaneRing(std::uint32_t capacity_pow2)
+      : mask_(capacity_pow2 - 1), cells_(new Cell[capacity_pow2]) {
+    for (std::uint64_t i = 0; i < capacity_pow2; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
+  }
+
+  /// False when full. Never allocates.
+  bool try_enqueue(std::uint32_t value) noexcept {
+    std::uint64_t pos = tail_.load(std::memory_order_relaxed);
+    Cell* cell;
+    for (;;) {
+      cell = &cells_[pos & mask_];
+      // acquire: pairs with the dequeuer's release that freed the cell.
+      std::uint64_t seq = cell->seq.load(std::memory_order_acquire);
+      std::int64_t diff = static_cast<std::int64_t>(seq) - static_cast<std::int64_t>(pos);
+      if (diff == 0) {
+        // relaxed: the cell's seq (acquire above / release below) orders the value.
+        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = tail_.load(std::memory_order_relaxed);
+      }
+    }
+    cell->value = value;
+    // seq_cst (not just release): the publisher next reads the lane's
+    // `scheduled` flag; this store must not be reordered after that load
+    // (Dekker hand-off with the worker, see bus_impl.hpp).
+    cell->seq.store(pos + 1, std::memory_order_seq_cst);
+    return true;
+  }
+
+  /// False when empty (or when the oldest position is claimed but not yet written).
+  bool try_dequeue(std::uint32_t& value) noexcept {
+    std::uint64_t pos = head_.load(std::memory_order_relaxed);
+    Cell* cell;
+    for (;;) {
+      cell = &cells_[pos & mask_];
+      std::uint64_t seq = cell->seq.load(std::memory_order_acquire);
+      std::int64_t diff = static_cast<std::int64_t>(seq) - static_cast<std::int64_t>(pos + 1);
+      if (diff == 0) {
+        if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = head_.load(std::memory_order_relaxed);
+      }
+    }
+    value = cell->value;
+    // release: the value read above happens before an enqueuer reuses the cell.
+    cell->seq.store(pos + mask_ + 1, std::memory_order_release);
+    return true;
+  }
+
+  /// True if the oldest position holds a value. seq_cst load: the worker's
+  /// side of the Dekker hand-off (see bus_impl.hpp).
+  bool ready() const noexcept {
+    std::uint64_t pos = head_.load(std::memory_order_seq_cst);
+    return cells_[pos & mask_].seq.load(std::memory_order_seq_cst) == pos + 1;
+  }
+
+  /// Entries claimed and not yet taken (approximate while others run).
+  std::uint64_t size_approx() const noexcept {
+    std::uint64_t t = tail_.load(std::memory_order_relaxed);
+    std::uint64_t h = head_.load(std::memory_order_relaxed);
+    return t > h ? t - h : 0;
+  }
+
+  std::uint32_t capacity() const noexcept { return mask_ + 1; }
+
+ private:
+  struct Cell {
+    std::atomic<std::uint64_t> seq{0};
+    std::uint32_t value = 0;
+  };
+  const std::uint64_t mask_;
+  std::unique_ptr<Cell[]> cells_;
+  alignas(64) std::atomic<std::uint64_t> tail_{0};  // written by publishers
+  alignas(64) std::atomic<std::uint64_t> head_{0};  // written by the lane's worker (and droppers)
+  char pad_[64 - sizeof(std::atomic<std::uint64_t>)];
+};
+
+}  // namespace lanebus::detail

@@ -1,0 +1,534 @@
+// lanebus — MIT License.
+// The LMDB wrapper: environment open/registry/resizing, transactions, cursors,
+// and the mapping of every MDB_* code and errno to a lanebus Code.
+#include "lmdb_store.hpp"
+
+#include <lmdb.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+namespace lanebus::detail {
+namespace {
+
+// The process-wide registry of open environments (RELIABILITY §3.2 item 9).
+// A global is unavoidable here: LMDB's rule is per process, not per Bus.
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<std::pair<dev_t, ino_t>>& registry() {  // GUARDED_BY(registry_mutex())
+  static std::set<std::pair<dev_t, ino_t>> r;
+  return r;
+}
+
+const char* mdb_code_name(int rc) {
+  switch (rc) {
+    case MDB_KEYEXIST: return "MDB_KEYEXIST";
+    case MDB_NOTFOUND: return "MDB_NOTFOUND";
+    case MDB_PAGE_NOTFOUND: return "MDB_PAGE_NOTFOUND";
+    case MDB_CORRUPTED: return "MDB_CORRUPTED";
+    case MDB_PANIC: return "MDB_PANIC";
+    case MDB_VERSION_MISMATCH: return "MDB_VERSION_MISMATCH";
+    case MDB_INVALID: return "MDB_INVALID";
+    case MDB_MAP_FULL: return "MDB_MAP_FULL";
+    case MDB_DBS_FULL: return "MDB_DBS_FULL";
+    case MDB_READERS_FULL: return "MDB_READERS_FULL";
+    case MDB_TLS_FULL: return "MDB_TLS_FULL";
+    case MDB_TXN_FULL: return "MDB_TXN_FULL";
+    case MDB_CURSOR_FULL: return "MDB_CURSOR_FULL";
+    case MDB_PAGE_FULL: return "MDB_PAGE_FULL";
+    case MDB_MAP_RESIZED: return "MDB_MAP_RESIZED";
+    case MDB_INCOMPATIBLE: return "MDB_INCOMPATIBLE";
+    case MDB_BAD_RSLOT: return "MDB_BAD_RSLOT";
+    case MDB_BAD_TXN: return "MDB_BAD_TXN";
+    case MDB_BAD_VALSIZE: return "MDB_BAD_VALSIZE";
+    case MDB_BAD_DBI: return "MDB_BAD_DBI";
+  }
+  return nullptr;
+}
+
+const char* errno_name(int e) {
+  switch (e) {
+    case ENOSPC: return "ENOSPC";
+    case EFBIG: return "EFBIG";
+    case EDQUOT: return "EDQUOT";
+    case EACCES: return "EACCES";
+    case EPERM: return "EPERM";
+    case EROFS: return "EROFS";
+    case ENOENT: return "ENOENT";
+    case ENOTDIR: return "ENOTDIR";
+    case EISDIR: return "EISDIR";
+    case EIO: return "EIO";
+    case ENOMEM: return "ENOMEM";
+    case EAGAIN: return "EAGAIN";
+    case EBUSY: return "EBUSY";
+    case EINVAL: return "EINVAL";
+    case EMFILE: return "EMFILE";
+    case ENFILE: return "ENFILE";
+  }
+  return "errno";
+}
+
+Code code_for(int rc) {
+  switch (rc) {
+    case MDB_MAP_FULL: return Code::MapFull;
+    case MDB_READERS_FULL:
+    case MDB_TLS_FULL: return Code::Busy;
+    case MDB_NOTFOUND: return Code::NotFound;
+    case MDB_KEYEXIST: return Code::Conflict;
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+    case MDB_INVALID:
+    case MDB_INCOMPATIBLE:
+    case MDB_CURSOR_FULL:
+    case MDB_PAGE_FULL: return Code::Corruption;
+    case MDB_VERSION_MISMATCH: return Code::VersionTooNew;
+    case MDB_BAD_VALSIZE:
+    case MDB_TXN_FULL: return Code::InvalidArgument;
+    case MDB_PANIC: return Code::IOError;
+    case MDB_DBS_FULL:
+    case MDB_MAP_RESIZED:
+    case MDB_BAD_RSLOT:
+    case MDB_BAD_TXN:
+    case MDB_BAD_DBI: return Code::Internal;
+    case ENOSPC:
+    case EFBIG:
+    case EDQUOT: return Code::DiskFull;
+    case EACCES:
+    case EPERM:
+    case EROFS: return Code::PermissionDenied;
+    case ENOENT: return Code::NotFound;
+    case ENOTDIR: return Code::InvalidArgument;
+    case EAGAIN:
+    case EBUSY: return Code::Busy;
+  }
+  return Code::IOError;
+}
+
+const char* hint_for(int rc) {
+  switch (rc) {
+    case MDB_MAP_FULL: return "raise StoreOptions::map_size_max";
+    case MDB_READERS_FULL: return "raise StoreOptions::max_readers (shared by all processes)";
+    case MDB_INVALID: return "not an LMDB file (garbage or a foreign file)";
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND: return "the store is damaged; restore it from a copy";
+    case MDB_VERSION_MISMATCH: return "written by an incompatible LMDB release";
+    case MDB_PANIC: return "close and reopen the store";
+    case MDB_TXN_FULL: return "too many changes in one transaction; lower StoreOptions::max_batch";
+    case ENOSPC:
+    case EDQUOT: return "free disk space";
+    case EFBIG: return "the file-size limit (RLIMIT_FSIZE) or the file system's maximum was reached";
+    case EACCES:
+    case EPERM: return "check the owner and mode of the directory and its files";
+    case EROFS: return "the file system is read-only";
+  }
+  return nullptr;
+}
+
+std::string quoted(std::string_view p) {
+  std::string s;
+  s.reserve(p.size() + 2);
+  s += '"';
+  s += p;
+  s += '"';
+  return s;
+}
+
+}  // namespace
+
+Status lmdb_error(int rc, std::string_view what, std::string_view path) {
+  std::string msg(what);
+  msg += ' ';
+  msg += quoted(path);
+  msg += ": ";
+  if (const char* name = mdb_code_name(rc)) {
+    msg += name;
+  } else {
+    msg += errno_name(rc);
+  }
+  msg += ": ";
+  msg += mdb_strerror(rc);  // LMDB's text for MDB_* codes, strerror for errno values
+  if (const char* hint = hint_for(rc)) {
+    msg += "; ";
+    msg += hint;
+  }
+  return Status(code_for(rc), msg);
+}
+
+// ---------------------------------------------------------------- LmdbTxn
+
+LmdbTxn::LmdbTxn(LmdbTxn&& other) noexcept
+    : env_(other.env_), txn_(std::exchange(other.txn_, nullptr)), lock_(std::move(other.lock_)),
+      write_(other.write_) {}
+
+LmdbTxn& LmdbTxn::operator=(LmdbTxn&& other) noexcept {
+  if (this != &other) {
+    abort();
+    env_ = other.env_;
+    txn_ = std::exchange(other.txn_, nullptr);
+    lock_ = std::move(other.lock_);
+    write_ = other.write_;
+  }
+  return *this;
+}
+
+LmdbTxn::~LmdbTxn() { abort(); }
+
+void LmdbTxn::abort() noexcept {
+  if (txn_ != nullptr) {
+    mdb_txn_abort(txn_);
+    txn_ = nullptr;
+  }
+  if (lock_.owns_lock()) lock_.unlock();
+}
+
+Result<std::string_view> LmdbTxn::get(LmdbDbi dbi, std::string_view key) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{0, nullptr};
+  int rc = mdb_get(txn_, dbi, &k, &v);
+  if (rc == MDB_NOTFOUND) return Status(Code::NotFound);  // hot path: no message
+  if (rc != 0) return lmdb_error(rc, "get in", env_->path());
+  return std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
+}
+
+Status LmdbTxn::put(LmdbDbi dbi, std::string_view key, std::string_view value) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{value.size(), const_cast<char*>(value.data())};
+  int rc = mdb_put(txn_, dbi, &k, &v, 0);
+  if (rc != 0) return lmdb_error(rc, "write to", env_->path());
+  return Status();
+}
+
+Result<char*> LmdbTxn::reserve(LmdbDbi dbi, std::string_view key, std::size_t size) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{size, nullptr};
+  int rc = mdb_put(txn_, dbi, &k, &v, MDB_RESERVE);
+  if (rc != 0) return lmdb_error(rc, "write to", env_->path());
+  return static_cast<char*>(v.mv_data);
+}
+
+Status LmdbTxn::del(LmdbDbi dbi, std::string_view key) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  int rc = mdb_del(txn_, dbi, &k, nullptr);
+  if (rc == MDB_NOTFOUND) return Status(Code::NotFound);
+  if (rc != 0) return lmdb_error(rc, "delete in", env_->path());
+  return Status();
+}
+
+Status LmdbTxn::commit() {
+  if (txn_ == nullptr) return Status(Code::Internal, "commit of an ended transaction");
+  int rc = mdb_txn_commit(txn_);  // frees the txn whatever the outcome
+  txn_ = nullptr;
+  if (lock_.owns_lock()) lock_.unlock();
+  if (rc == 0) return Status();
+  Status s = lmdb_error(rc, "commit to", env_->path());
+  // MapFull and DiskFull leave the previous commit intact and the environment
+  // usable (the failed pages were never referenced by a meta page). Anything
+  // else may come from the fdatasync or the meta write: the kernel may have
+  // dropped the dirty pages, so a retry could "succeed" without the data on
+  // disk (fsyncgate). Mark the environment fatal; never retry-then-ack.
+  if (write_ && s.code() != Code::MapFull && s.code() != Code::DiskFull) env_->set_fatal(s);
+  return s;
+}
+
+// ---------------------------------------------------------------- LmdbCursor
+
+Result<LmdbCursor> LmdbCursor::open(LmdbTxn& txn, LmdbDbi dbi, std::string_view path) {
+  MDB_cursor* c = nullptr;
+  int rc = mdb_cursor_open(txn.raw(), dbi, &c);
+  if (rc != 0) return lmdb_error(rc, "open cursor in", path);
+  return LmdbCursor(c, path);
+}
+
+LmdbCursor::LmdbCursor(LmdbCursor&& other) noexcept
+    : cursor_(std::exchange(other.cursor_, nullptr)), path_(other.path_), key_(other.key_),
+      value_(other.value_) {}
+
+LmdbCursor& LmdbCursor::operator=(LmdbCursor&& other) noexcept {
+  if (this != &other) {
+    if (cursor_ != nullptr) mdb_cursor_close(cursor_);
+    cursor_ = std::exchange(other.cursor_, nullptr);
+    path_ = other.path_;
+    key_ = other.key_;
+    value_ = other.value_;
+  }
+  return *this;
+}
+
+LmdbCursor::~LmdbCursor() {
+  if (cursor_ != nullptr) mdb_cursor_close(cursor_);
+}
+
+Result<bool> LmdbCursor::move(int op, std::string_view key) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{0, nullptr};
+  int rc = mdb_cursor_get(cursor_, &k, &v, static_cast<MDB_cursor_op>(op));
+  if (rc == MDB_NOTFOUND) {
+    key_ = {};
+    value_ = {};
+    return false;
+  }
+  if (rc != 0) return lmdb_error(rc, "read from", path_);
+  key_ = std::string_view(static_cast<const char*>(k.mv_data), k.mv_size);
+  value_ = std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
+  return true;
+}
+
+Result<bool> LmdbCursor::seek(std::string_view key) { return move(MDB_SET_RANGE, key); }
+Result<bool> LmdbCursor::first() { return move(MDB_FIRST, {}); }
+Result<bool> LmdbCursor::last() { return move(MDB_LAST, {}); }
+Result<bool> LmdbCursor::next() { return move(MDB_NEXT, {}); }
+Result<bool> LmdbCursor::prev() { return move(MDB_PREV, {}); }
+
+Status LmdbCursor::del() {
+  int rc = mdb_cursor_del(cursor_, 0);
+  if (rc != 0) return lmdb_error(rc, "delete in", path_);
+  return Status();
+}
+
+// ---------------------------------------------------------------- LmdbEnv
+
+LmdbEnv::LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexcept
+    : config_(config), env_(env), dev_(dev), ino_(ino) {}
+
+LmdbEnv::~LmdbEnv() {
+  mdb_env_close(env_);
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().erase({dev_, ino_});
+}
+
+Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
+  const std::string& path = config.path;
+  if (path.empty()) return Status(Code::InvalidArgument, "open store: StoreOptions::directory is empty");
+  if (config.map_size_max < config.map_size_initial) {
+    return Status(Code::InvalidArgument,
+                  "open " + quoted(path) + ": map_size_max is smaller than map_size_initial");
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    int e = errno;
+    if (e == ENOENT && config.read_only) {
+      return Status(Code::NotFound, "open " + quoted(path) + ": ENOENT: no such directory; not a lanebus store");
+    }
+    if (e != ENOENT) return lmdb_error(e, "open", path);
+    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return lmdb_error(errno, "create directory", path);
+    if (::stat(path.c_str(), &st) != 0) return lmdb_error(errno, "open", path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Status(Code::InvalidArgument,
+                  "open " + quoted(path) + ": ENOTDIR: a file exists where the store directory should be");
+  }
+  const std::string data_file = path + "/data.mdb";
+  struct stat dst {};
+  bool have_data = ::stat(data_file.c_str(), &dst) == 0;
+  if (config.read_only && !have_data) {
+    return Status(Code::NotFound, "open " + quoted(path) + ": no data.mdb: not a lanebus store");
+  }
+  if (have_data && !S_ISREG(dst.st_mode)) {
+    return Status(Code::Corruption, "open " + quoted(path) + ": data.mdb is not a regular file");
+  }
+  if (::access(path.c_str(), config.read_only ? (R_OK | X_OK) : (R_OK | W_OK | X_OK)) != 0) {
+    return lmdb_error(errno, "open", path);
+  }
+  // LMDB's locks and mmap coherence do not work on network file systems.
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) == 0) {
+    const auto type = static_cast<unsigned long>(fs.f_type);
+    if (type == 0x6969ul /*NFS*/ || type == 0x517Bul /*SMB*/ || type == 0xFF534D42ul /*CIFS*/ ||
+        type == 0xFE534D42ul /*SMB2*/) {
+      return Status(Code::InvalidArgument,
+                    "open " + quoted(path) + ": network file system: LMDB needs a local file system");
+    }
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    if (!registry().insert({st.st_dev, st.st_ino}).second) {
+      return Status(Code::Busy, "open " + quoted(path) +
+                                    ": the store is already open in this process (one LMDB environment per "
+                                    "process; share the open store)");
+    }
+  }
+  auto unregister = [&] {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().erase({st.st_dev, st.st_ino});
+  };
+
+  MDB_env* env = nullptr;
+  int rc = mdb_env_create(&env);
+  if (rc != 0) {
+    unregister();
+    return lmdb_error(rc, "create environment for", path);
+  }
+  // Start at least as large as the data file so reopening a grown store does
+  // not shrink its map below what is used.
+  std::uint64_t map = config.map_size_initial;
+  if (have_data && static_cast<std::uint64_t>(dst.st_size) > map) {
+    map = std::min<std::uint64_t>(static_cast<std::uint64_t>(dst.st_size) * 2, config.map_size_max);
+    if (map < static_cast<std::uint64_t>(dst.st_size)) map = static_cast<std::uint64_t>(dst.st_size);
+  }
+  if ((rc = mdb_env_set_maxreaders(env, config.max_readers)) != 0 ||
+      (rc = mdb_env_set_maxdbs(env, config.max_dbs)) != 0 ||
+      (rc = mdb_env_set_mapsize(env, static_cast<std::size_t>(map))) != 0) {
+    mdb_env_close(env);
+    unregister();
+    return lmdb_error(rc, "configure", path);
+  }
+  unsigned flags = MDB_NOTLS;
+  if (config.read_only) flags |= MDB_RDONLY;
+  if (config.no_sync) flags |= MDB_NOSYNC;
+  // Opening can fail transiently while another process opens or closes the
+  // same environment (LMDB caveat; RELIABILITY §3.2 item 16): bounded retry.
+  for (int attempt = 0;; ++attempt) {
+    rc = mdb_env_open(env, path.c_str(), flags, 0600);
+    if (rc == 0) break;
+    if ((rc == EAGAIN || rc == EBUSY) && attempt < 20) {
+      mdb_env_close(env);
+      env = nullptr;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 * (attempt + 1)));
+      if (mdb_env_create(&env) != 0 || mdb_env_set_maxreaders(env, config.max_readers) != 0 ||
+          mdb_env_set_maxdbs(env, config.max_dbs) != 0 || mdb_env_set_mapsize(env, map) != 0) {
+        if (env != nullptr) mdb_env_close(env);
+        unregister();
+        return Status(Code::IOError, "open " + quoted(path) + ": could not recreate environment handle");
+      }
+      continue;
+    }
+    mdb_env_close(env);
+    unregister();
+    return lmdb_error(rc, "open", path);
+  }
+  auto out = std::unique_ptr<LmdbEnv>(new LmdbEnv(config, env, st.st_dev, st.st_ino));
+  MDB_envinfo info{};
+  mdb_env_info(env, &info);
+  out->map_size_.store(info.me_mapsize, std::memory_order_relaxed);
+  // Stale slots of dead processes pin pages (RELIABILITY §0: 17x growth).
+  int dead = 0;
+  mdb_reader_check(env, &dead);
+  return out;
+}
+
+void LmdbEnv::set_fatal(const Status& cause) {
+  std::lock_guard<std::mutex> lock(fatal_mutex_);
+  if (!fatal_.load()) {
+    fatal_cause_ = cause.to_string();
+    fatal_.store(true);
+  }
+}
+
+Status LmdbEnv::fatal_status() const {
+  std::lock_guard<std::mutex> lock(fatal_mutex_);
+  return Status(Code::IOError, "store " + quoted(config_.path) + " is unusable after a failed write (" +
+                                   fatal_cause_ + "); close and reopen it");
+}
+
+Status LmdbEnv::adopt_map_size() {
+  std::unique_lock<std::shared_mutex> lock(map_mutex_);
+  int rc = mdb_env_set_mapsize(env_, 0);  // adopt the size another process set
+  if (rc != 0) return lmdb_error(rc, "resize map of", config_.path);
+  MDB_envinfo info{};
+  mdb_env_info(env_, &info);
+  map_size_.store(info.me_mapsize, std::memory_order_relaxed);
+  return Status();
+}
+
+Result<LmdbTxn> LmdbEnv::begin(bool write) {
+  bool checked_readers = false;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (fatal_.load()) return fatal_status();
+    std::shared_lock<std::shared_mutex> lock(map_mutex_);
+    MDB_txn* txn = nullptr;
+    int rc = mdb_txn_begin(env_, nullptr, write ? 0 : MDB_RDONLY, &txn);
+    if (rc == 0) return LmdbTxn(this, txn, std::move(lock), write);
+    lock.unlock();
+    if (rc == MDB_MAP_RESIZED) {
+      Status s = adopt_map_size();
+      if (!s.ok()) return s;
+      continue;
+    }
+    if (rc == MDB_READERS_FULL && !checked_readers) {
+      checked_readers = true;
+      int dead = 0;
+      mdb_reader_check(env_, &dead);
+      if (dead > 0) continue;
+    }
+    Status s = lmdb_error(rc, write ? "begin write transaction on" : "begin read transaction on", config_.path);
+    if (rc == MDB_PANIC) set_fatal(s);
+    return s;
+  }
+  return Status(Code::Internal, "begin transaction on " + quoted(config_.path) + ": map keeps being resized");
+}
+
+Result<LmdbTxn> LmdbEnv::begin_read() { return begin(false); }
+
+Result<LmdbTxn> LmdbEnv::begin_write() {
+  if (config_.read_only) {
+    return Status(Code::InvalidArgument, "write to " + quoted(config_.path) + ": the store is open read-only");
+  }
+  return begin(true);
+}
+
+Result<LmdbDbi> LmdbEnv::open_dbi(LmdbTxn& txn, const char* name, bool create) {
+  MDB_dbi dbi = 0;
+  int rc = mdb_dbi_open(txn.raw(), name, create ? MDB_CREATE : 0, &dbi);
+  if (rc == MDB_NOTFOUND) return Status(Code::NotFound, std::string("database ") + name + " not found");
+  if (rc != 0) return lmdb_error(rc, std::string("open database ") + name + " in", config_.path);
+  return static_cast<LmdbDbi>(dbi);
+}
+
+Status LmdbEnv::grow_map() {
+  std::unique_lock<std::shared_mutex> lock(map_mutex_);  // no txn of ours is open now
+  MDB_envinfo info{};
+  mdb_env_info(env_, &info);
+  std::uint64_t current = info.me_mapsize;
+  if (current >= config_.map_size_max) {
+    return Status(Code::MapFull, "write to " + quoted(config_.path) + ": MDB_MAP_FULL: map size " +
+                                     std::to_string(current >> 20) +
+                                     " MiB reached its maximum; raise StoreOptions::map_size_max");
+  }
+  std::uint64_t next = std::min<std::uint64_t>(current * 2, config_.map_size_max);
+  int rc = mdb_env_set_mapsize(env_, static_cast<std::size_t>(next));
+  if (rc != 0) return lmdb_error(rc, "grow map of", config_.path);
+  mdb_env_info(env_, &info);
+  map_size_.store(info.me_mapsize, std::memory_order_relaxed);
+  map_growths_.fetch_add(1, std::memory_order_relaxed);
+  return Status();
+}
+
+Result<int> LmdbEnv::reader_check() {
+  int dead = 0;
+  int rc = mdb_reader_check(env_, &dead);
+  if (rc != 0) return lmdb_error(rc, "check readers of", config_.path);
+  return dead;
+}
+
+Status LmdbEnv::sync() {
+  if (fatal_.load()) return fatal_status();
+  int rc = mdb_env_sync(env_, 1);
+  if (rc != 0) {
+    Status s = lmdb_error(rc, "sync", config_.path);
+    set_fatal(s);  // fsyncgate: after a failed fsync nothing written before it can be trusted
+    return s;
+  }
+  return Status();
+}
+
+Result<std::uint64_t> LmdbEnv::used_bytes() {
+  MDB_envinfo info{};
+  MDB_stat st{};
+  int rc = mdb_env_info(env_, &info);
+  if (rc == 0) rc = mdb_env_stat(env_, &st);
+  if (rc != 0) return lmdb_error(rc, "stat", config_.path);
+  return static_cast<std::uint64_t>(info.me_last_pgno + 1) * st.ms_psize;
+}
+
+}  // namespace lanebus::detail

@@ -1,0 +1,210 @@
+// lanebus — MIT License.
+// LmdbEnv / LmdbTxn / LmdbCursor: the only wrapper around LMDB. Maps every
+// MDB_* code and errno to a lanebus Code with a message naming path and cause.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <sys/types.h>
+
+#include "lanebus/status.hpp"
+
+// Opaque LMDB handles (lmdb.h declares them the same way); lmdb.h itself is
+// included only by lmdb_store.cpp.
+struct MDB_env;
+struct MDB_txn;
+struct MDB_cursor;
+
+namespace lanebus::detail {
+
+class LmdbEnv;
+
+/// A named database handle inside an environment (LMDB's MDB_dbi).
+using LmdbDbi = unsigned int;
+
+/// Maps an LMDB return code (an MDB_* code or an errno) to a Status whose
+/// message is `<what> "<path>": <MDB name or errno name>: <text>[; <hint>]`.
+Status lmdb_error(int rc, std::string_view what, std::string_view path);
+
+/// A read or write transaction. Move-only RAII: destruction aborts an
+/// uncommitted transaction and releases the environment's map lock.
+///
+/// A read transaction must stay on its thread and be short (it pins pages and
+/// a reader slot); the durable store never keeps one beyond a single call.
+///
+/// Thread safety: one thread at a time (LMDB's rule for transactions).
+class LmdbTxn {
+ public:
+  LmdbTxn() = default;
+  LmdbTxn(LmdbTxn&& other) noexcept;
+  LmdbTxn& operator=(LmdbTxn&& other) noexcept;
+  LmdbTxn(const LmdbTxn&) = delete;
+  LmdbTxn& operator=(const LmdbTxn&) = delete;
+  ~LmdbTxn();
+
+  /// The value stored under `key`, or NotFound. The view is valid until the
+  /// transaction ends or (write txn) the next write to the same database.
+  Result<std::string_view> get(LmdbDbi dbi, std::string_view key);
+  /// Store `value` under `key` (overwrites). Errors: MapFull (the transaction
+  /// is then dead: abort it), DiskFull, InvalidArgument (value too large), ...
+  Status put(LmdbDbi dbi, std::string_view key, std::string_view value);
+  /// Reserve `size` bytes under `key` and return where to write them (LMDB's
+  /// MDB_RESERVE): saves one copy for large values. Same errors as put.
+  Result<char*> reserve(LmdbDbi dbi, std::string_view key, std::size_t size);
+  /// Delete `key`. NotFound when absent.
+  Status del(LmdbDbi dbi, std::string_view key);
+  /// Commit. On MapFull/DiskFull the transaction was aborted and the
+  /// environment stays usable; on any other failure (EIO, a failed fsync,
+  /// MDB_PANIC) the environment is marked fatal (never retry-then-ack).
+  Status commit();
+  /// Abort (no-op when already ended).
+  void abort() noexcept;
+
+  bool active() const noexcept { return txn_ != nullptr; }
+  MDB_txn* raw() const noexcept { return txn_; }
+
+ private:
+  friend class LmdbEnv;
+  LmdbTxn(LmdbEnv* env, MDB_txn* txn, std::shared_lock<std::shared_mutex> lock, bool write) noexcept
+      : env_(env), txn_(txn), lock_(std::move(lock)), write_(write) {}
+  LmdbEnv* env_ = nullptr;
+  MDB_txn* txn_ = nullptr;
+  std::shared_lock<std::shared_mutex> lock_;  // held while the txn uses the map
+  bool write_ = false;
+};
+
+/// A cursor on one database inside a transaction; closed on destruction (it
+/// must not outlive its transaction).
+///
+/// Thread safety: one thread at a time.
+class LmdbCursor {
+ public:
+  /// Errors: Internal if LMDB refuses to open a cursor (bad dbi).
+  static Result<LmdbCursor> open(LmdbTxn& txn, LmdbDbi dbi, std::string_view path);
+  LmdbCursor(LmdbCursor&& other) noexcept;
+  LmdbCursor& operator=(LmdbCursor&& other) noexcept;
+  LmdbCursor(const LmdbCursor&) = delete;
+  LmdbCursor& operator=(const LmdbCursor&) = delete;
+  ~LmdbCursor();
+
+  /// Position at the first key >= `key`. false when there is none.
+  Result<bool> seek(std::string_view key);
+  Result<bool> first();
+  Result<bool> last();
+  Result<bool> next();
+  Result<bool> prev();
+  /// Delete the current entry (write txn only); the cursor moves to the next.
+  Status del();
+  /// Key and value at the current position (valid until the cursor moves).
+  std::string_view key() const noexcept { return key_; }
+  std::string_view value() const noexcept { return value_; }
+
+ private:
+  LmdbCursor(MDB_cursor* cursor, std::string_view path) noexcept : cursor_(cursor), path_(path) {}
+  Result<bool> move(int op, std::string_view key);
+  MDB_cursor* cursor_ = nullptr;
+  std::string_view path_;
+  std::string_view key_;
+  std::string_view value_;
+};
+
+/// One LMDB environment (one directory). Opens with MDB_NOTLS (reader slots
+/// belong to transactions, not threads) and never with MDB_WRITEMAP.
+///
+/// Design notes:
+/// - A process-wide registry keyed by the directory's (st_dev, st_ino) refuses
+///   a second open of the same environment in one process (Busy): closing any
+///   descriptor of lock.mdb would drop this process's fcntl locks.
+/// - The map is resized only with no transaction of this process open: every
+///   transaction holds `map_mutex_` shared, a resize takes it exclusively.
+///   Growth after MDB_MAP_FULL doubles up to Config::map_size_max;
+///   MDB_MAP_RESIZED (another process grew it) is handled inside begin_*.
+/// - After a failed commit that is not MapFull/DiskFull, or a failed sync, the
+///   environment is fatal: every later transaction fails with IOError naming
+///   the first cause, until the store is closed and reopened.
+///
+/// Thread safety: thread-safe (transactions themselves are one thread at a time).
+class LmdbEnv {
+ public:
+  struct Config {
+    std::string path;
+    std::uint64_t map_size_initial = 64ull << 20;
+    std::uint64_t map_size_max = 16ull << 30;
+    unsigned max_readers = 126;
+    unsigned max_dbs = 16;
+    bool read_only = false;
+    bool no_sync = false;  ///< MDB_NOSYNC: commit without fsync (async durability).
+  };
+
+  /// Create the directory if needed (0700; not in read-only mode), refuse
+  /// network file systems, register (dev, ino), open the environment (files
+  /// 0600) and clear stale reader slots.
+  /// Errors: InvalidArgument (path empty or not a directory), NotFound
+  /// (read-only and no store there), PermissionDenied, Busy (already open in
+  /// this process, or reader table full), Corruption (not an LMDB file, or
+  /// incompatible), VersionTooNew (LMDB file format version mismatch), IOError.
+  static Result<std::unique_ptr<LmdbEnv>> open(const Config& config);
+  ~LmdbEnv();
+  LmdbEnv(const LmdbEnv&) = delete;
+  LmdbEnv& operator=(const LmdbEnv&) = delete;
+
+  /// Begin a read-only transaction (handles MDB_MAP_RESIZED and, once, a full
+  /// reader table by running mdb_reader_check).
+  Result<LmdbTxn> begin_read();
+  /// Begin a write transaction. Blocks while another process (or thread) holds
+  /// LMDB's writer lock — LMDB has no timeout for it.
+  Result<LmdbTxn> begin_write();
+  /// Open (and with `create`, create) a named database. REQUIRES: `txn` is the
+  /// only transaction of this process that opens dbis (LMDB rule).
+  Result<LmdbDbi> open_dbi(LmdbTxn& txn, const char* name, bool create);
+
+  /// Double the map (capped at map_size_max). REQUIRES: no transaction of this
+  /// process is open on another thread that could block on this one; waits
+  /// for open ones to end. MapFull when already at the maximum.
+  Status grow_map();
+  /// mdb_reader_check: the number of stale reader slots cleared.
+  Result<int> reader_check();
+  /// Flush committed data to disk (mdb_env_sync, forced). A failure marks the
+  /// environment fatal.
+  Status sync();
+
+  bool fatal() const noexcept { return fatal_.load(); }
+  /// Mark the environment fatal with a cause (first cause wins).
+  void set_fatal(const Status& cause);
+  /// The IOError every call returns once fatal.
+  Status fatal_status() const;
+
+  const std::string& path() const noexcept { return config_.path; }
+  const Config& config() const noexcept { return config_; }
+  std::uint64_t map_size() const noexcept { return map_size_.load(std::memory_order_relaxed); }
+  std::uint64_t map_growths() const noexcept { return map_growths_.load(std::memory_order_relaxed); }
+  /// Bytes of the data file in use (last page number × page size).
+  Result<std::uint64_t> used_bytes();
+
+ private:
+  friend class LmdbTxn;
+  LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexcept;
+  Result<LmdbTxn> begin(bool write);
+  Status adopt_map_size();  // after MDB_MAP_RESIZED
+
+  Config config_;
+  MDB_env* env_;
+  dev_t dev_;
+  ino_t ino_;
+  // Shared by every open transaction of this process; exclusive for resizes.
+  std::shared_mutex map_mutex_;
+  // Relaxed: statistics only, read for reporting; the map size itself is
+  // changed under map_mutex_ exclusively.
+  std::atomic<std::uint64_t> map_size_{0};
+  std::atomic<std::uint64_t> map_growths_{0};
+  std::atomic<bool> fatal_{false};
+  mutable std::mutex fatal_mutex_;
+  std::string fatal_cause_;  // GUARDED_BY(fatal_mutex_)
+};
+
+}  // namespace lanebus::detail

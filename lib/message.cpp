@@ -1,0 +1,17 @@
+// lanebus — MIT License.
+// Key → lane mapping (64-bit FNV-1a): stable across processes and releases,
+// because durable lanes persist it.
+#include "lanebus/message.hpp"
+
+namespace lanebus {
+
+std::uint32_t lane_for_key(std::string_view key, std::uint32_t lanes) noexcept {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : key) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return lanes ? static_cast<std::uint32_t>(h % lanes) : 0;
+}
+
+}  // namespace lanebus
