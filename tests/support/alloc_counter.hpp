@@ -1,0 +1,15 @@
+// lanebus — MIT License.
+// Counts every operator new and malloc-family call in the process while enabled
+// (replacements live in alloc_counter.cpp). Not usable under sanitizers, which
+// own malloc: tests call skip_if_sanitized() first (exit 77 = SKIP in Meson).
+#pragma once
+
+#include <cstdint>
+
+namespace lanebus::test {
+
+void alloc_counting(bool on);
+std::uint64_t alloc_count();
+void skip_if_sanitized();
+
+}  // namespace lanebus::test
