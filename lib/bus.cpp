@@ -54,7 +54,7 @@ GroupImpl::GroupImpl(TopicImpl* t, std::string n, const GroupOptions& o, std::ui
       options(o),
       consumers(new Consumer[max_cons]),
       max_consumers(max_cons),
-      persistent(t->is_queue) {
+      persistent(t->is_queue || t->durable) {
   lanes.reserve(lane_count);
   for (std::uint32_t l = 0; l < lane_count; ++l) lanes.push_back(std::make_unique<GroupLane>(this, l, ring_capacity));
   for (std::uint32_t i = 0; i < max_cons; ++i) consumers[i].group = this;
@@ -67,8 +67,10 @@ TopicImpl::TopicImpl(BusCore* b, std::string n, bool queue, const TopicOptions& 
       name(std::move(n)),
       is_queue(queue),
       options(o),
-      capacity(round_pow2(o.capacity)),
-      pool(capacity, o.slot_bytes),
+      durable(o.durable),
+      // Durable topics keep messages in the store, not in slots.
+      capacity(o.durable ? 2 : round_pow2(o.capacity)),
+      pool(capacity, o.durable ? 1 : o.slot_bytes),
       groups(new std::atomic<GroupImpl*>[o.max_groups]),
       lane_load(new LaneLoad[o.lanes]) {
   for (std::uint32_t i = 0; i < o.max_groups; ++i) groups[i].store(nullptr, std::memory_order_relaxed);
@@ -196,6 +198,44 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   return Status();
 }
 
+Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
+  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+  AppendRequest req;
+  req.topic_id = store_topic.id;
+  req.lane = lane_for_key(m.key, options.lanes);
+  req.header.id = 0;  // the store assigns ids unique across restarts and processes
+  req.header.created_at_ns = now_ns();
+  req.header.correlation_id = m.correlation_id;
+  req.header.fencing_token = m.fencing_token;
+  req.header.content_type = m.content_type;
+  req.header.schema_version = m.schema_version;
+  req.key.assign(m.key);
+  req.idempotency_key.assign(m.idempotency_key);
+  req.payload.assign(m.payload);
+  const std::uint32_t lane = req.lane;
+  if (!done) {
+    auto r = bus->store()->append(std::move(req));
+    if (!r.ok()) {
+      refused.fetch_add(1, std::memory_order_relaxed);
+      return r.status();
+    }
+    lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+    return Status();
+  }
+  Status s = bus->store()->append_async(
+      std::move(req), [this, lane, done = std::move(done)](const Status& st, const AppendResult& res) {
+        if (st.ok()) {
+          lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          refused.fetch_add(1, std::memory_order_relaxed);
+        }
+        done(st, res.offset);
+      });
+  if (!s.ok()) refused.fetch_add(1, std::memory_order_relaxed);
+  return s;
+}
+
 // ---------------------------------------------------------------- bus core
 
 BusCore::BusCore(const BusOptions& o) : options(o), runq_(4096) {}
@@ -206,6 +246,18 @@ BusCore::~BusCore() {
 }
 
 Status BusCore::start() {
+  if (!options.store.directory.empty()) {
+    auto st = DurableStore::open(options.store);
+    if (!st.ok()) return st.status();
+    store_ = std::move(*st);
+    store_->set_append_listener(
+        [this](std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) { on_append(topic_id, lane, end); });
+    try {
+      poller_ = std::thread([this] { poller_main(); });
+    } catch (const std::exception& e) {
+      return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the poller: " + e.what());
+    }
+  }
   std::size_t n = options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency());
   try {
     workers_.reserve(n);
@@ -243,8 +295,28 @@ Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
   return nullptr;
 }
 
+Outcome BusCore::call_handler(Consumer* c, const MessageView& view) noexcept {
+  Outcome out = Outcome::ack();
+  tl_running_consumer = c;
+  tl_running_bus = this;
+  try {
+    out = c->handler(view);
+  } catch (const std::exception&) {
+    out = Outcome::retry("handler threw an exception");
+  } catch (...) {
+    out = Outcome::retry("handler threw a non-standard exception");
+  }
+  tl_running_consumer = nullptr;
+  tl_running_bus = nullptr;
+  return out;
+}
+
 void BusCore::run_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
+  if (g->topic->durable) {
+    run_durable_lane(gl);
+    return;
+  }
   MessagePool& pool = g->topic->pool;
   const bool abandon = abandon_.load(std::memory_order_acquire);
   Consumer* c = abandon ? nullptr : pin_consumer(g);
@@ -278,18 +350,7 @@ void BusCore::run_lane(GroupLane* gl) {
     bump(gl->delivered);
     MessageView view(s->header, s->key(), s->idempotency_key(), s->payload(), s->lane);
     view.set_attempt(gl->attempts);
-    Outcome out = Outcome::ack();
-    tl_running_consumer = c;
-    tl_running_bus = this;
-    try {
-      out = c->handler(view);
-    } catch (const std::exception&) {
-      out = Outcome::retry("handler threw an exception");
-    } catch (...) {
-      out = Outcome::retry("handler threw a non-standard exception");
-    }
-    tl_running_consumer = nullptr;
-    tl_running_bus = nullptr;
+    Outcome out = call_handler(c, view);
     ++handled;
     switch (out.kind()) {
       case Outcome::Kind::Ack:
@@ -325,6 +386,247 @@ void BusCore::run_lane(GroupLane* gl) {
   }
   gl->scheduled.store(false, std::memory_order_seq_cst);
   if (gl->ring.ready()) schedule(gl);
+}
+
+// ---------------------------------------------------------------- durable lanes
+
+void BusCore::run_durable_lane(GroupLane* gl) {
+  GroupImpl* g = gl->group;
+  const bool abandon = abandon_.load(std::memory_order_acquire);
+  Consumer* c = abandon ? nullptr : pin_consumer(g);
+  bool more = false;
+  if (c != nullptr) {
+    more = g->topic->is_queue ? run_durable_queue_batch(gl, c) : run_durable_topic_batch(gl, c);
+    c->calls.fetch_sub(1, std::memory_order_release);
+  }
+  if (more && !abandon_.load(std::memory_order_acquire)) {
+    if (!runq_.try_enqueue(gl)) {
+      runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+      runq_.enqueue(gl);
+    }
+    return;
+  }
+  gl->scheduled.store(false, std::memory_order_seq_cst);
+  if (abandon) return;
+  if (c == nullptr) {
+    // No consumer right now: messages stay in the store. attach() schedules
+    // the lanes again; re-check in case it raced with us (Dekker, seq_cst).
+    if (g->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
+    return;
+  }
+  if (!g->topic->is_queue &&
+      (gl->buffer_index < gl->buffer.size() || gl->known_end.load(std::memory_order_seq_cst) > gl->read_pos))
+    schedule(gl);
+}
+
+// Durable topic group: read a batch at the lane's position, deliver in order,
+// then queue one offset commit. True if the lane should run again at once.
+bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
+  GroupImpl* g = gl->group;
+  TopicImpl* t = g->topic;
+  const std::uint64_t gen = g->seek_gen.load(std::memory_order_acquire);
+  if (!gl->positioned || gen != gl->seen_seek_gen) {
+    // First run, or a seek happened: load the committed offset. commit_mu
+    // makes us wait for a seek that is still being written.
+    MutexLock l(&g->commit_mu);
+    auto info = store_->group_info(g->store_group);
+    if (!info.ok() || info->size() <= gl->lane) {
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    const std::uint64_t committed = (*info)[gl->lane].committed;
+    gl->read_pos = gl->done_pos = gl->committed_sent = committed;
+    gl->buffer.clear();
+    gl->buffer_index = 0;
+    gl->attempts = 0;
+    gl->seen_seek_gen = g->seek_gen.load(std::memory_order_acquire);
+    gl->positioned = true;
+  }
+  std::uint32_t handled = 0;
+  bool retry_pending = false;
+  while (handled < g->options.batch) {
+    if (gl->buffer_index == gl->buffer.size()) {
+      ReadLimits limits;
+      limits.max_messages = g->options.batch;
+      auto r = store_->read(t->store_topic, gl->lane, gl->read_pos, limits);
+      if (!r.ok()) {
+        gl->errors.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+      if (r->skipped > 0) {
+        gl->skipped.fetch_add(r->skipped, std::memory_order_relaxed);
+        if (gl->done_pos < r->first_offset) gl->done_pos = r->first_offset;
+      }
+      gl->buffer = std::move(r->messages);
+      gl->buffer_index = 0;
+      gl->read_pos = r->next_offset;
+      std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
+      while (r->end_offset > k && !gl->known_end.compare_exchange_weak(k, r->end_offset)) {
+      }
+      if (gl->buffer.empty()) break;
+    }
+    const StoredMessage& m = gl->buffer[gl->buffer_index];
+    ++gl->attempts;
+    bump(gl->delivered);
+    MessageView view(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
+    view.set_attempt(gl->attempts);
+    Outcome out = call_handler(c, view);
+    ++handled;
+    if (out.kind() == Outcome::Kind::Retry) {
+      bump(gl->retried);
+      if (gl->attempts < g->options.max_attempts) {
+        retry_pending = true;  // the message stays at the head of its lane
+        break;
+      }
+      bump(gl->failed);
+    } else if (out.kind() == Outcome::Kind::Reject) {
+      bump(gl->rejected);
+    } else {
+      bump(gl->acked);
+    }
+    gl->attempts = 0;
+    gl->done_pos = m.offset + 1;
+    ++gl->buffer_index;
+  }
+  if (gl->done_pos > gl->committed_sent) {
+    MutexLock l(&g->commit_mu);
+    if (g->seek_gen.load(std::memory_order_acquire) == gl->seen_seek_gen) {
+      GroupLane* lane = gl;
+      Status s = store_->commit_offset_async(g->store_group, gl->lane, gl->done_pos, [lane](const Status& st) {
+        if (!st.ok()) lane->errors.fetch_add(1, std::memory_order_relaxed);
+      });
+      if (s.ok()) {
+        gl->committed_sent = gl->done_pos;
+      } else {
+        gl->errors.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
+  gl->lag.store(gl->known_end.load(std::memory_order_relaxed) > gl->done_pos
+                    ? gl->known_end.load(std::memory_order_relaxed) - gl->done_pos
+                    : 0,
+                std::memory_order_relaxed);
+  return retry_pending || gl->buffer_index < gl->buffer.size() || handled == g->options.batch;
+}
+
+// Durable queue: claim (attempt persisted before delivery), deliver, ack or
+// release. True if the lane should run again at once.
+bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
+  GroupImpl* g = gl->group;
+  ClaimOptions claim_options;
+  claim_options.visibility = g->options.visibility;
+  claim_options.ordered = true;
+  std::uint32_t handled = 0;
+  while (handled < g->options.batch) {
+    auto r = store_->claim(g->store_group, gl->lane, claim_options);
+    if (!r.ok()) {
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (!r->has_value()) return false;  // nothing deliverable now
+    const ClaimedMessage& cm = **r;
+    bump(gl->delivered);
+    MessageView view(cm.message.header, cm.message.key, cm.message.idempotency_key, cm.message.payload, gl->lane,
+                     cm.message.offset);
+    view.set_attempt(cm.attempt);
+    Outcome out = call_handler(c, view);
+    ++handled;
+    Status s;
+    if (out.kind() == Outcome::Kind::Retry && cm.attempt < g->options.max_attempts) {
+      bump(gl->retried);
+      s = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, std::chrono::milliseconds(0));
+      if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+      return true;  // let other lanes run before the redelivery
+    }
+    if (out.kind() == Outcome::Kind::Retry) {
+      bump(gl->retried);
+      bump(gl->failed);
+    } else if (out.kind() == Outcome::Kind::Reject) {
+      bump(gl->rejected);
+    } else {
+      bump(gl->acked);
+    }
+    s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
+    if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+void BusCore::wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept {
+  GroupLane* gl = g->lanes[lane].get();
+  std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
+  bool grew = false;
+  while (end > k) {
+    if (gl->known_end.compare_exchange_weak(k, end, std::memory_order_seq_cst)) {
+      grew = true;
+      break;
+    }
+  }
+  if ((grew || g->topic->is_queue) && g->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
+}
+
+void BusCore::on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept {
+  TopicImpl* t = nullptr;
+  {
+    MutexLock l(&durable_mu_);
+    auto it = durable_topics_.find(topic_id);
+    if (it != durable_topics_.end()) t = it->second;
+  }
+  if (t == nullptr || lane >= t->options.lanes) return;
+  const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < ng; ++i) {
+    GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
+    if (g != nullptr) wake_durable_group(g, lane, end);
+  }
+}
+
+// Finds appends made by other processes and expired queue claims.
+void BusCore::poller_main() {
+  std::vector<TopicImpl*> topics;
+  for (;;) {
+    {
+      std::unique_lock l(poller_mu_);
+      if (poller_cv_.wait_for(l, options.durable_poll, [&] { return poller_stop_; })) return;
+    }
+    topics.clear();
+    {
+      MutexLock l(&durable_mu_);
+      for (auto& [id, t] : durable_topics_) topics.push_back(t);
+    }
+    for (TopicImpl* t : topics) {
+      for (std::uint32_t lane = 0; lane < t->options.lanes; ++lane) {
+        auto end = store_->end_offset(t->store_topic, lane);
+        if (!end.ok()) continue;
+        const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
+        for (std::uint32_t i = 0; i < ng; ++i) {
+          GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
+          if (g != nullptr) wake_durable_group(g, lane, *end);
+        }
+      }
+    }
+  }
+}
+
+Status BusCore::seek(TopicImpl* t, std::string_view group, const StartPosition& position) {
+  if (!t->durable)
+    return Status(Code::InvalidArgument, "seek \"" + t->name + "\": only durable topics and queues can seek");
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  GroupImpl* g = nullptr;
+  {
+    MutexLock l(&mu_);
+    for (auto& og : t->owned_groups)
+      if (t->is_queue || og->name == group) g = og.get();
+  }
+  if (g == nullptr)
+    return Status(Code::NotFound, "seek \"" + t->name + "\": no group \"" + std::string(group) + "\" in this bus");
+  {
+    MutexLock l(&g->commit_mu);
+    g->seek_gen.fetch_add(1, std::memory_order_acq_rel);
+    if (Status s = store_->seek(g->store_group, position); !s.ok()) return s;
+  }
+  if (g->consumer_count.load(std::memory_order_seq_cst) > 0)
+    for (auto& gl : g->lanes) schedule(gl.get());
+  return Status();
 }
 
 void BusCore::worker_main(std::size_t /*index*/) {
@@ -403,6 +705,18 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
     if (slots_in_use() == 0) break;
     std::this_thread::yield();
   }
+  if (poller_.joinable()) {
+    {
+      std::lock_guard l(poller_mu_);
+      poller_stop_ = true;
+    }
+    poller_cv_.notify_all();
+    poller_.join();
+  }
+  if (store_) {
+    Status cs = store_->close();
+    if (!cs.ok() && result.ok()) result = cs;
+  }
   stopped_.store(true);
   return result;
 }
@@ -418,6 +732,23 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
   if (Status s = check_name(name, kind); !s.ok()) return s;
   if (Status s = check_topic_options(name, o); !s.ok()) return s;
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  TopicRef ref;
+  GroupRef queue_group;
+  if (o.durable) {
+    if (!store_)
+      return Status(Code::InvalidArgument, std::string(kind) + " \"" + std::string(name) +
+                                               "\": durable needs a bus opened with BusOptions::store.directory");
+    // Blocking store calls happen before taking mu_ (they wait for the
+    // store's writer thread, whose listener must never wait for mu_).
+    auto r = store_->open_topic(name, TopicSpec{o.lanes, is_queue, o.retention});
+    if (!r.ok()) return r.status();
+    ref = *r;
+    if (is_queue) {
+      auto g = store_->open_group(ref, "queue", StartPosition::earliest());
+      if (!g.ok()) return g.status();
+      queue_group = *g;
+    }
+  }
   MutexLock l(&mu_);
   auto it = topics_.find(name);
   if (it != topics_.end()) {
@@ -429,6 +760,9 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
       return Status(Code::Conflict, std::string(kind) + " \"" + std::string(name) + "\": already exists with " +
                                         std::to_string(t->options.lanes) + " lanes, asked for " +
                                         std::to_string(o.lanes) + " (the lane count is fixed at creation)");
+    if (t->durable != o.durable)
+      return Status(Code::Conflict, std::string(kind) + " \"" + std::string(name) + "\": already exists as " +
+                                        (t->durable ? "durable" : "ephemeral"));
     return t;
   }
   if (topics_.size() >= options.max_topics)
@@ -436,17 +770,23 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
                                   ") reached; raise BusOptions::max_topics");
   auto t = std::make_unique<TopicImpl>(this, std::string(name), is_queue, o);
   TopicImpl* raw = t.get();
+  raw->store_topic = ref;
   if (is_queue) {
     // The queue's one group exists from the start and keeps messages until a
     // consumer attaches.
     auto g = std::make_unique<GroupImpl>(raw, std::string(), GroupOptions{}, o.lanes, raw->capacity,
                                          options.max_consumers_per_group);
+    g->store_group = queue_group;
     g->active.store(true, std::memory_order_release);
     raw->groups[0].store(g.get(), std::memory_order_release);
     raw->owned_groups.push_back(std::move(g));
     raw->group_count.store(1, std::memory_order_release);
   }
   topics_.emplace(std::string(name), std::move(t));
+  if (o.durable) {
+    MutexLock dl(&durable_mu_);
+    durable_topics_[ref.id] = raw;
+  }
   return raw;
 }
 
@@ -455,7 +795,15 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   if (o.max_attempts == 0 || o.batch == 0)
     return Status(Code::InvalidArgument,
                   "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
+  if (o.visibility.count() <= 0)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": visibility must be positive");
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  GroupRef store_group;
+  if (t->durable && !t->is_queue) {
+    auto r = store_->open_group(t->store_topic, group, o.start);  // blocking: before mu_
+    if (!r.ok()) return r.status();
+    store_group = *r;
+  }
   MutexLock l(&mu_);
   GroupImpl* g = nullptr;
   if (t->is_queue) {
@@ -470,6 +818,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
                                       ") reached; raise TopicOptions::max_groups");
       auto ng = std::make_unique<GroupImpl>(t, std::string(group), o, t->options.lanes, t->capacity,
                                             options.max_consumers_per_group);
+      ng->store_group = store_group;
       g = ng.get();
       t->owned_groups.push_back(std::move(ng));
       t->groups[n].store(g, std::memory_order_release);
@@ -490,12 +839,16 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
                                   std::to_string(g->max_consumers) + ") reached");
   c->in_use = true;
   c->handler = std::move(handler);
+  if (t->is_queue && g->consumer_count.load(std::memory_order_relaxed) == 0) {
+    // The first consumer of a queue sets its delivery options.
+    g->options = o;
+  }
   c->enabled.store(true, std::memory_order_seq_cst);
   g->consumer_count.fetch_add(1, std::memory_order_seq_cst);
   g->active.store(true, std::memory_order_seq_cst);
-  // Lanes of a queue may hold messages that waited for a consumer.
+  // Lanes may hold messages that waited for a consumer (queues, durable logs).
   for (auto& gl : g->lanes)
-    if (gl->ring.ready() || gl->current) schedule(gl.get());
+    if (t->durable || gl->ring.ready() || gl->current) schedule(gl.get());
   return c;
 }
 
@@ -531,7 +884,15 @@ BusStats BusCore::stats() const {
     TopicStats ts;
     ts.name = name;
     ts.is_queue = t->is_queue;
+    ts.durable = t->durable;
     ts.lanes = t->options.lanes;
+    std::vector<std::uint64_t> ends;
+    if (t->durable) {
+      for (std::uint32_t i = 0; i < t->options.lanes; ++i) {
+        auto e = store_->end_offset(t->store_topic, i);
+        ends.push_back(e.ok() ? *e : 0);
+      }
+    }
     ts.unrouted = t->unrouted.load(std::memory_order_relaxed);
     ts.publish_refused = t->refused.load(std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < t->options.lanes; ++i) {
@@ -543,6 +904,11 @@ BusStats BusCore::stats() const {
       GroupStats gs;
       gs.name = g->name;
       gs.consumers = g->consumer_count.load(std::memory_order_relaxed);
+      std::vector<GroupLaneInfo> persisted;
+      if (t->durable) {
+        auto info = store_->group_info(g->store_group);
+        if (info.ok()) persisted = std::move(*info);
+      }
       for (const auto& gl : g->lanes) {
         LaneCounters lc;
         lc.delivered = gl->delivered.load(std::memory_order_relaxed);
@@ -552,6 +918,12 @@ BusStats BusCore::stats() const {
         lc.failed = gl->failed.load(std::memory_order_relaxed);
         lc.dropped = gl->dropped.load(std::memory_order_relaxed);
         lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
+        lc.skipped = gl->skipped.load(std::memory_order_relaxed);
+        if (t->durable && gl->lane < persisted.size() && gl->lane < ends.size()) {
+          const GroupLaneInfo& pi = persisted[gl->lane];
+          lc.in_flight = ends[gl->lane] > pi.committed ? ends[gl->lane] - pi.committed : 0;
+          lc.skipped += pi.skipped;
+        }
         gs.total.delivered += lc.delivered;
         gs.total.acked += lc.acked;
         gs.total.retried += lc.retried;
@@ -559,6 +931,7 @@ BusStats BusCore::stats() const {
         gs.total.failed += lc.failed;
         gs.total.dropped += lc.dropped;
         gs.total.in_flight += lc.in_flight;
+        gs.total.skipped += lc.skipped;
         gs.lanes.push_back(lc);
       }
       ts.groups.push_back(std::move(gs));
@@ -578,15 +951,38 @@ Status no_topic() noexcept {
 }
 }  // namespace
 
+namespace {
+Status publish_durable_noexcept(detail::TopicImpl* t, const OutgoingMessage& m) noexcept {
+  try {
+    return t->publish_durable(m, {});
+  } catch (const std::exception& e) {
+    return Status::from_literal(Code::Internal, "publish: out of memory copying the message for the store");
+  }
+}
+}  // namespace
+
 Status Topic::publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
+  if (impl_->durable) return publish_durable_noexcept(impl_, message);
   return impl_->publish(message, true, impl_->bus->take_ids(1));
 }
 
 Status Topic::try_publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
+  if (impl_->durable) return publish_durable_noexcept(impl_, message);
   return impl_->publish(message, false, impl_->bus->take_ids(1));
 }
+
+Status Topic::publish_async(const OutgoingMessage& message, PublishCallback done) const {
+  if (impl_ == nullptr) return no_topic();
+  if (!done) return Status(Code::InvalidArgument, "publish_async: the completion callback is empty");
+  if (impl_->durable) return impl_->publish_durable(message, std::move(done));
+  Status s = impl_->publish(message, true, impl_->bus->take_ids(1));
+  if (s.ok()) done(s, 0);
+  return s;
+}
+
+bool Topic::is_durable() const noexcept { return impl_ && impl_->durable; }
 
 std::string_view Topic::name() const noexcept { return impl_ ? std::string_view(impl_->name) : std::string_view(); }
 std::uint32_t Topic::lanes() const noexcept { return impl_ ? impl_->options.lanes : 0; }
@@ -641,11 +1037,13 @@ std::uint64_t next_publisher_id(detail::PublisherState& st) noexcept {
 
 Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
+  if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
   return topic.impl_->publish(message, true, next_publisher_id(*state_));
 }
 
 Status Publisher::try_publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
+  if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
   return topic.impl_->publish(message, false, next_publisher_id(*state_));
 }
 
@@ -710,6 +1108,12 @@ Result<Subscription> Bus::consume(const Topic& queue, Handler handler, const Gro
   auto c = core_->attach(queue.impl_, {}, std::move(handler), options);
   if (!c.ok()) return c.status();
   return Subscription(core_, *c);
+}
+
+Status Bus::seek(const Topic& topic, std::string_view group, const StartPosition& position) {
+  if (topic.impl_ == nullptr || topic.impl_->bus != core_.get())
+    return Status(Code::InvalidArgument, "seek: the topic handle is empty or belongs to another bus");
+  return core_->seek(topic.impl_, group, position);
 }
 
 Publisher Bus::publisher() {

@@ -22,13 +22,23 @@
 // - Memory: everything (slots, rings, groups, consumer tables) is allocated
 //   when a topic or group is created; the hot path never allocates.
 //
-// Lock order: BusCore::mu_ is the only lock; it guards the registry (topic
-// map, group creation, consumer slot assignment). No lock is held while a
-// handler runs, and the data path takes none.
+// - Durable topics and queues (SPEC §3) do not use slots or rings: publish
+//   appends to the DurableStore (group commit on its writer thread); the
+//   store's append listener, and a poller for other processes' appends and
+//   expired queue claims, schedule the durable GroupLanes; a worker running
+//   one reads a batch from the log at the lane's position (topics) or claims
+//   messages (queues), calls the handler, and commits offsets / acks.
+//
+// Lock order: BusCore::mu_ (registry: topic map, group creation, consumer
+// slots) → GroupImpl::commit_mu (durable seek vs offset commits). durable_mu_
+// (store topic id → TopicImpl) is a leaf. No lanebus lock is held while a
+// handler runs or while waiting for a store commit, except commit_mu around
+// a seek (it orders the seek against a worker's offset commit).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "durable_store.hpp"
 #include "lane_ring.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
@@ -70,6 +81,19 @@ struct alignas(64) GroupLane {
   // Counters (see LaneCounters). Single-writer ones use bump().
   std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0};
   std::atomic<std::uint64_t> dropped{0};  // multi-writer (droppers, worker): fetch_add
+
+  // Durable lanes (owned by the running worker unless atomic).
+  std::atomic<std::uint64_t> known_end{0};  // end offset seen by the listener/poller/reads
+  std::atomic<std::uint64_t> skipped{0};    // lost to retention
+  std::atomic<std::uint64_t> lag{0};        // end - position, refreshed by the worker and the poller
+  std::atomic<std::uint64_t> errors{0};     // store errors met by the worker
+  std::uint64_t read_pos = 0;               // next offset to read from the log
+  std::uint64_t done_pos = 0;               // everything before it is handled
+  std::uint64_t committed_sent = 0;         // last offset commit queued
+  std::uint64_t seen_seek_gen = 0;
+  bool positioned = false;                  // read_pos loaded from the store
+  std::vector<StoredMessage> buffer;        // read but not yet handled
+  std::size_t buffer_index = 0;
 };
 
 /// One subscription's slot in its group's consumer table.
@@ -87,7 +111,10 @@ struct GroupImpl {
 
   TopicImpl* const topic;
   const std::string name;
-  const GroupOptions options;
+  // Fixed by the group's first subscription; a queue's group takes the
+  // options of the first consumer that attaches while it has none (written
+  // under BusCore::mu_; workers read it only while a consumer is pinned).
+  GroupOptions options;
   std::vector<std::unique_ptr<GroupLane>> lanes;
   std::unique_ptr<Consumer[]> consumers;
   const std::uint32_t max_consumers;
@@ -97,7 +124,12 @@ struct GroupImpl {
   // Receives publishes. A topic group is active while it has consumers; a
   // queue's group is always active (messages wait for a consumer).
   std::atomic<bool> active{false};
-  const bool persistent;  // queue group: keep messages while no consumer is attached
+  const bool persistent;  // queue or durable group: keep messages while no consumer is attached
+
+  // Durable groups.
+  GroupRef store_group;
+  Mutex commit_mu;  // orders seek against offset commits
+  std::atomic<std::uint64_t> seek_gen{0};
 };
 
 class BusCore;
@@ -107,11 +139,14 @@ class TopicImpl {
   TopicImpl(BusCore* bus, std::string name, bool is_queue, const TopicOptions& options);
 
   Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
+  Status publish_durable(const OutgoingMessage& m, PublishCallback done);
 
   BusCore* const bus;
   const std::string name;
   const bool is_queue;
   const TopicOptions options;
+  const bool durable;
+  TopicRef store_topic;  // durable only
   const std::uint32_t capacity;  // power of two
   MessagePool pool;
   std::unique_ptr<std::atomic<GroupImpl*>[]> groups;  // [options.max_groups]
@@ -153,6 +188,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Make sure `gl` is (or will be) run by a worker.
   void schedule(GroupLane* gl) noexcept;
 
+  Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
+  DurableStore* store() const noexcept { return store_.get(); }
+
   std::uint64_t take_ids(std::uint64_t n) noexcept { return next_id_.fetch_add(n, std::memory_order_relaxed); }
   bool closing() const noexcept { return closing_.load(std::memory_order_seq_cst); }
 
@@ -163,6 +201,13 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void run_lane(GroupLane* gl);
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
+  bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
+  bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
+  void run_durable_lane(GroupLane* gl);
+  Outcome call_handler(Consumer* c, const MessageView& view) noexcept;
+  void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
+  void poller_main();
+  void wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept;
   std::int64_t slots_in_use() const;
 
   mutable Mutex mu_;
@@ -175,6 +220,15 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Mutex shutdown_mu_;
   std::atomic<std::uint64_t> next_id_{1};
   std::atomic<std::uint64_t> runq_fallbacks_{0};
+
+  // Durable layer.
+  std::unique_ptr<DurableStore> store_;
+  Mutex durable_mu_;
+  std::map<std::uint32_t, TopicImpl*> durable_topics_ GUARDED_BY(durable_mu_);  // by store topic id
+  std::thread poller_;
+  std::mutex poller_mu_;
+  std::condition_variable poller_cv_;
+  bool poller_stop_ = false;  // guarded by poller_mu_
 };
 
 }  // namespace lanebus::detail

@@ -23,6 +23,13 @@ struct Consumer;
 struct PublisherState;
 }  // namespace detail
 
+/// Completion of Topic::publish_async: the publish's status and, for durable
+/// topics, the message's offset in its lane (0 for ephemeral topics). Runs on
+/// the store's writer thread (durable) or inline in publish_async (ephemeral),
+/// with no lanebus lock held; it must be short and must not block (no
+/// blocking publish, no shutdown) — hand work to your own thread instead.
+using PublishCallback = std::function<void(const Status& status, std::uint64_t offset)>;
+
 /// A topic or queue: a cheap, copyable reference. Valid while its Bus lives.
 /// A default-constructed Topic refers to nothing; using it gives InvalidArgument.
 ///
@@ -34,6 +41,11 @@ struct PublisherState;
 ///   synchronisation), every group sees them in that order. Publishes that
 ///   overlap in time have no defined order. There is no order across lanes.
 /// - Ephemeral topics are at-most-once across a crash: nothing is stored.
+/// - Durable topics store the message in LMDB before publish returns OK: in
+///   Durability::Sync mode after the commit is fsynced (a kill -9 or power
+///   loss after OK loses nothing); in Async mode after the commit, flushed on
+///   an interval (a kill -9 loses nothing, a power loss may lose the last
+///   interval). Many concurrent publishers share one commit (group commit).
 /// - With no groups subscribed, a published message is counted (`unrouted`)
 ///   and discarded.
 ///
@@ -54,12 +66,23 @@ class LANEBUS_API Topic {
   Status publish(const OutgoingMessage& message) const noexcept;
 
   /// Like publish, but never blocks: a full topic gives WouldBlock (or, under
-  /// DropOldest, drops the oldest message to make room).
+  /// DropOldest, drops the oldest message to make room). On a durable topic it
+  /// is the same as publish (which waits for the commit).
   Status try_publish(const OutgoingMessage& message) const noexcept;
+
+  /// Publish without waiting for durability, so a producer can keep many
+  /// publishes in flight: `done` runs once the message is committed (Sync:
+  /// fsynced) or has failed. Returns an error, and never calls `done`, when
+  /// the message is refused up front (the codes of publish, except that a
+  /// durable store with StoreOptions::max_pending appends queued makes this
+  /// call wait for room). On an ephemeral topic `done` runs inline.
+  /// REQUIRES: done is not empty (else InvalidArgument).
+  Status publish_async(const OutgoingMessage& message, PublishCallback done) const;
 
   std::string_view name() const noexcept;
   std::uint32_t lanes() const noexcept;
   bool is_queue() const noexcept;
+  bool is_durable() const noexcept;
   bool valid() const noexcept { return impl_ != nullptr; }
 
  private:
@@ -185,6 +208,14 @@ class LANEBUS_API Bus {
   /// Attach a competing consumer to a queue. Same rules as subscribe.
   /// Errors: InvalidArgument (not a queue, empty handler), Busy, ShutDown.
   Result<Subscription> consume(const Topic& queue, Handler handler, const GroupOptions& options = {});
+
+  /// Move a durable consumer group (or a durable queue's consumers) to
+  /// `position` in every lane: replay from the earliest retained message, from
+  /// an offset or a timestamp, or skip to the end. Takes effect for the next
+  /// batch a worker reads; a handler call already running finishes first.
+  /// Errors: InvalidArgument (not a durable topic/queue), NotFound (no such
+  /// group in this bus), ShutDown, storage codes.
+  Status seek(const Topic& topic, std::string_view group, const StartPosition& position);
 
   /// A publishing handle for one thread (allocates once, here).
   Publisher publisher();

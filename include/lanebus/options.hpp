@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "lanebus/durable.hpp"
+
 namespace lanebus {
 
 /// What publish does when a topic has no free message slot (SPEC §2).
@@ -41,6 +43,15 @@ struct TopicOptions {
   std::uint32_t slot_bytes = 256;
   /// Most consumer groups the topic can have at once. Default 16.
   std::uint32_t max_groups = 16;
+
+  // ---- durability (SPEC §3) ----
+  /// Store every message in the bus's LMDB store (BusOptions::store) before
+  /// publish reports success. Requires a bus opened with a store directory.
+  /// capacity, slot_bytes and backpressure do not apply (the store's
+  /// max_pending bounds queued appends). Default false (ephemeral).
+  bool durable = false;
+  /// Retention of a durable topic's log (age, bytes, count per lane; 0 = keep).
+  RetentionOptions retention{};
 };
 
 /// Per consumer group (topic subscription) or queue consumer set.
@@ -51,6 +62,14 @@ struct GroupOptions {
   /// Most messages a worker handles from one lane before it lets other lanes
   /// run (fairness between lanes). Default 64.
   std::uint32_t batch = 64;
+
+  // ---- durable topics and queues only ----
+  /// Where a new durable group starts (an existing group resumes from its
+  /// committed offsets). Default: the earliest retained message.
+  StartPosition start{};
+  /// Durable queues: how long a delivered message stays claimed before it is
+  /// redelivered (to any consumer, in any process) if not acked. Default 30 s.
+  std::chrono::milliseconds visibility{30000};
 };
 
 /// Per Bus.
@@ -69,6 +88,16 @@ struct BusOptions {
   std::uint32_t max_topics = 1024;
   /// Most consumers (subscriptions) one group can have at once. Default 64.
   std::uint32_t max_consumers_per_group = 64;
+
+  // ---- durable store (SPEC §3) ----
+  /// The LMDB store for durable topics and queues. An empty
+  /// store.directory (the default) means an in-memory bus: creating a durable
+  /// topic then fails with InvalidArgument.
+  StoreOptions store{};
+  /// How often the bus looks for messages appended by other processes and for
+  /// expired queue claims to redeliver. Appends by this process wake consumers
+  /// at once. Default 50 ms.
+  std::chrono::milliseconds durable_poll{50};
 };
 
 }  // namespace lanebus

@@ -19,7 +19,9 @@ struct LaneCounters {
   std::uint64_t rejected = 0;   ///< reject outcomes.
   std::uint64_t failed = 0;     ///< Messages that used up max_attempts.
   std::uint64_t dropped = 0;    ///< Discarded by DropOldest backpressure, or with no consumer.
-  std::uint64_t in_flight = 0;  ///< Gauge: queued for the group in this lane, or being handled.
+  std::uint64_t skipped = 0;    ///< Durable: messages deleted by retention before the group read them.
+  std::uint64_t in_flight = 0;  ///< Gauge: queued for the group in this lane (ephemeral), or
+                                ///< stored and not yet consumed (durable: lag in messages).
 };
 
 struct GroupStats {
@@ -32,6 +34,7 @@ struct GroupStats {
 struct TopicStats {
   std::string name;
   bool is_queue = false;
+  bool durable = false;
   std::uint32_t lanes = 0;
   std::uint64_t published = 0;                ///< Messages accepted by publish.
   std::uint64_t unrouted = 0;                 ///< Accepted while the topic had no group.
