@@ -26,6 +26,14 @@ std::int64_t now_ns() noexcept {
       .count();
 }
 
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 std::uint32_t round_pow2(std::uint32_t v) { return std::bit_ceil(std::max<std::uint32_t>(v, 2)); }
 
 Status check_topic_options(std::string_view name, const TopicOptions& o) {
@@ -118,15 +126,19 @@ Slot* TopicImpl::acquire_slot(std::uint32_t lane, bool may_block) noexcept {
     }
     case Backpressure::Block: {
       if (!may_block) return nullptr;
+      // Workers free slots in batches within microseconds: spin, then yield,
+      // then sleep in short steps until the deadline.
       auto deadline = std::chrono::steady_clock::now() + options.block_timeout;
       for (std::uint32_t spin = 0;; ++spin) {
         if ((s = pool.try_alloc()) != nullptr) return s;
         if (bus->closing()) return nullptr;
-        if (spin < 64) {
+        if (spin < 256) {
+          cpu_relax();
+        } else if (spin < 2048) {
           std::this_thread::yield();
         } else {
           if (std::chrono::steady_clock::now() >= deadline) return nullptr;
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
       }
     }
@@ -174,27 +186,52 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   s->header.attempt = 0;
   s->header.content_type = m.content_type;
   s->header.schema_version = m.schema_version;
-  // relaxed: nobody else can see the slot until it is pushed into a ring
-  // (a seq_cst store that publishes everything written above).
-  s->refs.store(1, std::memory_order_relaxed);
-
-  bool routed = false;
+  // Route to every active group. The slot's reference count must be final
+  // before the first ring push makes it visible, so collect the targets first
+  // (a group deactivated meanwhile still drains its rings, so a stale target
+  // is harmless). More groups than fit the local array: guard-reference path.
+  constexpr std::uint32_t kInline = 16;
+  GroupLane* targets[kInline];
+  std::uint32_t n = 0;
+  bool overflow = false;
   const std::uint32_t ng = group_count.load(std::memory_order_acquire);
   for (std::uint32_t gi = 0; gi < ng; ++gi) {
     GroupImpl* g = groups[gi].load(std::memory_order_acquire);
     if (g == nullptr || !g->active.load(std::memory_order_acquire)) continue;
-    GroupLane* gl = g->lanes[lane].get();
-    s->refs.fetch_add(1, std::memory_order_relaxed);  // relaxed: we still hold our guard ref
-    // The ring holds at most `capacity` entries and every entry pins a live
-    // slot, so it cannot be full; a failed try only means a dequeuer of the
-    // cell we need has not finished its store yet.
-    while (!gl->ring.try_enqueue(pool.index_of(s))) std::this_thread::yield();
-    bus->schedule(gl);
-    routed = true;
+    if (n == kInline) {
+      overflow = true;
+      break;
+    }
+    targets[n++] = g->lanes[lane].get();
   }
   lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
-  if (!routed) unrouted.fetch_add(1, std::memory_order_relaxed);
-  pool.release(s);  // drop the publisher's guard
+  if (n == 0) {
+    unrouted.fetch_add(1, std::memory_order_relaxed);
+    pool.free(s);
+    return Status();
+  }
+  const std::uint32_t index = pool.index_of(s);
+  // The ring holds at most `capacity` entries and every entry pins a live
+  // slot, so it cannot be full; a failed try only means a dequeuer of the
+  // cell we need has not finished its store yet.
+  auto push = [&](GroupLane* gl) {
+    while (!gl->ring.try_enqueue(index)) std::this_thread::yield();
+    bus->schedule(gl);
+  };
+  if (!overflow) {
+    // relaxed: the seq_cst ring push below publishes the count with the slot.
+    s->refs.store(n, std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < n; ++i) push(targets[i]);
+    return Status();
+  }
+  s->refs.store(1, std::memory_order_relaxed);  // the publisher's guard
+  for (std::uint32_t gi = 0; gi < ng; ++gi) {
+    GroupImpl* g = groups[gi].load(std::memory_order_acquire);
+    if (g == nullptr || !g->active.load(std::memory_order_acquire)) continue;
+    s->refs.fetch_add(1, std::memory_order_relaxed);  // relaxed: we still hold the guard
+    push(g->lanes[lane].get());
+  }
+  pool.release(s);  // drop the guard
   return Status();
 }
 
@@ -295,6 +332,11 @@ Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
   return nullptr;
 }
 
+void BusCore::record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept {
+  const std::int64_t d = now_ns() - created_at_ns;
+  gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+}
+
 Outcome BusCore::call_handler(Consumer* c, const MessageView& view) noexcept {
   Outcome out = Outcome::ack();
   tl_running_consumer = c;
@@ -324,26 +366,45 @@ void BusCore::run_lane(GroupLane* gl) {
   if (c == nullptr && g->persistent && !abandon) {
     // A queue with no consumer: messages wait. Unschedule; attach() reschedules
     // lanes once a consumer exists (Dekker on enabled / scheduled).
+    const bool holding = gl->current != nullptr;  // owner-only: read before releasing the lane
     gl->scheduled.store(false, std::memory_order_seq_cst);
-    if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (gl->current || gl->ring.ready())) schedule(gl);
+    if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) schedule(gl);
     return;
   }
 
+  // Topics without DropOldest have one dequeuer per lane ring (its owner).
+  const bool single = g->topic->options.backpressure != Backpressure::DropOldest;
+  auto take = [&](std::uint32_t& idx) { return single ? gl->ring.try_dequeue_single(idx) : gl->ring.try_dequeue(idx); };
+  FreeChain frees(pool);
+  const bool metrics = options.metrics;
   std::uint32_t handled = 0;
   bool yield_for_retry = false;
   while (handled < g->options.batch) {
     if (gl->current == nullptr) {
       std::uint32_t idx;
-      if (!gl->ring.try_dequeue(idx)) break;
+      if (!take(idx)) {
+        // The lane is empty. If no other lane waits, linger briefly: a
+        // producer in a burst is likely to publish again within the spin,
+        // which saves a trip through the run queue per message.
+        if (c == nullptr || runq_.size_approx() != 0) break;
+        frees.flush();
+        bool got = false;
+        for (int spin = 0; spin < 64 && !got; ++spin) {
+          cpu_relax();
+          got = take(idx);
+        }
+        if (!got) break;
+      }
       gl->current = pool.at(idx);
       gl->attempts = 0;
+      if (metrics) gl->oldest_ns.store(gl->current->header.created_at_ns, std::memory_order_relaxed);
     }
     Slot* s = gl->current;
     if (c == nullptr) {
       // No consumer (the group was left, or shutdown abandons): discard.
       gl->dropped.fetch_add(1, std::memory_order_relaxed);
       gl->current = nullptr;
-      pool.release(s);
+      frees.release(s);
       continue;
     }
     ++gl->attempts;
@@ -371,9 +432,12 @@ void BusCore::run_lane(GroupLane* gl) {
         break;
     }
     if (yield_for_retry) break;
+    if (metrics) record_latency(gl, s->header.created_at_ns);
     gl->current = nullptr;
-    pool.release(s);
+    frees.release(s);
   }
+  frees.flush();
+  if (metrics && gl->current == nullptr && !gl->ring.ready()) gl->oldest_ns.store(0, std::memory_order_relaxed);
   if (c) c->calls.fetch_sub(1, std::memory_order_release);  // release: handler's effects before close() returns
 
   if (gl->current != nullptr) {
@@ -406,6 +470,8 @@ void BusCore::run_durable_lane(GroupLane* gl) {
     }
     return;
   }
+  // Owner-only state must be read before the lane is released to others.
+  const std::uint64_t read_pos = gl->read_pos;
   gl->scheduled.store(false, std::memory_order_seq_cst);
   if (abandon) return;
   if (c == nullptr) {
@@ -414,9 +480,8 @@ void BusCore::run_durable_lane(GroupLane* gl) {
     if (g->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
     return;
   }
-  if (!g->topic->is_queue &&
-      (gl->buffer_index < gl->buffer.size() || gl->known_end.load(std::memory_order_seq_cst) > gl->read_pos))
-    schedule(gl);
+  // (`more` was false, so nothing is left in the buffer.)
+  if (!g->topic->is_queue && gl->known_end.load(std::memory_order_seq_cst) > read_pos) schedule(gl);
 }
 
 // Durable topic group: read a batch at the lane's position, deliver in order,
@@ -486,6 +551,7 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
     }
     gl->attempts = 0;
     gl->done_pos = m.offset + 1;
+    if (options.metrics) record_latency(gl, m.header.created_at_ns);
     ++gl->buffer_index;
   }
   if (gl->done_pos > gl->committed_sent) {
@@ -548,6 +614,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
     s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
     if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+    if (options.metrics) record_latency(gl, cm.message.header.created_at_ns);
   }
   return true;
 }
@@ -846,9 +913,10 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   c->enabled.store(true, std::memory_order_seq_cst);
   g->consumer_count.fetch_add(1, std::memory_order_seq_cst);
   g->active.store(true, std::memory_order_seq_cst);
-  // Lanes may hold messages that waited for a consumer (queues, durable logs).
-  for (auto& gl : g->lanes)
-    if (t->durable || gl->ring.ready() || gl->current) schedule(gl.get());
+  // Lanes may hold messages that waited for a consumer (queues, durable logs,
+  // a pending retry): let a worker look at each (an empty lane costs one
+  // run-queue round trip). Lane state itself belongs to the worker running it.
+  for (auto& gl : g->lanes) schedule(gl.get());
   return c;
 }
 
@@ -933,6 +1001,19 @@ BusStats BusCore::stats() const {
         gs.total.in_flight += lc.in_flight;
         gs.total.skipped += lc.skipped;
         gs.lanes.push_back(lc);
+        gl->latency.add_to(gs.latency);
+        std::int64_t oldest = gl->oldest_ns.load(std::memory_order_relaxed);
+        if (t->durable && gl->lane < persisted.size() && lc.in_flight > 0) {
+          // The message at the committed offset is the oldest unfinished one.
+          ReadLimits one;
+          one.max_messages = 1;
+          auto r = store_->read(t->store_topic, gl->lane, persisted[gl->lane].committed, one);
+          oldest = (r.ok() && !r->messages.empty()) ? r->messages.front().header.created_at_ns : 0;
+        } else if (t->durable) {
+          oldest = 0;
+        }
+        if (oldest != 0 && (gs.oldest_unprocessed_ns == 0 || oldest < gs.oldest_unprocessed_ns))
+          gs.oldest_unprocessed_ns = oldest;
       }
       ts.groups.push_back(std::move(gs));
     }

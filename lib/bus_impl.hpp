@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "durable_store.hpp"
+#include "histogram.hpp"
 #include "lane_ring.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
@@ -81,6 +82,10 @@ struct alignas(64) GroupLane {
   // Counters (see LaneCounters). Single-writer ones use bump().
   std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0};
   std::atomic<std::uint64_t> dropped{0};  // multi-writer (droppers, worker): fetch_add
+
+  // Metrics (BusOptions::metrics), written by the owner.
+  LatencyRecorder latency;                  // created_at → handler done
+  std::atomic<std::int64_t> oldest_ns{0};   // created_at of the oldest unfinished message (approx.), 0 = none
 
   // Durable lanes (owned by the running worker unless atomic).
   std::atomic<std::uint64_t> known_end{0};  // end offset seen by the listener/poller/reads
@@ -205,6 +210,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
   void run_durable_lane(GroupLane* gl);
   Outcome call_handler(Consumer* c, const MessageView& view) noexcept;
+  void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
   void wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept;

@@ -80,6 +80,20 @@ class LaneRing {
     return true;
   }
 
+  /// try_dequeue for a ring with one dequeuer at a time (the lane's owner;
+  /// no DropOldest publisher): no CAS on head_.
+  bool try_dequeue_single(std::uint32_t& value) noexcept {
+    std::uint64_t pos = head_.load(std::memory_order_relaxed);
+    Cell* cell = &cells_[pos & mask_];
+    if (cell->seq.load(std::memory_order_acquire) != pos + 1) return false;
+    value = cell->value;
+    // relaxed: only the owner writes head_; hand-offs between owners go
+    // through the run queue, which orders them.
+    head_.store(pos + 1, std::memory_order_relaxed);
+    cell->seq.store(pos + mask_ + 1, std::memory_order_release);
+    return true;
+  }
+
   /// True if the oldest position holds a value. seq_cst load: the worker's
   /// side of the Dekker hand-off (see bus_impl.hpp).
   bool ready() const noexcept {

@@ -10,7 +10,9 @@
 //   back between a reader's load and CAS (ABA) makes the CAS fail.
 //   Boost.Intrusive lists are not thread-safe, and a moodycamel queue of indices
 //   would allocate a producer per new thread; a 64-bit CAS stack does neither.
-// - in_use_ counts slots handed out; shutdown waits on it to drain.
+// - Slots in use = allocated_ - freed_. The two counters live on separate
+//   cache lines so publishers and workers do not bounce one line per message.
+// - Workers free in batches (FreeChain): one CAS returns many slots.
 #pragma once
 
 #include <atomic>
@@ -74,8 +76,9 @@ class MessagePool {
   }
 
   /// A free slot, or nullptr when every slot is in use. Lock-free, no allocation.
-  /// seq_cst on in_use_: shutdown's Dekker check (publish increments in_use_
-  /// then reads `closing`; shutdown sets `closing` then reads in_use_).
+  /// seq_cst on allocated_: shutdown's Dekker check (publish increments
+  /// allocated_ then reads `closing`; shutdown sets `closing` then reads
+  /// in_use()).
   Slot* try_alloc() noexcept {
     std::uint64_t h = head_.load(std::memory_order_acquire);
     for (;;) {
@@ -86,34 +89,49 @@ class MessagePool {
       std::uint32_t next = at(idx)->next.load(std::memory_order_relaxed);
       std::uint64_t nh = (((h >> 32) + 1) << 32) | next;
       if (head_.compare_exchange_weak(h, nh, std::memory_order_acq_rel, std::memory_order_acquire)) {
-        in_use_.fetch_add(1, std::memory_order_seq_cst);
+        allocated_.fetch_add(1, std::memory_order_seq_cst);
         return at(idx);
       }
     }
   }
 
-  /// Return a slot to the free list. REQUIRES: refs == 0, not already free.
-  void free(Slot* s) noexcept {
-    std::uint32_t idx = index_of(s);
+  /// Return a chain of `count` slots linked through `next` (first..last).
+  void free_chain(Slot* first, Slot* last, std::uint32_t count) noexcept {
+    std::uint32_t idx = index_of(first);
     std::uint64_t h = head_.load(std::memory_order_relaxed);
     for (;;) {
-      s->next.store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
+      last->next.store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
       std::uint64_t nh = (((h >> 32) + 1) << 32) | idx;
-      // release: publishes `next` and the slot's last contents to the next allocator.
+      // release: publishes `next` links and the slots' last contents to the next allocator.
       if (head_.compare_exchange_weak(h, nh, std::memory_order_release, std::memory_order_relaxed)) break;
     }
-    in_use_.fetch_sub(1, std::memory_order_seq_cst);
+    freed_.fetch_add(count, std::memory_order_seq_cst);
+  }
+
+  /// Return a slot to the free list. REQUIRES: refs == 0, not already free.
+  void free(Slot* s) noexcept { free_chain(s, s, 1); }
+
+  /// Drop one reference; true if it was the last (the caller then frees the slot).
+  static bool unref(Slot* s) noexcept {
+    // A sole owner needs no read-modify-write: nobody else can touch the count.
+    // acquire: pairs with the releasing decrement of the other holders.
+    if (s->refs.load(std::memory_order_acquire) == 1) return true;
+    // acq_rel: every holder's accesses to the slot happen before the free.
+    return s->refs.fetch_sub(1, std::memory_order_acq_rel) == 1;
   }
 
   /// Drop one reference; the last one frees the slot.
   void release(Slot* s) noexcept {
-    // acq_rel: every reader's accesses to the slot happen before the free.
-    if (s->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) free(s);
+    if (unref(s)) free(s);
   }
 
   std::uint32_t capacity() const noexcept { return capacity_; }
   std::uint32_t slot_bytes() const noexcept { return slot_bytes_; }
-  std::int64_t in_use() const noexcept { return in_use_.load(std::memory_order_seq_cst); }
+  std::int64_t in_use() const noexcept {
+    // Read freed_ first: both only grow, so this never underestimates.
+    std::uint64_t f = freed_.load(std::memory_order_seq_cst);
+    return static_cast<std::int64_t>(allocated_.load(std::memory_order_seq_cst) - f);
+  }
 
  private:
   const std::uint32_t capacity_;
@@ -121,7 +139,39 @@ class MessagePool {
   const std::size_t stride_;
   char* memory_;
   alignas(64) std::atomic<std::uint64_t> head_{0};
-  alignas(64) std::atomic<std::int64_t> in_use_{0};
+  alignas(64) std::atomic<std::uint64_t> allocated_{0};  // publishers
+  alignas(64) std::atomic<std::uint64_t> freed_{0};      // workers
+};
+
+/// A worker's batch of slots to free with one CAS. Flush before the worker
+/// moves to another lane (the chain belongs to one pool).
+class FreeChain {
+ public:
+  explicit FreeChain(MessagePool& pool) noexcept : pool_(pool) {}
+  ~FreeChain() { flush(); }
+  FreeChain(const FreeChain&) = delete;
+  FreeChain& operator=(const FreeChain&) = delete;
+
+  void release(Slot* s) noexcept {
+    if (!MessagePool::unref(s)) return;
+    s->next.store(first_ ? pool_.index_of(first_) : MessagePool::kNil, std::memory_order_relaxed);
+    if (first_ == nullptr) last_ = s;
+    first_ = s;
+    if (++count_ == kMax) flush();
+  }
+  void flush() noexcept {
+    if (count_ == 0) return;
+    pool_.free_chain(first_, last_, count_);
+    first_ = last_ = nullptr;
+    count_ = 0;
+  }
+
+ private:
+  static constexpr std::uint32_t kMax = 32;
+  MessagePool& pool_;
+  Slot* first_ = nullptr;
+  Slot* last_ = nullptr;
+  std::uint32_t count_ = 0;
 };
 
 }  // namespace lanebus::detail

@@ -84,6 +84,10 @@ struct BusOptions {
   /// Default for how long the Bus destructor lets pending messages drain
   /// before abandoning them. Default 5 s.
   std::chrono::milliseconds close_timeout{5000};
+  /// Record end-to-end latency histograms and the age of the oldest
+  /// unprocessed message per group and lane (SPEC §7). Costs one clock read
+  /// and a few relaxed stores per message. Default true.
+  bool metrics = true;
   /// Most topics and queues the bus can hold. Default 1024.
   std::uint32_t max_topics = 1024;
   /// Most consumers (subscriptions) one group can have at once. Default 64.

@@ -8,6 +8,38 @@
 
 namespace lanebus {
 
+/// End-to-end latency (message created_at → handler returned) as fixed
+/// buckets. Bucket 0 holds [0, 1024) ns; above that each power of two
+/// [2^e, 2^(e+1)), e = 10..41, is split into 4 equal sub-buckets (width at
+/// most 25 % of the lower bound); the last bucket also takes anything larger
+/// (~73 min and up). Recorded lock-free by the worker, without allocation.
+struct LatencyHistogram {
+  static constexpr std::uint32_t kBuckets = 1 + 32 * 4;
+  std::vector<std::uint64_t> counts;  ///< kBuckets entries (empty when nothing was recorded).
+  std::uint64_t count = 0;            ///< Sum of counts.
+  std::uint64_t sum_ns = 0;           ///< Sum of recorded latencies.
+
+  /// Exclusive upper bound of bucket i in ns (the last bucket: UINT64_MAX).
+  static std::uint64_t upper_bound_ns(std::uint32_t i) noexcept {
+    if (i == 0) return 1024;
+    if (i >= kBuckets - 1) return ~0ull;
+    const std::uint32_t e = 10 + (i - 1) / 4, sub = (i - 1) % 4;
+    return (1ull << e) + (static_cast<std::uint64_t>(sub) + 1) * (1ull << (e - 2));
+  }
+  /// The upper bound of the bucket holding quantile q (0..1); 0 when empty.
+  std::uint64_t quantile_ns(double q) const noexcept {
+    if (count == 0) return 0;
+    std::uint64_t rank = static_cast<std::uint64_t>(q * static_cast<double>(count));
+    if (rank >= count) rank = count - 1;
+    std::uint64_t seen = 0;
+    for (std::uint32_t i = 0; i < counts.size(); ++i) {
+      seen += counts[i];
+      if (seen > rank) return upper_bound_ns(i);
+    }
+    return upper_bound_ns(kBuckets - 1);
+  }
+};
+
 /// Counters of one consumer group in one lane (or summed over lanes).
 /// Each value is read with a relaxed load: a snapshot taken while the bus runs
 /// is approximate across counters but every counter only ever grows (except
@@ -26,6 +58,11 @@ struct LaneCounters {
 
 struct GroupStats {
   std::string name;
+  /// Wall-clock created_at (ns since the epoch) of the oldest message the
+  /// group has not finished, over all lanes; 0 when none is known. Ephemeral
+  /// topics: the head of each lane; durable: the message at the committed offset.
+  std::int64_t oldest_unprocessed_ns = 0;
+  LatencyHistogram latency;         ///< created_at → handler done, all lanes.
   std::uint32_t consumers = 0;      ///< Subscriptions currently attached.
   LaneCounters total;               ///< Sum over lanes.
   std::vector<LaneCounters> lanes;  ///< Indexed by lane.

@@ -1,0 +1,665 @@
+// lanebus — MIT License.
+// bench/inproc: the in-process bus against raw moodycamel ConcurrentQueue and
+// ZeroMQ inproc PUSH/PULL, on the same work (64-byte payload), in one process.
+//
+// Usage: inproc [--smoke] [--run NAME] [--msgs N] [--repeats N] [--workers N] [--list]
+//   --smoke    tiny counts (the bench-smoke test suite); checks that every case runs
+//   --run      one scenario: 1to1, 2to2, fanout1to4, latency1to1
+//   --msgs     messages published per run (throughput cases; latency uses N/10)
+//   --workers  override the lanebus worker count of every case
+//
+// Output: a machine line, a WARNING line for unoptimised or assert-enabled
+// builds, then one `key=value` line per comparison ending in `ratio=` plus
+// extra fields (spread, thread counts). msgs_per_sec counts published messages
+// per second, measured from just before the first publish until the last
+// handler call (lanebus) / last dequeue (baselines) of EVERY group, so a
+// fan-out case delivers groups x msgs in that time. Throughput runs repeat
+// (default 3) and report the median with the spread min..max.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <concurrentqueue/concurrentqueue.h>
+
+#include "lanebus/bus.hpp"
+#include "lanebus/version.hpp"
+
+#if BENCH_HAVE_ZMQ
+#include <zmq.h>
+#endif
+
+#ifndef BENCH_BUILDTYPE
+#define BENCH_BUILDTYPE "unknown"
+#endif
+#ifndef BENCH_MOODYCAMEL_VERSION
+#define BENCH_MOODYCAMEL_VERSION "unknown"
+#endif
+
+namespace {
+
+using lanebus::Bus;
+using lanebus::MessageView;
+using lanebus::Outcome;
+
+// ---------------------------------------------------------------- helpers
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+template <typename T>
+inline void do_not_optimize(const T& v) noexcept {
+  asm volatile("" : : "r,m"(v) : "memory");
+}
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bench=inproc ERROR: %s\n", what.c_str());
+  std::fflush(stdout);
+  std::_Exit(1);  // threads may be stuck; do not try to join them
+}
+
+/// The 64-byte message every case moves: a sequence number, a steady_clock
+/// timestamp (latency cases) and padding.
+struct Msg {
+  std::uint64_t seq = 0;
+  std::int64_t ts_ns = 0;
+  char pad[48] = {};
+};
+static_assert(sizeof(Msg) == 64);
+
+struct Config {
+  std::uint64_t msgs = 1'000'000;  // throughput cases; latency uses msgs / 10
+  int repeats = 3;
+  int workers_override = 0;
+  bool smoke = false;
+  std::string run;
+  std::int64_t wait_limit_ns = 60'000'000'000;  // a run that takes longer is a hang
+};
+
+// Keys spread messages over the topic's lanes (8 lanes by default).
+constexpr int kKeys = 16;
+const std::vector<std::string>& keys() {
+  static const std::vector<std::string> k = [] {
+    std::vector<std::string> v;
+    for (int i = 0; i < kKeys; ++i) v.push_back("key-" + std::to_string(i));
+    return v;
+  }();
+  return k;
+}
+
+/// Producers spin on `go` so that the clock starts just before the first publish.
+struct Gate {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  void arrive_and_wait() {
+    ready.fetch_add(1);
+    while (!go.load(std::memory_order_acquire)) cpu_relax();
+  }
+  std::int64_t open_when(int n) {
+    while (ready.load() < n) std::this_thread::yield();
+    std::int64_t t0 = now_ns();
+    go.store(true, std::memory_order_release);
+    return t0;
+  }
+};
+
+/// Per consumer group (or baseline consumer): messages seen and the time of the last one.
+struct alignas(64) GroupDone {
+  std::atomic<std::uint64_t> count{0};
+  std::atomic<std::int64_t> done_ns{0};
+};
+
+/// Wait until every group has recorded its last message; the latest time.
+std::int64_t wait_all(const std::vector<std::unique_ptr<GroupDone>>& groups, const Config& cfg, const char* what) {
+  std::int64_t deadline = now_ns() + cfg.wait_limit_ns;
+  for (;;) {
+    std::int64_t end = 0;
+    bool all = true;
+    for (auto& g : groups) {
+      std::int64_t d = g->done_ns.load(std::memory_order_acquire);
+      if (d == 0) all = false;
+      end = std::max(end, d);
+    }
+    if (all) return end;
+    if (now_ns() > deadline) die(std::string(what) + ": timed out waiting for consumers (lost messages?)");
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+double rate(std::uint64_t n, std::int64_t ns) { return ns > 0 ? static_cast<double>(n) * 1e9 / ns : 0.0; }
+
+// ---------------------------------------------------------------- lanebus
+
+std::unique_ptr<Bus> open_bus(int workers) {
+  auto b = Bus::open({.name = "bench", .workers = static_cast<std::size_t>(workers)});
+  if (!b.ok()) die("Bus::open: " + b.status().to_string());
+  return std::move(*b);
+}
+
+void publish_or_die(lanebus::Publisher& pub, const lanebus::Topic& topic, const Msg& m, std::uint64_t i) {
+  lanebus::OutgoingMessage om{.key = keys()[i % kKeys],
+                              .payload = std::string_view(reinterpret_cast<const char*>(&m), sizeof m)};
+  for (;;) {
+    lanebus::Status s = pub.publish(topic, om);
+    if (s.ok()) return;
+    if (s.code() != lanebus::Code::TimedOut) die("publish: " + s.to_string());
+    // Block policy timed out (1 s full): consumers are behind; keep trying.
+  }
+}
+
+/// `producers` threads publish `n` messages in total to one topic with `groups` groups.
+/// Returns published msgs/s, measured until every group handled all n.
+double lanebus_throughput(int producers, int groups, int workers, std::uint64_t n, const Config& cfg) {
+  auto bus = open_bus(workers);
+  auto topic_r = bus->create_topic("bench.throughput", {.lanes = 8});
+  if (!topic_r.ok()) die("create_topic: " + topic_r.status().to_string());
+  lanebus::Topic topic = *topic_r;
+
+  std::vector<std::unique_ptr<GroupDone>> done;
+  std::vector<lanebus::Subscription> subs;
+  for (int g = 0; g < groups; ++g) {
+    done.push_back(std::make_unique<GroupDone>());
+    GroupDone* gd = done.back().get();
+    auto sub = bus->subscribe(topic, "group-" + std::to_string(g), [gd, n](const MessageView& m) {
+      std::uint64_t seq;
+      std::memcpy(&seq, m.payload().data(), sizeof seq);  // touch the payload like the baselines do
+      do_not_optimize(seq);
+      if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == n) gd->done_ns.store(now_ns(), std::memory_order_release);
+      return Outcome::ack();
+    });
+    if (!sub.ok()) die("subscribe: " + sub.status().to_string());
+    subs.push_back(std::move(*sub));
+  }
+
+  Gate gate;
+  std::vector<std::thread> threads;
+  const std::uint64_t per = n / producers;
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p, pub = bus->publisher()]() mutable {
+      Msg m;
+      gate.arrive_and_wait();
+      for (std::uint64_t i = 0; i < per; ++i) {
+        m.seq = p * per + i;
+        publish_or_die(pub, topic, m, m.seq);
+      }
+    });
+  }
+  std::int64_t t0 = gate.open_when(producers);
+  std::int64_t end = wait_all(done, cfg, "lanebus");
+  for (auto& t : threads) t.join();
+  for (auto& d : done)
+    if (d->count.load() != n) die("lanebus: a group handled " + std::to_string(d->count.load()) + " of " + std::to_string(n));
+  subs.clear();
+  (void)bus->shutdown(lanebus::ShutdownMode::Drain);
+  return rate(n, end - t0);
+}
+
+// ---------------------------------------------------------------- moodycamel
+
+using McQueue = moodycamel::ConcurrentQueue<Msg>;
+
+/// Spinning consumer of one queue: `n` messages, then record the time.
+void mc_consume(McQueue& q, GroupDone& gd, std::uint64_t n, bool pure_spin) {
+  moodycamel::ConsumerToken ctok(q);
+  Msg m;
+  std::uint64_t got = 0;
+  unsigned idle = 0;
+  while (got < n) {
+    if (q.try_dequeue(ctok, m)) {
+      do_not_optimize(m.seq);
+      ++got;
+      idle = 0;
+    } else {
+      cpu_relax();
+      // Oversubscribed cases: let the producer have the core now and then.
+      if (!pure_spin && (++idle & 63) == 0) std::this_thread::yield();
+    }
+  }
+  gd.count.store(got, std::memory_order_relaxed);
+  gd.done_ns.store(now_ns(), std::memory_order_release);
+}
+
+/// `producers` threads, one bounded queue per group (4096 messages, the
+/// lanebus topic's default capacity), each producer enqueues every message
+/// into every queue; a full queue makes the producer yield (like lanebus's
+/// Block policy).
+///
+/// Bounding: try_enqueue never allocates, and an explicit producer keeps every
+/// block it ever took (it reuses its own emptied blocks), so the first producer
+/// to run would take all of a queue's blocks and starve the others. Each
+/// producer therefore claims an equal share up front (fill, then drain).
+double mc_throughput(int producers, int groups, std::uint64_t n, const Config& cfg) {
+  constexpr std::size_t kCapacity = 4096;
+  std::vector<std::unique_ptr<McQueue>> queues;
+  // toks[p][g]: producer p's token for queue g.
+  std::vector<std::vector<std::unique_ptr<moodycamel::ProducerToken>>> toks(producers);
+  for (int g = 0; g < groups; ++g) {
+    queues.push_back(std::make_unique<McQueue>(kCapacity));
+    McQueue& q = *queues.back();
+    for (int p = 0; p < producers; ++p) {
+      toks[p].push_back(std::make_unique<moodycamel::ProducerToken>(q));
+      for (std::size_t i = 0; i < kCapacity / producers; ++i)
+        if (!q.try_enqueue(*toks[p].back(), Msg{})) die("moodycamel: pre-sized queue refused its share");
+    }
+    moodycamel::ConsumerToken ctok(q);
+    Msg m;
+    while (q.try_dequeue(ctok, m)) {
+    }
+  }
+  std::vector<std::unique_ptr<GroupDone>> done;
+  for (int g = 0; g < groups; ++g) done.push_back(std::make_unique<GroupDone>());
+
+  const std::uint64_t per = n / producers;
+  std::vector<std::thread> consumers;
+  for (int g = 0; g < groups; ++g)
+    consumers.emplace_back([&, g] { mc_consume(*queues[g], *done[g], per * producers, false); });
+  Gate gate;
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p] {
+      Msg m;
+      gate.arrive_and_wait();
+      for (std::uint64_t i = 0; i < per; ++i) {
+        m.seq = p * per + i;
+        for (int g = 0; g < groups; ++g)
+          while (!queues[g]->try_enqueue(*toks[p][g], m)) std::this_thread::yield();
+      }
+    });
+  }
+  std::int64_t t0 = gate.open_when(producers);
+  std::int64_t end = wait_all(done, cfg, "moodycamel");
+  for (auto& t : threads) t.join();
+  for (auto& t : consumers) t.join();
+  return rate(per * producers, end - t0);
+}
+
+// ---------------------------------------------------------------- zeromq
+
+#if BENCH_HAVE_ZMQ
+double zmq_throughput(std::uint64_t n, const Config& cfg) {
+  void* ctx = zmq_ctx_new();
+  void* pull = zmq_socket(ctx, ZMQ_PULL);
+  void* push = zmq_socket(ctx, ZMQ_PUSH);
+  int linger = 0;
+  zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof linger);
+  if (zmq_bind(pull, "inproc://bench") != 0) die(std::string("zmq_bind: ") + zmq_strerror(zmq_errno()));
+  if (zmq_connect(push, "inproc://bench") != 0) die(std::string("zmq_connect: ") + zmq_strerror(zmq_errno()));
+
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  // Sockets are handed to their threads (thread start is a full barrier).
+  std::thread consumer([&] {
+    Msg buf;
+    for (std::uint64_t i = 0; i < n;) {
+      int r = zmq_recv(pull, &buf, sizeof buf, 0);
+      if (r == static_cast<int>(sizeof buf)) {
+        do_not_optimize(buf.seq);
+        ++i;
+      } else if (zmq_errno() != EINTR) {
+        die(std::string("zmq_recv: ") + zmq_strerror(zmq_errno()));
+      }
+    }
+    done[0]->count.store(n);
+    done[0]->done_ns.store(now_ns(), std::memory_order_release);
+  });
+  Gate gate;
+  std::thread producer([&] {
+    Msg m;
+    gate.arrive_and_wait();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      m.seq = i;
+      while (zmq_send(push, &m, sizeof m, 0) != static_cast<int>(sizeof m))
+        if (zmq_errno() != EINTR) die(std::string("zmq_send: ") + zmq_strerror(zmq_errno()));
+    }
+  });
+  std::int64_t t0 = gate.open_when(1);
+  std::int64_t end = wait_all(done, cfg, "zmq");
+  producer.join();
+  consumer.join();
+  zmq_close(push);
+  zmq_close(pull);
+  zmq_ctx_term(ctx);
+  return rate(n, end - t0);
+}
+#endif
+
+// ---------------------------------------------------------------- latency
+
+struct Latency {
+  double msgs_per_sec = 0;
+  std::int64_t p50 = 0, p99 = 0, p999 = 0, max = 0;
+};
+
+Latency summarize(std::vector<std::int64_t>& samples, std::uint64_t skip, std::uint64_t n, std::int64_t elapsed_ns) {
+  std::vector<std::int64_t> s(samples.begin() + static_cast<std::ptrdiff_t>(skip), samples.end());
+  std::sort(s.begin(), s.end());
+  auto at = [&](double q) { return s[std::min(s.size() - 1, static_cast<std::size_t>(q * s.size()))]; };
+  Latency l;
+  l.msgs_per_sec = rate(n, elapsed_ns);
+  l.p50 = at(0.50);
+  l.p99 = at(0.99);
+  l.p999 = at(0.999);
+  l.max = s.back();
+  return l;
+}
+
+constexpr std::int64_t kPaceNs = 10'000;  // 100,000 msg/s
+
+/// Paced producer: message i goes out at t0 + i * 10 us (busy-waiting for the
+/// slot, so the worker is not descheduled by a sleeping producer).
+template <typename Send>
+void paced(std::uint64_t n, std::int64_t t0, Send&& send) {
+  Msg m;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::int64_t due = t0 + static_cast<std::int64_t>(i) * kPaceNs;
+    while (now_ns() < due) cpu_relax();
+    m.seq = i;
+    m.ts_ns = now_ns();
+    send(m, i);
+  }
+}
+
+Latency lanebus_latency(int workers, std::uint64_t n, std::uint64_t skip, const Config& cfg) {
+  auto bus = open_bus(workers);
+  auto topic_r = bus->create_topic("bench.latency", {.lanes = 8});
+  if (!topic_r.ok()) die("create_topic: " + topic_r.status().to_string());
+  lanebus::Topic topic = *topic_r;
+  std::vector<std::int64_t> samples(n);
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  GroupDone* gd = done[0].get();
+  auto sub = bus->subscribe(topic, "latency", [gd, n, &samples](const MessageView& mv) {
+    std::int64_t t = now_ns();
+    Msg m;
+    std::memcpy(&m, mv.payload().data(), sizeof m);
+    samples[m.seq] = t - m.ts_ns;
+    if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == n) gd->done_ns.store(now_ns(), std::memory_order_release);
+    return Outcome::ack();
+  });
+  if (!sub.ok()) die("subscribe: " + sub.status().to_string());
+  auto pub = bus->publisher();
+  std::int64_t t0 = now_ns();
+  paced(n, t0, [&](const Msg& m, std::uint64_t i) { publish_or_die(pub, topic, m, i); });
+  std::int64_t end = wait_all(done, cfg, "lanebus latency");
+  (void)sub->close();
+  (void)bus->shutdown(lanebus::ShutdownMode::Drain);
+  return summarize(samples, skip, n, end - t0);
+}
+
+Latency mc_latency(std::uint64_t n, std::uint64_t skip, const Config& cfg) {
+  McQueue q(4096);
+  std::vector<std::int64_t> samples(n);
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  std::thread consumer([&] {
+    moodycamel::ConsumerToken ctok(q);
+    Msg m;
+    for (std::uint64_t got = 0; got < n;) {
+      if (q.try_dequeue(ctok, m)) {
+        samples[m.seq] = now_ns() - m.ts_ns;
+        ++got;
+      } else {
+        cpu_relax();  // spinning consumer
+      }
+    }
+    done[0]->count.store(n);
+    done[0]->done_ns.store(now_ns(), std::memory_order_release);
+  });
+  moodycamel::ProducerToken ptok(q);
+  std::int64_t t0 = now_ns();
+  paced(n, t0, [&](const Msg& m, std::uint64_t) {
+    while (!q.try_enqueue(ptok, m)) std::this_thread::yield();
+  });
+  std::int64_t end = wait_all(done, cfg, "moodycamel latency");
+  consumer.join();
+  return summarize(samples, skip, n, end - t0);
+}
+
+// ---------------------------------------------------------------- reporting
+
+struct Runs {
+  std::vector<double> v;
+  double median() const {
+    auto s = v;
+    std::sort(s.begin(), s.end());
+    return s[s.size() / 2];
+  }
+  double min() const { return *std::min_element(v.begin(), v.end()); }
+  double max() const { return *std::max_element(v.begin(), v.end()); }
+};
+
+Runs repeat(int times, const std::function<double()>& f) {
+  Runs r;
+  for (int i = 0; i < times; ++i) r.v.push_back(f());
+  return r;
+}
+
+void print_line(const char* name, std::uint64_t n, const Runs& lb, const char* baseline, const Runs& base,
+                const std::string& extra) {
+  std::printf(
+      "bench=inproc case=%s msgs=%llu lanebus_msgs_per_sec=%.0f baseline=%s baseline_msgs_per_sec=%.0f ratio=%.2f "
+      "lanebus_spread=%.0f..%.0f baseline_spread=%.0f..%.0f%s\n",
+      name, static_cast<unsigned long long>(n), lb.median(), baseline, base.median(), lb.median() / base.median(),
+      lb.min(), lb.max(), base.min(), base.max(), extra.c_str());
+  std::fflush(stdout);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto c = line.find(':');
+      if (c != std::string::npos) {
+        auto s = line.substr(c + 1);
+        s.erase(0, s.find_first_not_of(" \t"));
+        return s;
+      }
+    }
+  }
+  return "unknown";
+}
+
+void print_header() {
+#if BENCH_HAVE_ZMQ
+  int major, minor, patch;
+  zmq_version(&major, &minor, &patch);
+  std::string zmq = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+#else
+  std::string zmq = "none";
+#endif
+#if defined(__clang__)
+  std::string compiler = "clang-" __clang_version__;
+#elif defined(__GNUC__)
+  std::string compiler = "gcc-" __VERSION__;
+#else
+  std::string compiler = "unknown";
+#endif
+  std::replace(compiler.begin(), compiler.end(), ' ', '_');
+#ifdef __OPTIMIZE__
+  const int optimized = 1;
+#else
+  const int optimized = 0;
+#endif
+#ifdef NDEBUG
+  const int asserts = 0;
+#else
+  const int asserts = 1;
+#endif
+  std::string cpu = cpu_model();
+  // The 1-minute load average at start: other work on the machine skews every number.
+  std::string load = "unknown";
+  if (std::ifstream in("/proc/loadavg"); in) in >> load;
+  std::printf(
+      "bench=inproc machine nproc=%u cpu=\"%s\" loadavg1=%s compiler=%s buildtype=%s optimized=%d asserts=%d "
+      "lanebus=%s moodycamel=%s zmq=%s\n",
+      std::thread::hardware_concurrency(), cpu.c_str(), load.c_str(), compiler.c_str(), BENCH_BUILDTYPE, optimized,
+      asserts, LANEBUS_VERSION_STRING, BENCH_MOODYCAMEL_VERSION, zmq.c_str());
+  if (!optimized || asserts)
+    std::printf("WARNING: built %s%s%s; numbers are not representative (use --buildtype=release)\n",
+                optimized ? "" : "without optimization", (!optimized && asserts) ? " and " : "",
+                asserts ? "with asserts enabled (NDEBUG unset)" : "");
+  std::fflush(stdout);
+}
+
+// ---------------------------------------------------------------- scenarios
+
+struct Scenario {
+  const char* name;
+  const char* description;
+  void (*run)(const Config&);
+};
+
+int workers_for(const Config& cfg, int dflt) { return cfg.workers_override > 0 ? cfg.workers_override : dflt; }
+
+std::string oversub(int threads) {
+  return threads > static_cast<int>(std::thread::hardware_concurrency()) ? " oversubscribed=1" : "";
+}
+
+void run_1to1(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  // 1 producer + 1 worker = 2 threads, the same as the baselines' 1 producer + 1 consumer.
+  const int w = workers_for(cfg, 1);
+  Runs lb = repeat(cfg.repeats, [&] { return lanebus_throughput(1, 1, w, n, cfg); });
+  Runs mc = repeat(cfg.repeats, [&] { return mc_throughput(1, 1, n, cfg); });
+  std::string extra = " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
+                      " baseline_threads=2" + oversub(std::max(1 + w, 2));
+  print_line("1to1", n, lb, "moodycamel", mc, extra);
+#if BENCH_HAVE_ZMQ
+  Runs zq = repeat(cfg.repeats, [&] { return zmq_throughput(n, cfg); });
+  // zmq also runs an I/O thread per context (idle for inproc).
+  print_line("1to1", n, lb, "zmq", zq, extra);
+#else
+  std::printf("bench=inproc case=1to1 baseline=zmq skipped (built without libzmq)\n");
+#endif
+}
+
+void run_2to2(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs / 2 * 2;
+  // 2 workers, as the baseline has 2 consumers; both sides run 4 threads on the machine.
+  const int w = workers_for(cfg, 2);
+  Runs lb = repeat(cfg.repeats, [&] { return lanebus_throughput(2, 2, w, n, cfg); });
+  Runs mc = repeat(cfg.repeats, [&] { return mc_throughput(2, 2, n, cfg); });
+  print_line("2to2", n, lb, "moodycamel", mc,
+             " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(2 + w) +
+                 " baseline_threads=4" + oversub(std::max(2 + w, 4)));
+}
+
+void run_fanout(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs / 2;
+  // lanebus: 2 workers (the default pool size on 2 cores) serve 4 groups; the
+  // baseline needs a consumer thread per queue: 5 threads on the machine.
+  const int w = workers_for(cfg, 2);
+  Runs lb = repeat(cfg.repeats, [&] { return lanebus_throughput(1, 4, w, n, cfg); });
+  Runs mc = repeat(cfg.repeats, [&] { return mc_throughput(1, 4, n, cfg); });
+  print_line("fanout1to4", n, lb, "moodycamel", mc,
+             " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
+                 " baseline_threads=5" + oversub(std::max(1 + w, 5)));
+}
+
+void run_latency(const Config& cfg) {
+  const std::uint64_t n = std::max<std::uint64_t>(cfg.msgs / 10, 1000);
+  const std::uint64_t skip = n / 10;  // warm-up samples left out of the percentiles
+  const int w = workers_for(cfg, 1);
+  Latency lb = lanebus_latency(w, n, skip, cfg);
+  Latency mc = mc_latency(n, skip, cfg);
+  std::printf(
+      "bench=inproc case=latency1to1 msgs=%llu lanebus_msgs_per_sec=%.0f baseline=moodycamel "
+      "baseline_msgs_per_sec=%.0f ratio=%.2f lanebus_p50_ns=%lld lanebus_p99_ns=%lld baseline_p50_ns=%lld "
+      "baseline_p99_ns=%lld lanebus_p999_ns=%lld baseline_p999_ns=%lld lanebus_max_ns=%lld baseline_max_ns=%lld "
+      "pace_msgs_per_sec=100000 warmup_msgs=%llu lanebus_workers=%d\n",
+      static_cast<unsigned long long>(n), lb.msgs_per_sec, mc.msgs_per_sec, lb.msgs_per_sec / mc.msgs_per_sec,
+      static_cast<long long>(lb.p50), static_cast<long long>(lb.p99), static_cast<long long>(mc.p50),
+      static_cast<long long>(mc.p99), static_cast<long long>(lb.p999), static_cast<long long>(mc.p999),
+      static_cast<long long>(lb.max), static_cast<long long>(mc.max), static_cast<unsigned long long>(skip), w);
+  std::fflush(stdout);
+}
+
+const Scenario kScenarios[] = {
+    {"1to1", "1 producer -> 1 group (lanebus 1 worker, 16 keys over 8 lanes) vs moodycamel 1P/1C and zmq PUSH/PULL",
+     run_1to1},
+    {"2to2", "2 producers -> 2 groups, each group gets every message, vs moodycamel 2 queues x 2P, 2C", run_2to2},
+    {"fanout1to4", "1 producer -> 4 groups (msgs/2 per run) vs moodycamel 4 queues, 4 consumers", run_fanout},
+    {"latency1to1", "publish -> handler latency at 100,000 msg/s (msgs/10) vs moodycamel with a spinning consumer",
+     run_latency},
+};
+
+[[noreturn]] void usage(int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: inproc [--smoke] [--run NAME] [--msgs N] [--repeats N] [--workers N] [--list]\n");
+  std::exit(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config cfg;
+  bool list = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage(2);
+      return argv[++i];
+    };
+    if (a == "--smoke") {
+      cfg.smoke = true;
+    } else if (a == "--run") {
+      cfg.run = value();
+    } else if (a == "--msgs") {
+      cfg.msgs = std::strtoull(value(), nullptr, 10);
+    } else if (a == "--repeats") {
+      cfg.repeats = std::atoi(value());
+    } else if (a == "--workers") {
+      cfg.workers_override = std::atoi(value());
+    } else if (a == "--list") {
+      list = true;
+    } else if (a == "--help" || a == "-h") {
+      usage(0);
+    } else {
+      usage(2);
+    }
+  }
+  if (cfg.smoke) {
+    bool msgs_given = false;
+    for (int i = 1; i < argc; ++i) msgs_given |= std::string_view(argv[i]) == "--msgs";
+    if (!msgs_given) cfg.msgs = 20'000;
+    cfg.wait_limit_ns = 20'000'000'000;
+  }
+  if (cfg.msgs < 4 || cfg.repeats < 1) usage(2);
+  if (list) {
+    for (const auto& s : kScenarios) std::printf("%-12s %s\n", s.name, s.description);
+    return 0;
+  }
+  bool found = cfg.run.empty();
+  for (const auto& s : kScenarios) found |= cfg.run == s.name;
+  if (!found) {
+    std::fprintf(stderr, "inproc: no scenario named \"%s\" (try --list)\n", cfg.run.c_str());
+    return 2;
+  }
+
+  print_header();
+  for (const auto& s : kScenarios) {
+    if (!cfg.run.empty() && cfg.run != s.name) continue;
+    std::printf("# case=%s: %s\n", s.name, s.description);
+    s.run(cfg);
+  }
+  return 0;
+}
