@@ -295,6 +295,17 @@ Status BusCore::start() {
       return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the poller: " + e.what());
     }
   }
+  try {
+    timer_ = std::make_unique<RetryTimer>([this](TimerEntry* e) {
+      GroupLane* gl = static_cast<GroupLane*>(e);
+      if (!runq_.try_enqueue(gl)) {
+        runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+        runq_.enqueue(gl);
+      }
+    });
+  } catch (const std::exception& e) {
+    return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
+  }
   std::size_t n = options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency());
   try {
     workers_.reserve(n);
@@ -337,7 +348,13 @@ void BusCore::record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept
   gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
 }
 
-Outcome BusCore::call_handler(Consumer* c, const MessageView& view) noexcept {
+Outcome BusCore::call_handler(Consumer* c, MessageView& view, GroupLane* gl) noexcept {
+  const GroupOptions& o = gl->group->options;
+  std::int64_t deadline = 0;
+  if (o.attempt_timeout.count() > 0) {
+    deadline = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o.attempt_timeout).count();
+    view.set_deadline_ns(deadline);
+  }
   Outcome out = Outcome::ack();
   tl_running_consumer = c;
   tl_running_bus = this;
@@ -350,7 +367,41 @@ Outcome BusCore::call_handler(Consumer* c, const MessageView& view) noexcept {
   }
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;
+  if (deadline != 0 && out.kind() == Outcome::Kind::Retry && now_ns() > deadline) bump(gl->timed_out);
   return out;
+}
+
+bool BusCore::plan_retry(GroupLane* gl, std::uint32_t attempt) noexcept {
+  const GroupOptions& o = gl->group->options;
+  if (attempt >= o.max_attempts) return false;
+  gl->retry_delay_ns = 0;
+  if (o.backoff_initial.count() > 0) {
+    double d = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(o.backoff_initial).count());
+    for (std::uint32_t i = 1; i < attempt; ++i) d *= o.backoff_multiplier;
+    const double cap = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(o.backoff_max).count());
+    if (d > cap) d = cap;
+    // xorshift64: per-lane state, owner-only, allocation-free.
+    gl->rng ^= gl->rng << 13;
+    gl->rng ^= gl->rng >> 7;
+    gl->rng ^= gl->rng << 17;
+    const double u = static_cast<double>(gl->rng >> 11) / 9007199254740992.0;  // [0, 1)
+    d *= 1.0 + o.backoff_jitter * (2.0 * u - 1.0);
+    gl->retry_delay_ns = d > 0 ? static_cast<std::int64_t>(d) : 0;
+  }
+  return true;
+}
+
+void BusCore::requeue(GroupLane* gl) noexcept {
+  if (gl->retry_delay_ns > 0 && timer_) {
+    gl->due_ns = RetryTimer::now_ns() + gl->retry_delay_ns;
+    gl->retry_delay_ns = 0;
+    timer_->add(gl);  // the lane stays scheduled while it waits
+    return;
+  }
+  if (!runq_.try_enqueue(gl)) {
+    runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    runq_.enqueue(gl);
+  }
 }
 
 void BusCore::run_lane(GroupLane* gl) {
@@ -411,7 +462,7 @@ void BusCore::run_lane(GroupLane* gl) {
     bump(gl->delivered);
     MessageView view(s->header, s->key(), s->idempotency_key(), s->payload(), s->lane);
     view.set_attempt(gl->attempts);
-    Outcome out = call_handler(c, view);
+    Outcome out = call_handler(c, view, gl);
     ++handled;
     switch (out.kind()) {
       case Outcome::Kind::Ack:
@@ -422,7 +473,7 @@ void BusCore::run_lane(GroupLane* gl) {
         break;
       case Outcome::Kind::Retry:
         bump(gl->retried);
-        if (gl->attempts < g->options.max_attempts) {
+        if (plan_retry(gl, gl->attempts)) {
           // Keep the message at the head of its lane (later messages of the
           // lane must not overtake it) and let other lanes run first.
           yield_for_retry = true;
@@ -441,11 +492,9 @@ void BusCore::run_lane(GroupLane* gl) {
   if (c) c->calls.fetch_sub(1, std::memory_order_release);  // release: handler's effects before close() returns
 
   if (gl->current != nullptr) {
-    // A retry is pending: stay scheduled and go to the back of the run queue.
-    if (!runq_.try_enqueue(gl)) {
-      runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-      runq_.enqueue(gl);
-    }
+    // A retry is pending: stay scheduled; run again after the backoff, or at
+    // the back of the run queue.
+    requeue(gl);
     return;
   }
   gl->scheduled.store(false, std::memory_order_seq_cst);
@@ -464,10 +513,7 @@ void BusCore::run_durable_lane(GroupLane* gl) {
     c->calls.fetch_sub(1, std::memory_order_release);
   }
   if (more && !abandon_.load(std::memory_order_acquire)) {
-    if (!runq_.try_enqueue(gl)) {
-      runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-      runq_.enqueue(gl);
-    }
+    requeue(gl);
     return;
   }
   // Owner-only state must be read before the lane is released to others.
@@ -535,11 +581,11 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
     bump(gl->delivered);
     MessageView view(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
     view.set_attempt(gl->attempts);
-    Outcome out = call_handler(c, view);
+    Outcome out = call_handler(c, view, gl);
     ++handled;
     if (out.kind() == Outcome::Kind::Retry) {
       bump(gl->retried);
-      if (gl->attempts < g->options.max_attempts) {
+      if (plan_retry(gl, gl->attempts)) {
         retry_pending = true;  // the message stays at the head of its lane
         break;
       }
@@ -595,14 +641,18 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     MessageView view(cm.message.header, cm.message.key, cm.message.idempotency_key, cm.message.payload, gl->lane,
                      cm.message.offset);
     view.set_attempt(cm.attempt);
-    Outcome out = call_handler(c, view);
+    Outcome out = call_handler(c, view, gl);
     ++handled;
     Status s;
-    if (out.kind() == Outcome::Kind::Retry && cm.attempt < g->options.max_attempts) {
+    if (out.kind() == Outcome::Kind::Retry && plan_retry(gl, cm.attempt)) {
       bump(gl->retried);
-      s = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, std::chrono::milliseconds(0));
+      // The store keeps the message claimed until the backoff ends (the
+      // claim, not this process, holds the delay: it survives a crash).
+      auto delay = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(gl->retry_delay_ns));
+      gl->retry_delay_ns = 0;
+      s = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, delay);
       if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
-      return true;  // let other lanes run before the redelivery
+      return delay.count() == 0;  // at once: run again after other lanes; else the poller wakes it
     }
     if (out.kind() == Outcome::Kind::Retry) {
       bump(gl->retried);
@@ -765,6 +815,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   for (std::size_t i = 0; i < workers_.size(); ++i) runq_.enqueue(nullptr);
   for (auto& w : workers_) w.join();
   workers_.clear();
+  if (timer_) timer_->stop();  // lanes waiting out a backoff are abandoned below
   // Publishers that passed the closing check before it was set may still be
   // pushing into rings; they hold a slot (in_use) until done, so loop.
   for (;;) {
@@ -864,6 +915,12 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
                   "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
   if (o.visibility.count() <= 0)
     return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": visibility must be positive");
+  if (o.backoff_initial.count() < 0 || o.backoff_max.count() < 0 || o.attempt_timeout.count() < 0 ||
+      !(o.backoff_multiplier >= 1.0) || !(o.backoff_jitter >= 0.0 && o.backoff_jitter <= 1.0))
+    return Status(Code::InvalidArgument,
+                  "subscribe to \"" + t->name +
+                      "\": backoff and timeout must not be negative, backoff_multiplier must be >= 1 and "
+                      "backoff_jitter within 0..1");
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
   GroupRef store_group;
   if (t->durable && !t->is_queue) {
@@ -984,6 +1041,7 @@ BusStats BusCore::stats() const {
         lc.retried = gl->retried.load(std::memory_order_relaxed);
         lc.rejected = gl->rejected.load(std::memory_order_relaxed);
         lc.failed = gl->failed.load(std::memory_order_relaxed);
+        lc.timed_out = gl->timed_out.load(std::memory_order_relaxed);
         lc.dropped = gl->dropped.load(std::memory_order_relaxed);
         lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
         lc.skipped = gl->skipped.load(std::memory_order_relaxed);
@@ -997,6 +1055,7 @@ BusStats BusCore::stats() const {
         gs.total.retried += lc.retried;
         gs.total.rejected += lc.rejected;
         gs.total.failed += lc.failed;
+        gs.total.timed_out += lc.timed_out;
         gs.total.dropped += lc.dropped;
         gs.total.in_flight += lc.in_flight;
         gs.total.skipped += lc.skipped;

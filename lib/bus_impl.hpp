@@ -52,6 +52,7 @@
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
 #include "mpmc_queue.hpp"
+#include "retry_timer.hpp"
 #include "sync.hpp"
 
 namespace lanebus::detail {
@@ -66,9 +67,12 @@ inline void bump(std::atomic<std::uint64_t>& c) noexcept {
   c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
-/// One consumer group's state in one lane.
-struct alignas(64) GroupLane {
-  GroupLane(GroupImpl* g, std::uint32_t l, std::uint32_t ring_capacity) : group(g), lane(l), ring(ring_capacity) {}
+/// One consumer group's state in one lane. The TimerEntry base links the
+/// lane into the RetryTimer while its head message waits out a backoff.
+struct alignas(64) GroupLane : TimerEntry {
+  GroupLane(GroupImpl* g, std::uint32_t l, std::uint32_t ring_capacity)
+      : group(g), lane(l), ring(ring_capacity), rng(0x9E3779B97F4A7C15ull ^ (std::uint64_t(l) << 32) ^
+                                                     reinterpret_cast<std::uintptr_t>(g)) {}
 
   GroupImpl* const group;
   const std::uint32_t lane;
@@ -78,9 +82,11 @@ struct alignas(64) GroupLane {
   // Owned by the worker running the lane.
   alignas(64) Slot* current = nullptr;  // taken from the ring, not yet finished (retry pending)
   std::uint32_t attempts = 0;           // deliveries of `current` so far
+  std::int64_t retry_delay_ns = 0;      // backoff before the pending retry (0 = at once)
+  std::uint64_t rng;                    // xorshift state for backoff jitter
 
   // Counters (see LaneCounters). Single-writer ones use bump().
-  std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0};
+  std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0}, timed_out{0};
   std::atomic<std::uint64_t> dropped{0};  // multi-writer (droppers, worker): fetch_add
 
   // Metrics (BusOptions::metrics), written by the owner.
@@ -209,7 +215,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
   void run_durable_lane(GroupLane* gl);
-  Outcome call_handler(Consumer* c, const MessageView& view) noexcept;
+  Outcome call_handler(Consumer* c, MessageView& view, GroupLane* gl) noexcept;
+  /// A retry outcome for attempt `attempt`: true if the message should be
+  /// delivered again (sets gl->retry_delay_ns), false if attempts are used up.
+  bool plan_retry(GroupLane* gl, std::uint32_t attempt) noexcept;
+  /// Run the lane again: after gl->retry_delay_ns via the timer, else now.
+  void requeue(GroupLane* gl) noexcept;
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
@@ -226,6 +237,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Mutex shutdown_mu_;
   std::atomic<std::uint64_t> next_id_{1};
   std::atomic<std::uint64_t> runq_fallbacks_{0};
+
+  std::unique_ptr<RetryTimer> timer_;
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

@@ -4,6 +4,7 @@
 // handler failures and bad input.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -626,4 +627,84 @@ TEST_CASE("an idle bus parks its workers") {
   double cpu_ms = 1000.0 * double(std::clock() - c0) / CLOCKS_PER_SEC;
   MESSAGE("CPU used by an idle bus over 300 ms: " << cpu_ms << " ms");
   CHECK(cpu_ms < 150.0);  // two spinning workers would use ~600 ms
+}
+
+TEST_CASE("retry backoff holds the lane, lets other lanes flow, and grows per attempt") {
+  auto bus = Bus::open({.workers = 2}).value();
+  auto topic = bus->create_topic("backoff.events", {.lanes = 16}).value();
+  std::string key_a = "a", key_b;
+  for (int i = 0; key_b.empty(); ++i)  // a key in another lane
+    if (lane_for_key("b" + std::to_string(i), 16) != lane_for_key(key_a, 16)) key_b = "b" + std::to_string(i);
+  std::mutex mu;
+  std::vector<std::string> log;
+  std::vector<std::chrono::steady_clock::time_point> a1_times;
+  auto sub = bus->subscribe(topic, "g", [&](const MessageView& m) {
+                   std::lock_guard l(mu);
+                   log.push_back(std::string(m.payload()) + "#" + std::to_string(m.attempt()));
+                   if (m.payload() == "a1") {
+                     a1_times.push_back(std::chrono::steady_clock::now());
+                     if (m.attempt() < 3) return Outcome::retry("later");
+                   }
+                   return Outcome::ack();
+                 },
+                 {.max_attempts = 3, .backoff_initial = 300ms, .backoff_multiplier = 2.0, .backoff_jitter = 0.2})
+                 .value();
+  REQUIRE(topic.publish({.key = key_a, .payload = "a1"}).ok());
+  REQUIRE(topic.publish({.key = key_a, .payload = "a2"}).ok());
+  REQUIRE(wait_until([&] {
+    std::lock_guard l(mu);
+    return log.size() == 1;
+  }));
+  REQUIRE(topic.publish({.key = key_b, .payload = "b1"}).ok());
+  REQUIRE(wait_until([&] {
+    std::lock_guard l(mu);
+    return log.size() == 5;
+  }));
+  std::lock_guard l(mu);
+  // a2 never overtakes a1; b1 (another lane) is not held up by a1's backoff.
+  auto pos = [&](const std::string& e) { return std::find(log.begin(), log.end(), e) - log.begin(); };
+  CHECK(pos("a1#3") < pos("a2#1"));
+  CHECK(pos("b1#1") < pos("a1#3"));
+  REQUIRE(a1_times.size() == 3);
+  // Lower bounds only (a sleep never ends early): 300 ms and 600 ms, minus 20 % jitter.
+  CHECK(a1_times[1] - a1_times[0] >= 240ms);
+  CHECK(a1_times[2] - a1_times[1] >= 480ms);
+}
+
+TEST_CASE("a handler overrunning its attempt timeout and failing is counted as timed out") {
+  auto bus = Bus::open({.workers = 1}).value();
+  auto topic = bus->create_topic("timeout.events", {.lanes = 1}).value();
+  std::atomic<int> calls{0};
+  std::atomic<std::int64_t> deadline{0};
+  auto sub = bus->subscribe(topic, "g", [&](const MessageView& m) {
+                   deadline = m.deadline_ns();
+                   ++calls;
+                   if (m.payload() == "slow") {
+                     std::this_thread::sleep_for(30ms);
+                     return Outcome::retry("dependency timed out");
+                   }
+                   return Outcome::ack();
+                 },
+                 {.max_attempts = 2, .attempt_timeout = 5ms})
+                 .value();
+  REQUIRE(topic.publish({.key = "k", .payload = "slow"}).ok());
+  REQUIRE(topic.publish({.key = "k", .payload = "fast"}).ok());
+  REQUIRE(wait_until([&] { return calls == 3; }));
+  REQUIRE(wait_until([&] { return bus->stats().topics[0].groups[0].total.acked == 1; }));
+  auto g = bus->stats().topics[0].groups[0].total;
+  CHECK(g.timed_out == 2);
+  CHECK(g.failed == 1);
+  CHECK(deadline > 0);
+}
+
+TEST_CASE("invalid retry options are refused") {
+  auto bus = Bus::open({.workers = 1}).value();
+  auto t = bus->create_topic("retry.opts").value();
+  auto h = [](const MessageView&) { return Outcome::ack(); };
+  CHECK(bus->subscribe(t, "a", h, {.backoff_multiplier = 0.5}).code() == Code::InvalidArgument);
+  CHECK(bus->subscribe(t, "b", h, {.backoff_jitter = 1.5}).code() == Code::InvalidArgument);
+  CHECK(bus->subscribe(t, "c", h, {.backoff_initial = -1ms}).code() == Code::InvalidArgument);
+  auto r = bus->subscribe(t, "d", h, {.attempt_timeout = -5ms});
+  CHECK(r.code() == Code::InvalidArgument);
+  CHECK(r.status().message().find("backoff") != std::string_view::npos);
 }

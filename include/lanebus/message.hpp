@@ -81,8 +81,14 @@ class MessageView {
   /// The message's offset in its lane's log (durable topics); 0 for ephemeral ones.
   std::uint64_t offset() const noexcept { return offset_; }
 
+  /// Wall-clock deadline of this handler call (GroupOptions::attempt_timeout),
+  /// in nanoseconds since the Unix epoch; 0 = none.
+  std::int64_t deadline_ns() const noexcept { return deadline_ns_; }
+
   /// Used by the dispatcher: the attempt number of this delivery to this group.
   void set_attempt(std::uint32_t attempt) noexcept { attempt_override_ = attempt; }
+  /// Used by the dispatcher.
+  void set_deadline_ns(std::int64_t deadline) noexcept { deadline_ns_ = deadline; }
 
  private:
   const MessageHeader* header_;
@@ -92,6 +98,7 @@ class MessageView {
   std::uint32_t lane_;
   std::uint32_t attempt_override_ = 0;
   std::uint64_t offset_;
+  std::int64_t deadline_ns_ = 0;
 };
 
 /// The lane a key maps to: 64-bit FNV-1a of the key bytes, modulo `lanes`.

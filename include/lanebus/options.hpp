@@ -56,9 +56,29 @@ struct TopicOptions {
 
 /// Per consumer group (topic subscription) or queue consumer set.
 struct GroupOptions {
+  // ---- retry policy (SPEC §5) ----
   /// Deliveries of one message before it counts as failed (retry outcomes and
   /// handler exceptions both use attempts). Default 3. Minimum 1.
   std::uint32_t max_attempts = 3;
+  /// Wait before redelivering after a retry outcome or a handler exception:
+  /// backoff_initial × backoff_multiplier^(attempt−1), capped at backoff_max,
+  /// then spread by ±backoff_jitter (a fraction) at random. While it waits the
+  /// message stays at the head of its lane (later messages of the lane wait
+  /// too: per-key order); other lanes keep flowing. Default 0 = at once.
+  std::chrono::milliseconds backoff_initial{0};
+  /// Cap of the backoff. Default 30 s.
+  std::chrono::milliseconds backoff_max{30000};
+  /// Growth per attempt, >= 1. Default 2.
+  double backoff_multiplier = 2.0;
+  /// Random spread, 0..1. Default 0.2 (±20 %).
+  double backoff_jitter = 0.2;
+  /// Time budget of one handler call, shown to the handler as
+  /// MessageView::deadline_ns(). Handlers cannot be pre-empted: a call that
+  /// overruns it and then returns retry (or throws) is counted as timed_out;
+  /// an ack or reject after the deadline is honoured (the work was done).
+  /// Default 0 = no budget.
+  std::chrono::milliseconds attempt_timeout{0};
+
   /// Most messages a worker handles from one lane before it lets other lanes
   /// run (fairness between lanes). Default 64.
   std::uint32_t batch = 64;
