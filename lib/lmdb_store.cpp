@@ -12,7 +12,9 @@
 #include <thread>
 #include <utility>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -208,6 +210,16 @@ Status LmdbTxn::put(LmdbDbi dbi, std::string_view key, std::string_view value) {
   return Status();
 }
 
+Status LmdbTxn::put_append(LmdbDbi dbi, std::string_view key, std::string_view value) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{value.size(), const_cast<char*>(value.data())};
+  int rc = mdb_put(txn_, dbi, &k, &v, MDB_APPEND);
+  if (rc != 0) return lmdb_error(rc, "append to", env_->path());
+  return Status();
+}
+
+const char* lmdb_version_string() noexcept { return mdb_version(nullptr, nullptr, nullptr); }
+
 Result<char*> LmdbTxn::reserve(LmdbDbi dbi, std::string_view key, std::size_t size) {
   MDB_val k{key.size(), const_cast<char*>(key.data())};
   MDB_val v{size, nullptr};
@@ -230,6 +242,14 @@ Status LmdbTxn::commit() {
   txn_ = nullptr;
   if (lock_.owns_lock()) lock_.unlock();
   if (rc == 0) return Status();
+  if (rc == EIO && write_) {
+    // LMDB reports a short pwrite as EIO. At a file-size limit (RLIMIT_FSIZE)
+    // or on a full file system that is a disk-full condition hit while
+    // flushing pages, before any fsync or meta write: the previous commit is
+    // intact, so it is not fatal.
+    Status full = env_->short_write_cause();
+    if (!full.ok()) return full;
+  }
   Status s = lmdb_error(rc, "commit to", env_->path());
   // MapFull and DiskFull leave the previous commit intact and the environment
   // usable (the failed pages were never referenced by a meta page). Anything
@@ -480,8 +500,9 @@ Result<LmdbTxn> LmdbEnv::begin_write() {
 Result<LmdbDbi> LmdbEnv::open_dbi(LmdbTxn& txn, const char* name, bool create) {
   MDB_dbi dbi = 0;
   int rc = mdb_dbi_open(txn.raw(), name, create ? MDB_CREATE : 0, &dbi);
-  if (rc == MDB_NOTFOUND) return Status(Code::NotFound, std::string("database ") + name + " not found");
-  if (rc != 0) return lmdb_error(rc, std::string("open database ") + name + " in", config_.path);
+  const std::string shown = name != nullptr ? name : "(main)";
+  if (rc == MDB_NOTFOUND) return Status(Code::NotFound, "database " + shown + " not found");
+  if (rc != 0) return lmdb_error(rc, "open database " + shown + " in", config_.path);
   return static_cast<LmdbDbi>(dbi);
 }
 
@@ -518,6 +539,24 @@ Status LmdbEnv::sync() {
     Status s = lmdb_error(rc, "sync", config_.path);
     set_fatal(s);  // fsyncgate: after a failed fsync nothing written before it can be trusted
     return s;
+  }
+  return Status();
+}
+
+Status LmdbEnv::short_write_cause() const {
+  struct stat st {};
+  const std::string data = config_.path + "/data.mdb";
+  if (::stat(data.c_str(), &st) != 0) return Status();
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && size + page > rl.rlim_cur) {
+    return Status(Code::DiskFull, "commit to " + quoted(config_.path) + ": EFBIG: data.mdb reached the file-size limit (RLIMIT_FSIZE " +
+                                      std::to_string(rl.rlim_cur) + " bytes); raise the limit or free space");
+  }
+  struct statvfs vfs {};
+  if (::statvfs(config_.path.c_str(), &vfs) == 0 && vfs.f_bavail == 0) {
+    return Status(Code::DiskFull, "commit to " + quoted(config_.path) + ": ENOSPC: short write, the file system is full; free disk space");
   }
   return Status();
 }

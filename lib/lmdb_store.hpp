@@ -30,6 +30,8 @@ using LmdbDbi = unsigned int;
 /// Maps an LMDB return code (an MDB_* code or an errno) to a Status whose
 /// message is `<what> "<path>": <MDB name or errno name>: <text>[; <hint>]`.
 Status lmdb_error(int rc, std::string_view what, std::string_view path);
+/// LMDB's version string (mdb_version), for benchmark and tool banners.
+const char* lmdb_version_string() noexcept;
 
 /// A read or write transaction. Move-only RAII: destruction aborts an
 /// uncommitted transaction and releases the environment's map lock.
@@ -53,6 +55,9 @@ class LmdbTxn {
   /// Store `value` under `key` (overwrites). Errors: MapFull (the transaction
   /// is then dead: abort it), DiskFull, InvalidArgument (value too large), ...
   Status put(LmdbDbi dbi, std::string_view key, std::string_view value);
+  /// As put, with MDB_APPEND: REQUIRES key > every key in `dbi` (else Conflict).
+  /// Used by the benchmark's raw-LMDB baseline.
+  Status put_append(LmdbDbi dbi, std::string_view key, std::string_view value);
   /// Reserve `size` bytes under `key` and return where to write them (LMDB's
   /// MDB_RESERVE): saves one copy for large values. Same errors as put.
   Result<char*> reserve(LmdbDbi dbi, std::string_view key, std::size_t size);
@@ -183,6 +188,9 @@ class LmdbEnv {
   const Config& config() const noexcept { return config_; }
   std::uint64_t map_size() const noexcept { return map_size_.load(std::memory_order_relaxed); }
   std::uint64_t map_growths() const noexcept { return map_growths_.load(std::memory_order_relaxed); }
+  /// DiskFull when data.mdb is at RLIMIT_FSIZE or the file system is full
+  /// (explains an EIO that LMDB reports for a short write), else OK.
+  Status short_write_cause() const;
   /// Bytes of the data file in use (last page number × page size).
   Result<std::uint64_t> used_bytes();
 

@@ -3,8 +3,11 @@
 #pragma once
 
 #include "lanebus/bus.hpp"
+#include "lanebus/durable.hpp"
 #include "lanebus/handler.hpp"
+#include "lanebus/lease.hpp"
 #include "lanebus/message.hpp"
+#include "lanebus/metrics.hpp"
 #include "lanebus/options.hpp"
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"

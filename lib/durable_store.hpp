@@ -1,0 +1,394 @@
+// lanebus — MIT License.
+// DurableStore: the durable engine of SPEC §3 on LMDB — per-lane append-only
+// logs, group commit by one writer thread, group offsets, queue in-flight state,
+// retention, and reading for replay. Internal API for the Bus to plug in.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "lanebus/durable.hpp"
+#include "lanebus/message.hpp"
+#include "lanebus/status.hpp"
+#include "lmdb_store.hpp"
+#include "sync.hpp"
+
+namespace lanebus::detail {
+
+/// On-disk layout version written in the `meta` database. A store with a
+/// larger number is refused with VersionTooNew.
+inline constexpr std::uint32_t kLayoutVersion = 1;
+/// The bytes of the layout record for `version` (magic "LANEBUS\0" + u32 LE):
+/// exposed so tests can forge a record from the future.
+std::string encode_layout_record(std::uint32_t version);
+
+/// Topic or queue settings persisted with the topic.
+struct TopicSpec {
+  std::uint32_t lanes = 8;  ///< 1..4096; fixed at creation (another count = Conflict).
+  bool is_queue = false;    ///< Queue (competing consumers) or topic (fan-out); fixed.
+  RetentionOptions retention;
+};
+
+/// A reference to an open durable topic: cheap to copy, valid while the store is open.
+struct TopicRef {
+  std::uint32_t id = 0;  ///< Store-wide id (0 = none).
+  std::uint32_t lanes = 0;
+  bool is_queue = false;
+  std::string name;
+  RetentionOptions retention;
+};
+
+/// A consumer group of a topic (or the consumer set of a queue).
+struct GroupRef {
+  std::uint32_t topic_id = 0;
+  std::uint32_t group_id = 0;
+  std::uint32_t lanes = 0;
+  std::string name;
+};
+
+/// One message to append. The store copies nothing else: the strings are moved
+/// into the writer's queue.
+struct AppendRequest {
+  std::uint32_t topic_id = 0;
+  std::uint32_t lane = 0;
+  /// Stored unchanged, except: id 0 = assign a store-unique id (from a
+  /// persisted high-water, unique across restarts and processes);
+  /// created_at_ns 0 = the append time.
+  MessageHeader header;
+  std::string key;
+  std::string idempotency_key;
+  std::string payload;
+};
+
+/// Where an appended message landed.
+struct AppendResult {
+  std::uint64_t offset = 0;
+  std::uint64_t id = 0;
+};
+
+/// Called once per append_async that returned OK, on the store's writer thread,
+/// after the commit (Sync: after the fsync), with no lanebus lock and no LMDB
+/// transaction held. It must be short and must not call blocking DurableStore
+/// methods (they return Busy on the writer thread); *_async calls are allowed.
+using AppendCallback = std::function<void(const Status&, const AppendResult&)>;
+/// As AppendCallback, for offset commits and other writes without a result.
+using StatusCallback = std::function<void(const Status&)>;
+
+/// A message read back from the log. Owns its bytes.
+struct StoredMessage {
+  MessageHeader header;
+  std::uint32_t lane = 0;
+  std::uint64_t offset = 0;
+  /// The lane's timestamp index at this message: max(created_at_ns of every
+  /// message up to here). Monotonic per lane; seek-by-time and age retention use it.
+  std::int64_t index_ts_ns = 0;
+  std::string key;
+  std::string idempotency_key;
+  std::string payload;
+};
+
+/// Limits of one read call.
+struct ReadLimits {
+  std::uint32_t max_messages = 256;
+  std::uint64_t max_bytes = 4ull << 20;  ///< At least one message is returned if any exists.
+};
+
+/// The result of read(): messages from `first_offset` on, contiguous.
+struct ReadBatch {
+  std::vector<StoredMessage> messages;
+  std::uint64_t first_offset = 0;  ///< Where reading started (>= the requested offset).
+  std::uint64_t next_offset = 0;   ///< Pass this to the next read.
+  std::uint64_t end_offset = 0;    ///< The lane's end at the time of the read.
+  /// Messages between the requested offset and the earliest retained one,
+  /// deleted by retention before they were read (also added to
+  /// StoreCounters::skipped_by_retention).
+  std::uint64_t skipped = 0;
+};
+
+/// One lane's log bounds.
+struct LaneInfo {
+  std::uint64_t first_offset = 0;  ///< Earliest retained offset.
+  std::uint64_t end_offset = 0;    ///< One past the last appended offset.
+  std::uint64_t bytes = 0;         ///< Bytes of stored records.
+  std::uint64_t count = 0;         ///< Retained messages (= end - first).
+};
+
+/// A group's persisted state in one lane.
+struct GroupLaneInfo {
+  std::uint64_t committed = 0;  ///< Next offset to consume; everything before it is done.
+  std::uint64_t skipped = 0;    ///< Messages this group lost to retention (queues count it here).
+  std::uint64_t in_flight = 0;  ///< Queue messages claimed and not acked.
+};
+
+/// How a queue consumer claims.
+struct ClaimOptions {
+  /// How long the claim lasts before the message is redelivered (to any
+  /// consumer of any process). Deadlines are wall-clock (CLOCK_REALTIME) so
+  /// they survive restarts. Default 30 s.
+  std::chrono::milliseconds visibility{30000};
+  /// true: at most one message of the lane is in flight at a time (lane
+  /// order, SPEC §1). false: any deliverable message among the next
+  /// `scan_limit` may be claimed (competing consumers inside a lane).
+  bool ordered = true;
+  std::uint32_t scan_limit = 1024;
+};
+
+/// A claimed queue message. The attempt count and deadline were committed
+/// (and in Sync mode fsynced) before claim returned, so a message that crashes
+/// its consumer is seen with attempt+1 next time (poison detection, SPEC §5).
+struct ClaimedMessage {
+  StoredMessage message;  ///< message.header.attempt = attempt.
+  std::uint32_t attempt = 0;
+  std::int64_t deadline_ns = 0;
+};
+
+/// Counters since open, read with relaxed loads (each is monotonic; a snapshot
+/// is not atomic across counters).
+struct StoreCounters {
+  std::uint64_t appends = 0;          ///< Messages committed.
+  std::uint64_t append_failures = 0;  ///< Appends completed with an error.
+  std::uint64_t commits = 0;          ///< Write transactions committed.
+  std::uint64_t fsyncs = 0;           ///< Sync-mode commits + async-mode flushes.
+  std::uint64_t batched_ops = 0;      ///< Operations in committed transactions (avg batch = /commits).
+  std::uint64_t max_batch = 0;        ///< Largest batch committed.
+  std::uint64_t map_growths = 0;      ///< Map doublings after MDB_MAP_FULL.
+  std::uint64_t skipped_by_retention = 0;
+  std::uint64_t retention_deleted = 0;
+  std::uint64_t claims = 0;        ///< Queue claims (every attempt).
+  std::uint64_t redeliveries = 0;  ///< Claims with attempt > 1.
+  std::uint64_t acks = 0;
+  std::uint64_t stale_readers_cleared = 0;  ///< Reader slots of dead processes cleared.
+  std::uint64_t max_write_lock_wait_ns = 0;  ///< Longest wait for LMDB's writer lock (watchdog).
+};
+
+/// The durable engine: one LMDB environment per directory.
+///
+/// Design notes:
+/// - Layout: fixed named databases `meta` (layout version, id high-water, id
+///   counters), `topics`, `lanes` (per-lane bounds), `log` (key: topic id,
+///   lane, offset, big-endian), `groups`, `cursors` (committed offsets) and
+///   `inflight` (queue claims). See doc/storage-format.md.
+/// - One writer thread owns every write transaction of this process. Calls
+///   queue operations; the writer takes up to StoreOptions::max_batch of them,
+///   applies them in one transaction, commits (Sync: fsync), then runs the
+///   completions. No user code runs inside a write transaction.
+/// - A MapFull transaction is aborted, the map grown with no transaction of
+///   this process open, and the whole batch retried; at map_size_max appends
+///   fail with MapFull while small bookkeeping writes get one retry alone.
+/// - Reads use one short read transaction per call.
+/// - Several processes may open the same directory: LMDB's writer lock
+///   serialises their writers; ids come from a shared persisted high-water.
+///
+/// Thread safety: thread-safe. Blocking methods return Busy when called on the
+/// writer thread (from a completion callback).
+class DurableStore {
+ public:
+  /// Open (creating if needed) the store in options.directory.
+  /// Errors: InvalidArgument (bad options, path is a file, network FS,
+  /// read-only with nothing there), NotFound (read-only and no store),
+  /// PermissionDenied, Busy (already open in this process), Corruption
+  /// (garbage or foreign file, foreign LMDB environment), VersionTooNew
+  /// (layout written by a newer lanebus), MapFull/DiskFull (cannot initialise),
+  /// IOError.
+  [[nodiscard]] static Result<std::unique_ptr<DurableStore>> open(const StoreOptions& options);
+  /// close(), ignoring its status.
+  ~DurableStore();
+  DurableStore(const DurableStore&) = delete;
+  DurableStore& operator=(const DurableStore&) = delete;
+
+  /// Stop accepting operations (new ones get ShutDown), let the writer commit
+  /// everything already queued and run its completions, flush (Async mode),
+  /// and close the environment. Blocks for that long. Idempotent.
+  /// Errors: the flush failure, if any; Busy when called on the writer thread.
+  [[nodiscard]] Status close();
+
+  // ---------------------------------------------------------------- topics
+
+  /// Create the topic, or open it if it exists with the same lane count and
+  /// kind (its retention is updated to spec.retention). Blocks for one commit.
+  /// Errors: InvalidName, InvalidArgument (lanes 0 or > 4096, read-only store),
+  /// Conflict (exists with another lane count or kind), ShutDown, storage codes.
+  [[nodiscard]] Result<TopicRef> open_topic(std::string_view name, const TopicSpec& spec);
+  /// An existing topic (works read-only; sees topics created by other
+  /// processes). Errors: NotFound, InvalidName, ShutDown, storage codes.
+  [[nodiscard]] Result<TopicRef> find_topic(std::string_view name);
+  /// All topics, sorted by name.
+  [[nodiscard]] Result<std::vector<TopicRef>> list_topics();
+
+  // ---------------------------------------------------------------- append
+
+  /// Append and wait until committed (Sync: fsynced). Blocks for one group
+  /// commit (plus queueing behind StoreOptions::max_pending operations).
+  /// Errors: InvalidArgument (unknown topic id, lane out of range, empty
+  /// payload, read-only), PayloadTooLarge (key or idempotency key > 65535
+  /// bytes, payload > 1 GiB), MapFull, DiskFull, IOError (the store went fatal:
+  /// close and reopen), ShutDown, Busy (on the writer thread).
+  [[nodiscard]] Result<AppendResult> append(AppendRequest request);
+  /// Queue an append; `done` runs once after the commit (see AppendCallback).
+  /// Returns an error, and never calls `done`, when the request is refused up
+  /// front (InvalidArgument, PayloadTooLarge, ShutDown). Blocks only while
+  /// max_pending operations are queued.
+  [[nodiscard]] Status append_async(AppendRequest request, AppendCallback done);
+  /// Reserve `count` message ids (unique across restarts and processes) for a
+  /// caller that assigns ids itself; returns the first. Blocks for one commit.
+  [[nodiscard]] Result<std::uint64_t> reserve_ids(std::uint64_t count);
+
+  // ---------------------------------------------------------------- read
+
+  /// Read up to `limits` messages of (topic, lane) from offset `from` with one
+  /// short read transaction. A `from` behind retention starts at the earliest
+  /// retained offset and reports the skip. Never blocks on writers.
+  /// Errors: InvalidArgument (lane), Corruption (a record fails its checksum:
+  /// the message names topic, lane and offset), ShutDown, storage codes.
+  [[nodiscard]] Result<ReadBatch> read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                                       const ReadLimits& limits = {});
+  /// The lane's end offset (one past the last message): one read txn and one
+  /// lookup, cheap enough to poll for new data from any process.
+  [[nodiscard]] Result<std::uint64_t> end_offset(const TopicRef& topic, std::uint32_t lane);
+  [[nodiscard]] Result<LaneInfo> lane_info(const TopicRef& topic, std::uint32_t lane);
+  /// The first offset whose timestamp index is >= ts_ns (end offset if none).
+  [[nodiscard]] Result<std::uint64_t> offset_for_time(const TopicRef& topic, std::uint32_t lane,
+                                                      std::int64_t ts_ns);
+
+  // ---------------------------------------------------------------- groups
+
+  /// Create the group at `start` in every lane, or open it (then `start` is
+  /// ignored: an existing group resumes from its committed offsets). Blocks
+  /// for one commit. Errors: InvalidName, InvalidArgument, ShutDown, storage codes.
+  [[nodiscard]] Result<GroupRef> open_group(const TopicRef& topic, std::string_view name,
+                                            StartPosition start = {});
+  /// An existing group (works read-only). Errors: NotFound, InvalidName.
+  [[nodiscard]] Result<GroupRef> find_group(const TopicRef& topic, std::string_view name);
+  [[nodiscard]] Result<std::vector<GroupRef>> list_groups(const TopicRef& topic);
+  /// The group's persisted state in every lane (index = lane).
+  [[nodiscard]] Result<std::vector<GroupLaneInfo>> group_info(const GroupRef& group);
+  /// Persist that the group consumed everything before `offset` in `lane`.
+  /// Batched through the writer with other operations; blocks for the commit.
+  /// Errors: InvalidArgument (lane, offset beyond the end), ShutDown, storage codes.
+  [[nodiscard]] Status commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
+  /// As commit_offset, completing through `done` (same rules as AppendCallback).
+  [[nodiscard]] Status commit_offset_async(const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                                           StatusCallback done);
+  /// Move the group in every lane to `start` (replay or skip ahead). Queue
+  /// groups also drop their in-flight claims. Blocks for one commit.
+  [[nodiscard]] Status seek(const GroupRef& group, const StartPosition& start);
+
+  // ---------------------------------------------------------------- queues
+
+  /// Claim the next deliverable message of the lane for `group`: a never
+  /// delivered one (attempt 1) or one whose claim expired (attempt + 1,
+  /// counted as a redelivery). The claim is committed before this returns.
+  /// nullopt when nothing is deliverable now. Blocks for one commit.
+  /// Errors: InvalidArgument, Corruption, ShutDown, storage codes.
+  [[nodiscard]] Result<std::optional<ClaimedMessage>> claim(const GroupRef& group, std::uint32_t lane,
+                                                            const ClaimOptions& options = {});
+  /// Acknowledge a claimed message: it is done for the group. Blocks for one commit.
+  /// Errors: NotFound (not in flight: already acked, or never claimed),
+  /// StaleToken (`attempt` is not the current claim: the message was
+  /// redelivered after this claim expired), ShutDown, storage codes.
+  [[nodiscard]] Status ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                           std::uint32_t attempt);
+  /// Give a claim back (retry): deliverable again after `delay`. The attempt
+  /// count stays. Errors as ack.
+  [[nodiscard]] Status release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                               std::uint32_t attempt, std::chrono::milliseconds delay);
+
+  // ---------------------------------------------------------------- maintenance
+
+  /// Apply retention to every topic now, in bounded batches (tests and tools;
+  /// the writer also does it every maintenance_interval). Blocks until done.
+  [[nodiscard]] Status run_retention();
+  /// Flush to disk now (Async mode); no-op in Sync mode. Blocks for the fsync.
+  [[nodiscard]] Status sync();
+  /// Called on the writer thread after each commit for every lane that got
+  /// new messages, with its new end offset (same rules as AppendCallback).
+  /// Set it before appending; a dispatcher uses it to wake consumers.
+  void set_append_listener(std::function<void(std::uint32_t topic_id, std::uint32_t lane,
+                                              std::uint64_t end_offset)> listener);
+
+  StoreCounters counters() const noexcept;
+  const std::string& directory() const noexcept { return options_.directory; }
+  const StoreOptions& options() const noexcept { return options_; }
+  bool read_only() const noexcept { return options_.read_only; }
+  std::uint64_t map_size() const noexcept;
+
+ private:
+  struct WriteCtx;
+  struct Waiter;
+  // One queued operation: an append (request + completion) or an internal
+  // write (`apply` runs inside the batch's transaction; it must be re-runnable
+  // because a MapFull batch is retried after the map grows).
+  struct WriteOp {
+    bool is_append = false;
+    AppendRequest request;
+    AppendCallback append_done;
+    std::function<Status(WriteCtx&)> apply;
+    StatusCallback done;
+    bool bookkeeping = false;  // small write allowed a retry alone when the map is at its maximum
+    // Filled by the writer.
+    Status status;
+    AppendResult result;
+    bool excluded = false;
+  };
+
+  explicit DurableStore(const StoreOptions& options);
+  Status init_layout();
+  Status enqueue(WriteOp op, bool may_block) EXCLUDES(queue_mutex_);
+  // Runs `apply` inside a write transaction of the writer and waits.
+  Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
+  void writer_main();
+  void process_batch(std::vector<WriteOp>& ops);
+  Status apply_append(WriteCtx& ctx, WriteOp& op);
+  Status apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* more);
+  Status check_open() const;
+  Status check_writable() const;
+  Result<TopicRef> topic_by_id(std::uint32_t id) const EXCLUDES(topics_mutex_);
+  void remember_topic(const TopicRef& t) EXCLUDES(topics_mutex_);
+
+  StoreOptions options_;
+  std::unique_ptr<LmdbEnv> env_;
+  LmdbDbi dbi_meta_ = 0, dbi_topics_ = 0, dbi_lanes_ = 0, dbi_log_ = 0, dbi_groups_ = 0, dbi_cursors_ = 0,
+          dbi_inflight_ = 0;
+
+  // Readers hold it shared for a call; close() takes it exclusively before
+  // destroying the environment.
+  mutable std::shared_mutex life_mutex_;
+  std::atomic<bool> closed_{false};
+
+  mutable Mutex topics_mutex_;
+  std::unordered_map<std::uint32_t, TopicRef> topics_ GUARDED_BY(topics_mutex_);
+
+  Mutex queue_mutex_;
+  std::condition_variable_any queue_cv_;  // writer waits for work
+  std::condition_variable_any space_cv_;  // producers wait for room
+  std::deque<WriteOp> queue_ GUARDED_BY(queue_mutex_);
+  bool stopping_ GUARDED_BY(queue_mutex_) = false;
+  bool force_retention_ GUARDED_BY(queue_mutex_) = false;
+  std::thread writer_;
+  std::thread::id writer_id_;
+
+  std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> append_listener_;
+
+  // Counters: relaxed atomics — each is an independent statistic; no other
+  // memory is published through them.
+  struct AtomicCounters {
+    std::atomic<std::uint64_t> appends{0}, append_failures{0}, commits{0}, fsyncs{0}, batched_ops{0},
+        max_batch{0}, skipped_by_retention{0}, retention_deleted{0}, claims{0}, redeliveries{0}, acks{0},
+        stale_readers_cleared{0}, max_write_lock_wait_ns{0};
+  };
+  mutable AtomicCounters counters_;
+};
+
+}  // namespace lanebus::detail

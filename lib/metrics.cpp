@@ -1,0 +1,892 @@
+// lanebus — MIT License.
+// MetricsWindow, Monitor, the SLA evaluator and the Prometheus / JSON exports
+// (SPEC §7), plus the exposition writers shared with the CLI.
+//
+// Design notes:
+// - Nothing here touches the bus's hot path: every number is a difference of
+//   two BusStats snapshots (newest minus oldest sample in the window) divided
+//   by the time between them, computed once per add().
+// - The SLA hold is a "for" clause (like a Prometheus alert rule): the risk
+//   condition must be true at every sample for `hold` before AtRisk is
+//   reported, so a blip shorter than that never pages. Breached needs no hold:
+//   a message older than the SLA has already missed it.
+#include "lanebus/metrics.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "exposition.hpp"
+#include "lanebus/bus.hpp"
+#include "sync.hpp"
+
+namespace lanebus {
+
+// ---------------------------------------------------------------- writers
+
+namespace detail {
+
+std::string format_double(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string format_ns_as_seconds(std::uint64_t ns) {
+  std::string s = std::to_string(ns / 1'000'000'000ull);
+  std::uint64_t frac = ns % 1'000'000'000ull;
+  if (frac != 0) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%09llu", static_cast<unsigned long long>(frac));
+    std::string f(buf);
+    while (!f.empty() && f.back() == '0') f.pop_back();
+    s += "." + f;
+  }
+  return s;
+}
+
+std::string prom_escape_label(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string prom_escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void PromWriter::family(std::string_view name, std::string_view type, std::string_view help) {
+  out_ += "# HELP ";
+  out_ += name;
+  out_ += ' ';
+  out_ += prom_escape_help(help);
+  out_ += "\n# TYPE ";
+  out_ += name;
+  out_ += ' ';
+  out_ += type;
+  out_ += '\n';
+}
+
+void PromWriter::labels(const Labels& labels) {
+  if (labels.empty()) return;
+  out_ += '{';
+  bool first = true;
+  for (const auto& [k, v] : labels) {
+    if (!first) out_ += ',';
+    first = false;
+    out_ += k;
+    out_ += "=\"";
+    out_ += prom_escape_label(v);
+    out_ += '"';
+  }
+  out_ += '}';
+}
+
+void PromWriter::sample_text(std::string_view name, const Labels& l, std::string_view value) {
+  out_ += name;
+  labels(l);
+  out_ += ' ';
+  out_ += value;
+  out_ += '\n';
+}
+
+void PromWriter::sample(std::string_view name, const Labels& l, double value) {
+  sample_text(name, l, format_double(value));
+}
+
+void PromWriter::sample_u64(std::string_view name, const Labels& l, std::uint64_t value) {
+  sample_text(name, l, std::to_string(value));
+}
+
+void JsonWriter::before_value() {
+  if (after_key_) {
+    after_key_ = false;
+    return;
+  }
+  if (!first_.empty()) {
+    if (!first_.back()) out_ += ',';
+    first_.back() = false;
+  }
+}
+
+void JsonWriter::begin_object() {
+  before_value();
+  out_ += '{';
+  first_.push_back(true);
+}
+
+void JsonWriter::end_object() {
+  out_ += '}';
+  first_.pop_back();
+}
+
+void JsonWriter::begin_array() {
+  before_value();
+  out_ += '[';
+  first_.push_back(true);
+}
+
+void JsonWriter::end_array() {
+  out_ += ']';
+  first_.pop_back();
+}
+
+void JsonWriter::key(std::string_view k) {
+  before_value();
+  write_string(k);
+  out_ += ':';
+  after_key_ = true;
+}
+
+void JsonWriter::string(std::string_view s) {
+  before_value();
+  write_string(s);
+}
+
+void JsonWriter::write_string(std::string_view s) {
+  out_ += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out_ += "\\\""; break;
+      case '\\': out_ += "\\\\"; break;
+      case '\n': out_ += "\\n"; break;
+      case '\r': out_ += "\\r"; break;
+      case '\t': out_ += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          out_ += b;
+        } else {
+          out_ += static_cast<char>(c);
+        }
+    }
+  }
+  out_ += '"';
+}
+
+void JsonWriter::number(double v) {
+  before_value();
+  out_ += std::isfinite(v) ? format_double(v) : std::string("null");
+}
+
+void JsonWriter::number(std::optional<double> v) {
+  if (v) {
+    number(*v);
+  } else {
+    null();
+  }
+}
+
+void JsonWriter::u64(std::uint64_t v) {
+  before_value();
+  out_ += std::to_string(v);
+}
+
+void JsonWriter::i64(std::int64_t v) {
+  before_value();
+  out_ += std::to_string(v);
+}
+
+void JsonWriter::boolean(bool b) {
+  before_value();
+  out_ += b ? "true" : "false";
+}
+
+void JsonWriter::null() {
+  before_value();
+  out_ += "null";
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- SLA
+
+const char* to_string(SlaState state) noexcept {
+  switch (state) {
+    case SlaState::Unknown: return "unknown";
+    case SlaState::Ok: return "ok";
+    case SlaState::AtRisk: return "at_risk";
+    case SlaState::Breached: return "breached";
+  }
+  return "unknown";
+}
+
+namespace {
+
+double seconds(std::chrono::nanoseconds d) { return static_cast<double>(d.count()) / 1e9; }
+
+Status check_policy(const SlaPolicy& p, const char* where) {
+  if (p.sla.count() <= 0) return Status(Code::InvalidArgument, std::string(where) + ": SlaPolicy::sla must be > 0");
+  if (!(p.page_fraction > 0.0 && p.page_fraction <= 1.0))
+    return Status(Code::InvalidArgument, std::string(where) + ": SlaPolicy::page_fraction must be in (0, 1]");
+  if (p.hold.count() < 0) return Status(Code::InvalidArgument, std::string(where) + ": SlaPolicy::hold must be >= 0");
+  return Status();
+}
+
+}  // namespace
+
+SlaState classify_sla(const SlaPolicy& policy, double oldest_age_seconds, double projected_seconds) noexcept {
+  const double sla = seconds(policy.sla);
+  if (oldest_age_seconds >= sla) return SlaState::Breached;
+  if (projected_seconds >= policy.page_fraction * sla) return SlaState::AtRisk;
+  return SlaState::Ok;
+}
+
+// ---------------------------------------------------------------- snapshot lookup
+
+const TopicMetrics* MetricsSnapshot::find_topic(std::string_view name) const noexcept {
+  for (const auto& t : topics)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const GroupMetrics* MetricsSnapshot::find_group(std::string_view topic, std::string_view group) const noexcept {
+  const TopicMetrics* t = find_topic(topic);
+  if (t == nullptr) return nullptr;
+  for (const auto& g : t->groups)
+    if (g.name == group) return &g;
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- MetricsWindow
+
+Result<MetricsWindow> MetricsWindow::create(const MetricsOptions& options) {
+  if (options.window.count() <= 0) return Result<MetricsWindow>(Code::InvalidArgument, "MetricsOptions::window must be > 0");
+  if (options.max_samples < 2) return Result<MetricsWindow>(Code::InvalidArgument, "MetricsOptions::max_samples must be >= 2");
+  if (!(options.hot_lane_skew >= 1.0))
+    return Result<MetricsWindow>(Code::InvalidArgument, "MetricsOptions::hot_lane_skew must be >= 1");
+  if (options.default_sla) {
+    Status s = check_policy(*options.default_sla, "MetricsOptions::default_sla");
+    if (!s.ok()) return s;
+  }
+  return MetricsWindow(options);
+}
+
+MetricsWindow::SlaTrack* MetricsWindow::track(std::string_view topic, std::string_view group, bool create) {
+  for (auto& t : sla_)
+    if (t.topic == topic && t.group == group) return &t;
+  if (!create) return nullptr;
+  sla_.push_back(SlaTrack{std::string(topic), std::string(group), std::nullopt, std::nullopt, false});
+  return &sla_.back();
+}
+
+Status MetricsWindow::set_sla(std::string_view topic, std::string_view group, const SlaPolicy& policy) {
+  Status s = check_policy(policy, "set_sla");
+  if (!s.ok()) return s;
+  SlaTrack* t = track(topic, group, true);
+  t->policy = policy;
+  t->risk_since_ns.reset();  // a new policy starts a new hold
+  return Status();
+}
+
+Status MetricsWindow::add(BusStats stats, std::int64_t steady_ns, std::int64_t wall_ns) {
+  if (!samples_.empty() && steady_ns <= samples_.back().steady_ns)
+    return Status(Code::InvalidArgument, "MetricsWindow::add: steady_ns " + std::to_string(steady_ns) +
+                                             " is not later than the previous sample's " +
+                                             std::to_string(samples_.back().steady_ns));
+  samples_.push_back(Sample{steady_ns, wall_ns, std::move(stats)});
+  // Keep the samples within the window (the oldest kept one may sit exactly
+  // at its start) and at most max_samples.
+  const std::int64_t start = steady_ns - options_.window.count();
+  std::size_t drop = 0;
+  while (drop + 1 < samples_.size() && samples_[drop].steady_ns < start) ++drop;
+  if (samples_.size() - drop > options_.max_samples) drop = samples_.size() - options_.max_samples;
+  samples_.erase(samples_.begin(), samples_.begin() + static_cast<std::ptrdiff_t>(drop));
+  recompute();
+  return Status();
+}
+
+namespace {
+
+// A counter's growth between two readings; a counter that went down was reset
+// (the bus was reopened) and counts from zero.
+std::uint64_t grew(std::uint64_t now, std::uint64_t then) { return now >= then ? now - then : now; }
+
+const TopicStats* find_topic(const BusStats& s, const std::string& name) {
+  for (const auto& t : s.topics)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const GroupStats* find_group(const TopicStats* t, const std::string& name) {
+  if (t == nullptr) return nullptr;
+  for (const auto& g : t->groups)
+    if (g.name == name) return &g;
+  return nullptr;
+}
+
+std::uint64_t finished(const LaneCounters& c) { return c.acked + c.rejected + c.failed; }
+
+// now - then, bucket by bucket (a bucket that went down means a reset: use now).
+LatencyHistogram histogram_delta(const LatencyHistogram& now, const LatencyHistogram* then) {
+  LatencyHistogram d;
+  if (now.counts.empty()) return d;
+  d.counts.assign(LatencyHistogram::kBuckets, 0);
+  bool reset = then != nullptr && then->count > now.count;
+  for (std::uint32_t i = 0; i < LatencyHistogram::kBuckets && i < now.counts.size(); ++i) {
+    std::uint64_t old = (then != nullptr && !reset && i < then->counts.size()) ? then->counts[i] : 0;
+    if (old > now.counts[i]) {
+      reset = true;
+      break;
+    }
+    d.counts[i] = now.counts[i] - old;
+  }
+  if (reset) return now;
+  for (auto c : d.counts) d.count += c;
+  d.sum_ns = then != nullptr ? grew(now.sum_ns, then->sum_ns) : now.sum_ns;
+  if (d.count == 0) d.counts.clear();
+  return d;
+}
+
+std::optional<double> quantile_seconds(const LatencyHistogram& h, double q) {
+  if (h.count == 0) return std::nullopt;
+  std::uint64_t ns = h.quantile_ns(q);
+  // The last bucket has no upper bound: report infinity rather than 2^64 ns.
+  if (ns == ~0ull) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(ns) / 1e9;
+}
+
+}  // namespace
+
+void MetricsWindow::recompute() {
+  const Sample& now = samples_.back();
+  const Sample& base = samples_.front();
+  const double span = static_cast<double>(now.steady_ns - base.steady_ns) / 1e9;
+  auto per_s = [span](std::uint64_t n) { return span > 0 ? static_cast<double>(n) / span : 0.0; };
+  const double window_s = seconds(options_.window);
+
+  for (auto& t : sla_) t.seen = false;
+
+  MetricsSnapshot snap;
+  snap.bus = now.stats.name;
+  snap.steady_ns = now.steady_ns;
+  snap.wall_ns = now.wall_ns;
+  snap.window_seconds = span;
+  snap.samples = samples_.size();
+  for (const TopicStats& ts : now.stats.topics) {
+    const TopicStats* bt = find_topic(base.stats, ts.name);
+    TopicMetrics tm;
+    tm.name = ts.name;
+    tm.is_queue = ts.is_queue;
+    tm.durable = ts.durable;
+    tm.lanes = ts.lanes;
+    tm.published = ts.published;
+    tm.publish_refused = ts.publish_refused;
+    tm.unrouted = ts.unrouted;
+    tm.publish_rate = per_s(grew(ts.published, bt ? bt->published : 0));
+    std::uint64_t window_total = 0;
+    std::vector<std::uint64_t> lane_delta(ts.lane_published.size());
+    for (std::size_t i = 0; i < ts.lane_published.size(); ++i) {
+      std::uint64_t old = (bt != nullptr && i < bt->lane_published.size()) ? bt->lane_published[i] : 0;
+      lane_delta[i] = grew(ts.lane_published[i], old);
+      window_total += lane_delta[i];
+    }
+    double max_share = 0;
+    std::uint32_t max_lane = 0;
+    for (std::size_t i = 0; i < ts.lane_published.size(); ++i) {
+      LaneLoad ll;
+      ll.lane = static_cast<std::uint32_t>(i);
+      ll.published = ts.lane_published[i];
+      ll.publish_rate = per_s(lane_delta[i]);
+      ll.load_share = window_total > 0 ? static_cast<double>(lane_delta[i]) / static_cast<double>(window_total) : 0.0;
+      if (ll.load_share > max_share) {
+        max_share = ll.load_share;
+        max_lane = ll.lane;
+      }
+      tm.lane_load.push_back(ll);
+    }
+    tm.load_skew = max_share * static_cast<double>(ts.lane_published.size());
+    if (ts.lane_published.size() > 1 && window_total >= options_.hot_lane_min_messages &&
+        tm.load_skew >= options_.hot_lane_skew)
+      tm.hot_lane = max_lane;
+
+    for (const GroupStats& gs : ts.groups) {
+      const GroupStats* bg = find_group(bt, gs.name);
+      GroupMetrics gm;
+      gm.name = gs.name;
+      gm.consumers = gs.consumers;
+      gm.total = gs.total;
+      gm.lag = gs.total.in_flight;
+      const LaneCounters zero{};
+      const LaneCounters& btot = bg ? bg->total : zero;
+      gm.consume_rate = per_s(grew(finished(gs.total), finished(btot)));
+      gm.error_rate = per_s(grew(gs.total.retried, btot.retried));
+      gm.failure_rate = per_s(grew(gs.total.failed, btot.failed));
+      gm.drop_rate = per_s(grew(gs.total.dropped, btot.dropped));
+      if (gs.oldest_unprocessed_ns != 0) {
+        gm.oldest_age_seconds = std::max(0.0, static_cast<double>(now.wall_ns - gs.oldest_unprocessed_ns) / 1e9);
+      } else if (gm.lag == 0) {
+        gm.oldest_age_seconds = 0.0;
+      }
+      if (gm.lag == 0) {
+        gm.drain_seconds = 0.0;
+      } else if (span > 0 && gm.consume_rate > 0) {
+        gm.drain_seconds = static_cast<double>(gm.lag) / gm.consume_rate;
+      } else if (span > 0) {
+        gm.stalled = true;
+      }
+      for (std::size_t i = 0; i < gs.lanes.size(); ++i) {
+        const LaneCounters& c = gs.lanes[i];
+        const LaneCounters& b = (bg != nullptr && i < bg->lanes.size()) ? bg->lanes[i] : zero;
+        GroupLaneMetrics lm;
+        lm.lane = static_cast<std::uint32_t>(i);
+        lm.counters = c;
+        lm.lag = c.in_flight;
+        lm.consume_rate = per_s(grew(finished(c), finished(b)));
+        lm.error_rate = per_s(grew(c.retried, b.retried));
+        if (lm.lag == 0) {
+          lm.drain_seconds = 0.0;
+        } else if (span > 0 && lm.consume_rate > 0) {
+          lm.drain_seconds = static_cast<double>(lm.lag) / lm.consume_rate;
+        }
+        gm.lanes.push_back(lm);
+      }
+      gm.latency = gs.latency;
+      gm.window_latency = histogram_delta(gs.latency, bg ? &bg->latency : nullptr);
+      if (span <= 0) gm.window_latency = LatencyHistogram{};
+      gm.latency_p50_seconds = quantile_seconds(gm.window_latency, 0.50);
+      gm.latency_p99_seconds = quantile_seconds(gm.window_latency, 0.99);
+      gm.latency_p999_seconds = quantile_seconds(gm.window_latency, 0.999);
+
+      // The SLA evaluator.
+      SlaTrack* tr = track(ts.name, gs.name, options_.default_sla.has_value());
+      std::optional<SlaPolicy> policy;
+      if (tr != nullptr) {
+        tr->seen = true;
+        policy = tr->policy ? tr->policy : options_.default_sla;
+      }
+      if (policy) {
+        SlaReport r;
+        r.sla_seconds = seconds(policy->sla);
+        r.page_fraction = policy->page_fraction;
+        r.threshold_seconds = r.page_fraction * r.sla_seconds;
+        r.hold_seconds = policy->hold.count() > 0 ? seconds(policy->hold) : window_s;
+        const double age = gm.oldest_age_seconds.value_or(0.0);
+        if (gm.stalled) {
+          r.projected_seconds = std::numeric_limits<double>::infinity();
+        } else if (gm.drain_seconds) {
+          r.projected_seconds = age + *gm.drain_seconds;
+        }
+        r.risk_condition = r.projected_seconds && *r.projected_seconds >= r.threshold_seconds;
+        if (r.risk_condition) {
+          if (!tr->risk_since_ns) tr->risk_since_ns = now.steady_ns;
+          r.risk_held_seconds = static_cast<double>(now.steady_ns - *tr->risk_since_ns) / 1e9;
+        } else {
+          tr->risk_since_ns.reset();
+        }
+        if (gm.oldest_age_seconds && *gm.oldest_age_seconds >= r.sla_seconds) {
+          r.state = SlaState::Breached;
+        } else if (!r.projected_seconds) {
+          r.state = SlaState::Unknown;
+        } else if (r.risk_condition && r.risk_held_seconds >= r.hold_seconds) {
+          r.state = SlaState::AtRisk;
+        } else {
+          r.state = SlaState::Ok;
+        }
+        // r.dlq_growing stays nullopt: no DLQ counters yet (DlqMetrics).
+        gm.sla = r;
+      }
+      tm.groups.push_back(std::move(gm));
+    }
+    snap.topics.push_back(std::move(tm));
+  }
+  // Forget the hold state of groups that are gone (explicit policies stay).
+  std::erase_if(sla_, [](const SlaTrack& t) { return !t.seen && !t.policy; });
+  latest_ = std::move(snap);
+}
+
+// ---------------------------------------------------------------- Monitor
+
+MetricsClock MetricsClock::system() {
+  MetricsClock c;
+  c.steady_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  c.wall_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  return c;
+}
+
+struct Monitor::Impl {
+  Impl(std::function<BusStats()> s, MetricsWindow w, MetricsClock c)
+      : source(std::move(s)), clock(std::move(c)), window(std::move(w)) {}
+  const std::function<BusStats()> source;
+  const MetricsClock clock;
+  mutable detail::Mutex mu;
+  MetricsWindow window GUARDED_BY(mu);
+};
+
+Monitor::Monitor(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+Monitor::~Monitor() = default;
+
+Result<std::unique_ptr<Monitor>> Monitor::create(const Bus& bus, const MetricsOptions& options, MetricsClock clock) {
+  const Bus* b = &bus;
+  return create([b] { return b->stats(); }, options, std::move(clock));
+}
+
+Result<std::unique_ptr<Monitor>> Monitor::create(std::function<BusStats()> source, const MetricsOptions& options,
+                                                 MetricsClock clock) {
+  if (!source) return Result<std::unique_ptr<Monitor>>(Code::InvalidArgument, "Monitor::create: the stats source is empty");
+  if (!clock.steady_ns || !clock.wall_ns)
+    return Result<std::unique_ptr<Monitor>>(Code::InvalidArgument, "Monitor::create: a MetricsClock function is empty");
+  auto w = MetricsWindow::create(options);
+  if (!w.ok()) return w.status();
+  auto impl = std::make_unique<Impl>(std::move(source), std::move(*w), std::move(clock));
+  return std::unique_ptr<Monitor>(new Monitor(std::move(impl)));
+}
+
+Status Monitor::sample() {
+  // Read the source and the clocks outside the lock: Bus::stats() may take a
+  // while on a durable bus and must not hold up readers of the snapshot.
+  BusStats s = impl_->source();
+  const std::int64_t steady = impl_->clock.steady_ns();
+  const std::int64_t wall = impl_->clock.wall_ns();
+  detail::MutexLock l(&impl_->mu);
+  return impl_->window.add(std::move(s), steady, wall);
+}
+
+Status Monitor::set_sla(std::string_view topic, std::string_view group, const SlaPolicy& policy) {
+  detail::MutexLock l(&impl_->mu);
+  return impl_->window.set_sla(topic, group, policy);
+}
+
+MetricsSnapshot Monitor::snapshot() const {
+  detail::MutexLock l(&impl_->mu);
+  return impl_->window.snapshot();
+}
+
+std::string Monitor::prometheus() const { return to_prometheus(snapshot()); }
+std::string Monitor::json() const { return to_json(snapshot()); }
+
+// ---------------------------------------------------------------- Prometheus
+
+namespace {
+
+using detail::PromWriter;
+using Labels = PromWriter::Labels;
+
+Labels topic_labels(const TopicMetrics& t) { return {{"topic", t.name}}; }
+Labels group_labels(const TopicMetrics& t, const GroupMetrics& g) { return {{"topic", t.name}, {"group", g.name}}; }
+Labels lane_labels(const TopicMetrics& t, const GroupMetrics& g, std::uint32_t lane) {
+  return {{"topic", t.name}, {"group", g.name}, {"lane", std::to_string(lane)}};
+}
+
+template <typename F>
+void each_group(const MetricsSnapshot& s, F&& f) {
+  for (const auto& t : s.topics)
+    for (const auto& g : t.groups) f(t, g);
+}
+
+}  // namespace
+
+std::string to_prometheus(const MetricsSnapshot& s) {
+  PromWriter w;
+  w.family("lanebus_metrics_window_seconds", "gauge", "Time span the rates are computed over (0 = one sample).");
+  w.sample("lanebus_metrics_window_seconds", {}, s.window_seconds);
+
+  // ---- topics
+  w.family("lanebus_published_total", "counter", "Messages accepted by publish.");
+  for (const auto& t : s.topics) w.sample_u64("lanebus_published_total", topic_labels(t), t.published);
+  w.family("lanebus_publish_refused_total", "counter", "Publishes refused with WouldBlock or TimedOut.");
+  for (const auto& t : s.topics) w.sample_u64("lanebus_publish_refused_total", topic_labels(t), t.publish_refused);
+  w.family("lanebus_unrouted_total", "counter", "Publishes accepted while the topic had no consumer group.");
+  for (const auto& t : s.topics) w.sample_u64("lanebus_unrouted_total", topic_labels(t), t.unrouted);
+  w.family("lanebus_publish_rate_per_second", "gauge", "Messages published per second over the window.");
+  for (const auto& t : s.topics) w.sample("lanebus_publish_rate_per_second", topic_labels(t), t.publish_rate);
+  w.family("lanebus_lane_published_total", "counter", "Messages published into each lane.");
+  for (const auto& t : s.topics)
+    for (const auto& l : t.lane_load)
+      w.sample_u64("lanebus_lane_published_total", {{"topic", t.name}, {"lane", std::to_string(l.lane)}}, l.published);
+  w.family("lanebus_lane_load_share", "gauge", "Fraction (0..1) of the topic's publishes over the window in each lane.");
+  for (const auto& t : s.topics)
+    for (const auto& l : t.lane_load)
+      w.sample("lanebus_lane_load_share", {{"topic", t.name}, {"lane", std::to_string(l.lane)}}, l.load_share);
+  w.family("lanebus_lane_load_skew", "gauge",
+           "Largest lane share times the lane count: 1 = even, the lane count = all traffic in one lane.");
+  for (const auto& t : s.topics) w.sample("lanebus_lane_load_skew", topic_labels(t), t.load_skew);
+  w.family("lanebus_lane_hot", "gauge", "1 for the lane carrying a hot key (see MetricsOptions::hot_lane_skew), else 0.");
+  for (const auto& t : s.topics)
+    for (const auto& l : t.lane_load)
+      w.sample_u64("lanebus_lane_hot", {{"topic", t.name}, {"lane", std::to_string(l.lane)}},
+                   t.hot_lane && *t.hot_lane == l.lane ? 1 : 0);
+
+  // ---- group lanes: lifetime counters and lag
+  struct Counter {
+    const char* name;
+    const char* help;
+    std::uint64_t LaneCounters::*field;
+  };
+  static constexpr Counter kCounters[] = {
+      {"lanebus_delivered_total", "Handler calls (every attempt).", &LaneCounters::delivered},
+      {"lanebus_acked_total", "Messages the handler acked.", &LaneCounters::acked},
+      {"lanebus_retried_total", "Retry outcomes and caught handler exceptions.", &LaneCounters::retried},
+      {"lanebus_rejected_total", "Messages the handler rejected.", &LaneCounters::rejected},
+      {"lanebus_failed_total", "Messages that used up max_attempts.", &LaneCounters::failed},
+      {"lanebus_dropped_total", "Messages discarded (DropOldest backpressure, or no consumer).", &LaneCounters::dropped},
+      {"lanebus_skipped_total", "Durable messages deleted by retention before the group read them.",
+       &LaneCounters::skipped},
+  };
+  for (const Counter& c : kCounters) {
+    w.family(c.name, "counter", c.help);
+    each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+      for (const auto& l : g.lanes) w.sample_u64(c.name, lane_labels(t, g, l.lane), l.counters.*(c.field));
+    });
+  }
+  w.family("lanebus_consumer_lag_messages", "gauge", "Messages waiting for the group in each lane.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    for (const auto& l : g.lanes) w.sample_u64("lanebus_consumer_lag_messages", lane_labels(t, g, l.lane), l.lag);
+  });
+
+  // ---- groups: derived gauges
+  w.family("lanebus_consumers", "gauge", "Subscriptions attached to the group.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    w.sample_u64("lanebus_consumers", group_labels(t, g), g.consumers);
+  });
+  w.family("lanebus_consume_rate_per_second", "gauge",
+           "Messages finished (acked + rejected + failed) per second over the window.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    w.sample("lanebus_consume_rate_per_second", group_labels(t, g), g.consume_rate);
+  });
+  w.family("lanebus_error_rate_per_second", "gauge",
+           "Failing handler attempts (retry outcomes, exceptions) per second over the window.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    w.sample("lanebus_error_rate_per_second", group_labels(t, g), g.error_rate);
+  });
+  w.family("lanebus_oldest_unprocessed_age_seconds", "gauge",
+           "Age of the oldest message the group has not finished (0 when none waits).");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    if (g.oldest_age_seconds)
+      w.sample("lanebus_oldest_unprocessed_age_seconds", group_labels(t, g), *g.oldest_age_seconds);
+  });
+  w.family("lanebus_projected_drain_seconds", "gauge",
+           "Lag divided by the consume rate: time to drain the backlog (+Inf when stalled).");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    if (g.stalled) {
+      w.sample_text("lanebus_projected_drain_seconds", group_labels(t, g), "+Inf");
+    } else if (g.drain_seconds) {
+      w.sample("lanebus_projected_drain_seconds", group_labels(t, g), *g.drain_seconds);
+    }
+  });
+
+  // ---- latency
+  w.family("lanebus_e2e_latency_seconds", "histogram",
+           "End-to-end latency: message created_at to handler done, since the bus opened.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    std::uint64_t cum = 0;
+    for (std::uint32_t i = 0; i + 1 < LatencyHistogram::kBuckets; ++i) {
+      if (i < g.latency.counts.size()) cum += g.latency.counts[i];
+      Labels l = group_labels(t, g);
+      l.emplace_back("le", detail::format_ns_as_seconds(LatencyHistogram::upper_bound_ns(i)));
+      w.sample_u64("lanebus_e2e_latency_seconds_bucket", l, cum);
+    }
+    Labels inf = group_labels(t, g);
+    inf.emplace_back("le", "+Inf");
+    w.sample_u64("lanebus_e2e_latency_seconds_bucket", inf, g.latency.count);
+    w.sample_text("lanebus_e2e_latency_seconds_sum", group_labels(t, g), detail::format_ns_as_seconds(g.latency.sum_ns));
+    w.sample_u64("lanebus_e2e_latency_seconds_count", group_labels(t, g), g.latency.count);
+  });
+  w.family("lanebus_e2e_latency_window_seconds", "gauge",
+           "End-to-end latency quantiles over the window (bucket upper bounds).");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    const std::pair<const char*, std::optional<double>> qs[] = {
+        {"0.5", g.latency_p50_seconds}, {"0.99", g.latency_p99_seconds}, {"0.999", g.latency_p999_seconds}};
+    for (const auto& [q, v] : qs) {
+      if (!v) continue;
+      Labels l = group_labels(t, g);
+      l.emplace_back("quantile", q);
+      w.sample("lanebus_e2e_latency_window_seconds", l, *v);
+    }
+  });
+
+  // ---- SLA
+  w.family("lanebus_sla_seconds", "gauge", "The group's SLA: promised created_at to handled time.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    if (g.sla) w.sample("lanebus_sla_seconds", group_labels(t, g), g.sla->sla_seconds);
+  });
+  w.family("lanebus_sla_projected_seconds", "gauge",
+           "Oldest unprocessed age plus projected drain time (+Inf when stalled).");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    if (g.sla && g.sla->projected_seconds)
+      w.sample("lanebus_sla_projected_seconds", group_labels(t, g), *g.sla->projected_seconds);
+  });
+  w.family("lanebus_sla_state", "gauge",
+           "SLA verdict as a state set: 1 for the current state (unknown, ok, at_risk, breached), else 0.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    if (!g.sla) return;
+    for (SlaState st : {SlaState::Unknown, SlaState::Ok, SlaState::AtRisk, SlaState::Breached}) {
+      Labels l = group_labels(t, g);
+      l.emplace_back("state", to_string(st));
+      w.sample_u64("lanebus_sla_state", l, g.sla->state == st ? 1 : 0);
+    }
+  });
+  return w.take();
+}
+
+// ---------------------------------------------------------------- JSON
+
+namespace {
+
+void counters_json(detail::JsonWriter& j, const LaneCounters& c) {
+  j.begin_object();
+  j.key("delivered"); j.u64(c.delivered);
+  j.key("acked"); j.u64(c.acked);
+  j.key("retried"); j.u64(c.retried);
+  j.key("rejected"); j.u64(c.rejected);
+  j.key("failed"); j.u64(c.failed);
+  j.key("dropped"); j.u64(c.dropped);
+  j.key("skipped"); j.u64(c.skipped);
+  j.key("in_flight"); j.u64(c.in_flight);
+  j.end_object();
+}
+
+}  // namespace
+
+std::string to_json(const MetricsSnapshot& s) {
+  detail::JsonWriter j;
+  j.begin_object();
+  j.key("bus"); j.string(s.bus);
+  j.key("steady_ns"); j.i64(s.steady_ns);
+  j.key("wall_ns"); j.i64(s.wall_ns);
+  j.key("window_seconds"); j.number(s.window_seconds);
+  j.key("samples"); j.u64(s.samples);
+  j.key("topics");
+  j.begin_array();
+  for (const auto& t : s.topics) {
+    j.begin_object();
+    j.key("name"); j.string(t.name);
+    j.key("kind"); j.string(t.is_queue ? "queue" : "topic");
+    j.key("durable"); j.boolean(t.durable);
+    j.key("lanes"); j.u64(t.lanes);
+    j.key("published"); j.u64(t.published);
+    j.key("publish_refused"); j.u64(t.publish_refused);
+    j.key("unrouted"); j.u64(t.unrouted);
+    j.key("publish_rate"); j.number(t.publish_rate);
+    j.key("load_skew"); j.number(t.load_skew);
+    j.key("hot_lane");
+    if (t.hot_lane) {
+      j.u64(*t.hot_lane);
+    } else {
+      j.null();
+    }
+    j.key("lane_load");
+    j.begin_array();
+    for (const auto& l : t.lane_load) {
+      j.begin_object();
+      j.key("lane"); j.u64(l.lane);
+      j.key("published"); j.u64(l.published);
+      j.key("publish_rate"); j.number(l.publish_rate);
+      j.key("load_share"); j.number(l.load_share);
+      j.end_object();
+    }
+    j.end_array();
+    j.key("groups");
+    j.begin_array();
+    for (const auto& g : t.groups) {
+      j.begin_object();
+      j.key("name"); j.string(g.name);
+      j.key("consumers"); j.u64(g.consumers);
+      j.key("lag"); j.u64(g.lag);
+      j.key("consume_rate"); j.number(g.consume_rate);
+      j.key("error_rate"); j.number(g.error_rate);
+      j.key("failure_rate"); j.number(g.failure_rate);
+      j.key("drop_rate"); j.number(g.drop_rate);
+      j.key("oldest_age_seconds"); j.number(g.oldest_age_seconds);
+      j.key("drain_seconds"); j.number(g.drain_seconds);
+      j.key("stalled"); j.boolean(g.stalled);
+      j.key("totals"); counters_json(j, g.total);
+      j.key("latency");
+      j.begin_object();
+      j.key("count"); j.u64(g.latency.count);
+      j.key("sum_seconds"); j.number(static_cast<double>(g.latency.sum_ns) / 1e9);
+      j.key("window_count"); j.u64(g.window_latency.count);
+      j.key("p50_seconds"); j.number(g.latency_p50_seconds);
+      j.key("p99_seconds"); j.number(g.latency_p99_seconds);
+      j.key("p999_seconds"); j.number(g.latency_p999_seconds);
+      j.end_object();
+      j.key("dlq");
+      j.begin_object();
+      j.key("available"); j.boolean(g.dlq.available);
+      j.key("depth");
+      if (g.dlq.depth) {
+        j.u64(*g.dlq.depth);
+      } else {
+        j.null();
+      }
+      j.key("oldest_age_seconds"); j.number(g.dlq.oldest_age_seconds);
+      j.key("arrival_rate"); j.number(g.dlq.arrival_rate);
+      j.end_object();
+      j.key("sla");
+      if (g.sla) {
+        const SlaReport& r = *g.sla;
+        j.begin_object();
+        j.key("state"); j.string(to_string(r.state));
+        j.key("sla_seconds"); j.number(r.sla_seconds);
+        j.key("page_fraction"); j.number(r.page_fraction);
+        j.key("threshold_seconds"); j.number(r.threshold_seconds);
+        j.key("hold_seconds"); j.number(r.hold_seconds);
+        j.key("projected_seconds"); j.number(r.projected_seconds);
+        j.key("risk_condition"); j.boolean(r.risk_condition);
+        j.key("risk_held_seconds"); j.number(r.risk_held_seconds);
+        j.key("dlq_growing");
+        if (r.dlq_growing) {
+          j.boolean(*r.dlq_growing);
+        } else {
+          j.null();
+        }
+        j.end_object();
+      } else {
+        j.null();
+      }
+      j.key("lanes");
+      j.begin_array();
+      for (const auto& l : g.lanes) {
+        j.begin_object();
+        j.key("lane"); j.u64(l.lane);
+        j.key("lag"); j.u64(l.lag);
+        j.key("consume_rate"); j.number(l.consume_rate);
+        j.key("error_rate"); j.number(l.error_rate);
+        j.key("drain_seconds"); j.number(l.drain_seconds);
+        j.key("counters"); counters_json(j, l.counters);
+        j.end_object();
+      }
+      j.end_array();
+      j.end_object();
+    }
+    j.end_array();
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+  return j.take();
+}
+
+}  // namespace lanebus

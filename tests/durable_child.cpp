@@ -1,0 +1,231 @@
+// lanebus — MIT License.
+// Helper process for the durable crash, fault and multi-process tests. Reports
+// every acknowledged operation as one line on stdout (one write(2) per line,
+// so a SIGKILL never leaves a torn line).
+//
+//   durable_child produce DIR TOPIC LANES PRODUCER FIRST_SEQ COUNT   (COUNT 0 = until killed)
+//       appends payload "PRODUCER:SEQ" with key "kSEQ%7", keeping up to 64
+//       appends in flight (sync mode); prints "ack PRODUCER SEQ ID" after each
+//       completion, "done" at the end.
+//   durable_child consume DIR QUEUE GROUP VISIBILITY_MS
+//       claims from lane 0 of a queue, prints "claim OFFSET ATTEMPT", then
+//       "ack OFFSET" after the ack commits; prints "idle" and exits when the
+//       queue is drained.
+//   durable_child follow DIR TOPIC GROUP COUNT
+//       polls end offsets of every lane, reads, prints "got PAYLOAD KEY", commits
+//       offsets; exits after COUNT messages.
+//   durable_child fsize DIR LIMIT_BYTES
+//       sets RLIMIT_FSIZE (SIGXFSZ ignored) and appends 4 KiB payloads until
+//       refused; prints "ack SEQ", then "error CODE MESSAGE", then the result of
+//       one more append and of a read ("after CODE", "read CODE").
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "durable_store.hpp"
+
+using lanebus::Code;
+using lanebus::detail::AppendRequest;
+using lanebus::detail::DurableStore;
+using lanebus::detail::TopicSpec;
+
+namespace {
+
+void say(const std::string& line) {
+  std::string l = line + "\n";
+  ssize_t n = ::write(1, l.data(), l.size());
+  (void)n;
+}
+
+std::unique_ptr<DurableStore> open_or_die(const char* dir) {
+  lanebus::StoreOptions o;
+  o.directory = dir;
+  o.map_size_initial = 8ull << 20;
+  o.map_size_max = 1ull << 30;
+  auto s = DurableStore::open(o);
+  if (!s.ok()) {
+    say("open-error " + s.status().to_string());
+    std::exit(3);
+  }
+  return std::move(*s);
+}
+
+int produce(int argc, char** argv) {
+  if (argc < 8) return 2;
+  auto store = open_or_die(argv[2]);
+  std::uint32_t lanes = static_cast<std::uint32_t>(std::atoi(argv[4]));
+  std::string producer = argv[5];
+  std::uint64_t first = std::strtoull(argv[6], nullptr, 10);
+  std::uint64_t count = std::strtoull(argv[7], nullptr, 10);
+  auto t = store->open_topic(argv[3], TopicSpec{lanes, false, {}});
+  if (!t.ok()) {
+    say("topic-error " + t.status().to_string());
+    return 3;
+  }
+  say("ready");
+  std::atomic<int> in_flight{0};
+  std::atomic<std::uint64_t> completed{0};
+  std::atomic<bool> failed{false};
+  for (std::uint64_t seq = first; count == 0 || seq < first + count; ++seq) {
+    while (in_flight.load() >= 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    AppendRequest r;
+    r.topic_id = t->id;
+    r.key = "k" + std::to_string(seq % 7);
+    r.lane = lanebus::lane_for_key(r.key, lanes);
+    r.payload = producer + ":" + std::to_string(seq);
+    in_flight.fetch_add(1);
+    auto s = store->append_async(std::move(r), [&, seq](const lanebus::Status& st,
+                                                        const lanebus::detail::AppendResult& res) {
+      if (st.ok()) {
+        say("ack " + producer + " " + std::to_string(seq) + " " + std::to_string(res.id));
+      } else {
+        say("fail " + st.to_string());
+        failed.store(true);
+      }
+      completed.fetch_add(1);
+      in_flight.fetch_sub(1);
+    });
+    if (!s.ok()) {
+      say("fail " + s.to_string());
+      return 4;
+    }
+    if (failed.load()) return 4;
+  }
+  while (in_flight.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (!store->close().ok()) return 5;
+  say("done");
+  return failed.load() ? 4 : 0;
+}
+
+int consume(int argc, char** argv) {
+  if (argc < 6) return 2;
+  auto store = open_or_die(argv[2]);
+  auto q = store->find_topic(argv[3]);
+  if (!q.ok()) return 3;
+  auto g = store->open_group(*q, argv[4]);
+  if (!g.ok()) return 3;
+  lanebus::detail::ClaimOptions co;
+  co.visibility = std::chrono::milliseconds(std::atoi(argv[5]));
+  say("ready");
+  for (;;) {
+    auto c = store->claim(*g, 0, co);
+    if (!c.ok()) {
+      say("fail " + c.status().to_string());
+      return 4;
+    }
+    if (!c->has_value()) {
+      auto info = store->group_info(*g);
+      auto end = store->end_offset(*q, 0);
+      if (info.ok() && end.ok() && (*info)[0].committed == *end) {
+        say("idle");
+        return store->close().ok() ? 0 : 5;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    const auto& m = **c;
+    say("claim " + std::to_string(m.message.offset) + " " + std::to_string(m.attempt));
+    // "Handler" work: the parent's SIGKILL may land here, before the ack.
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    lanebus::Status s = store->ack(*g, 0, m.message.offset, m.attempt);
+    if (!s.ok()) {
+      say("fail " + s.to_string());
+      return 4;
+    }
+    say("ack " + std::to_string(m.message.offset));
+  }
+}
+
+int follow(int argc, char** argv) {
+  if (argc < 6) return 2;
+  auto store = open_or_die(argv[2]);
+  std::uint64_t want = std::strtoull(argv[5], nullptr, 10);
+  lanebus::Result<lanebus::detail::TopicRef> t = lanebus::Status(Code::NotFound);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!(t = store->find_topic(argv[3])).ok()) {  // the producers may not have created it yet
+    if (std::chrono::steady_clock::now() > deadline) return 3;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto g = store->open_group(*t, argv[4]);
+  if (!g.ok()) return 3;
+  auto info = store->group_info(*g);
+  if (!info.ok()) return 3;
+  std::vector<std::uint64_t> pos;
+  for (auto& l : *info) pos.push_back(l.committed);
+  say("ready");
+  std::uint64_t got = 0;
+  while (got < want) {
+    if (std::chrono::steady_clock::now() > deadline) return 6;
+    bool any = false;
+    for (std::uint32_t lane = 0; lane < t->lanes; ++lane) {
+      auto end = store->end_offset(*t, lane);  // cheap poll for data from other processes
+      if (!end.ok()) return 4;
+      if (*end <= pos[lane]) continue;
+      auto b = store->read(*t, lane, pos[lane]);
+      if (!b.ok()) {
+        say("fail " + b.status().to_string());
+        return 4;
+      }
+      for (auto& m : b->messages) say("got " + m.payload + " " + m.key);
+      got += b->messages.size();
+      pos[lane] = b->next_offset;
+      if (!store->commit_offset_async(*g, lane, pos[lane], nullptr).ok()) return 4;
+      any = true;
+    }
+    if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  say("done");
+  return store->close().ok() ? 0 : 5;
+}
+
+int fsize(int argc, char** argv) {
+  if (argc < 4) return 2;
+  ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG
+  struct rlimit rl {};
+  rl.rlim_cur = rl.rlim_max = std::strtoull(argv[3], nullptr, 10);
+  if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 2;
+  auto store = open_or_die(argv[2]);
+  auto t = store->open_topic("big", TopicSpec{1, false, {}});
+  if (!t.ok()) {
+    say("error " + std::string(lanebus::to_string(t.code())) + " " + std::string(t.status().message()));
+    return 0;
+  }
+  say("ready");
+  for (int seq = 0;; ++seq) {
+    AppendRequest r;
+    r.topic_id = t->id;
+    r.payload = std::to_string(seq) + ":" + std::string(4096, 'f');
+    auto a = store->append(std::move(r));
+    if (!a.ok()) {
+      say("error " + std::string(lanebus::to_string(a.code())) + " " + std::string(a.status().message()));
+      break;
+    }
+    say("ack " + std::to_string(seq));
+  }
+  AppendRequest r;
+  r.topic_id = t->id;
+  r.payload = std::string(4096, 'g');
+  say("after " + std::string(lanebus::to_string(store->append(std::move(r)).code())));
+  say("read " + std::string(lanebus::to_string(store->read(*t, 0, 0).code())));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  std::string mode = argv[1];
+  if (mode == "produce") return produce(argc, argv);
+  if (mode == "consume") return consume(argc, argv);
+  if (mode == "follow") return follow(argc, argv);
+  if (mode == "fsize") return fsize(argc, argv);
+  return 2;
+}

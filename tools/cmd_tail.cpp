@@ -1,0 +1,160 @@
+// lanebus — MIT License.
+// `lanebus tail DIR TOPIC [--from ...] [--lane N] [--count N]`: print messages of a
+// durable topic or queue, read through a read-only open (works on a live store).
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "commands.hpp"
+#include "durable_store.hpp"
+
+namespace lanebus::tool {
+namespace {
+
+void tail_usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: lanebus tail DIR TOPIC [--from earliest|latest|OFFSET|@TIMESTAMP_NS] [--lane N] [--count N]\n\n"
+               "Prints messages of TOPIC (a durable topic or queue) in the store in DIR, lane by\n"
+               "lane in offset order, one line each: lane, offset, id, created_at (ns), attempt,\n"
+               "key and payload (non-printable bytes as \\xNN).\n"
+               "  --from   where to start in each lane (default earliest); @T = first message at or\n"
+               "           after T nanoseconds since the Unix epoch\n"
+               "  --lane   only this lane (default all)\n"
+               "  --count  at most N messages per lane (default 100; 0 = no limit)\n"
+               "Opens the store read-only; safe while another process uses it.\n");
+}
+
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"') {
+      out += static_cast<char>(c);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    }
+  }
+  return out;
+}
+
+bool parse_u64(const char* s, std::uint64_t* out) {
+  if (s == nullptr || *s == '\0') return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno != 0 || *end != '\0' || *s == '-') return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+int cmd_tail(int argc, char** argv) {
+  if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    tail_usage(stdout);
+    return 0;
+  }
+  if (argc < 3) {
+    tail_usage(stderr);
+    return 2;
+  }
+  StartPosition from = StartPosition::earliest();
+  long long only_lane = -1;
+  std::uint64_t count = 100;
+  for (int i = 3; i < argc; ++i) {
+    std::string a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    std::uint64_t n = 0;
+    if (a == "--from" && v != nullptr) {
+      std::string f = v;
+      if (f == "earliest") {
+        from = StartPosition::earliest();
+      } else if (f == "latest") {
+        from = StartPosition::latest();
+      } else if (f[0] == '@' && parse_u64(f.c_str() + 1, &n)) {
+        from = StartPosition::at_time(static_cast<std::int64_t>(n));
+      } else if (parse_u64(v, &n)) {
+        from = StartPosition::at_offset(n);
+      } else {
+        std::fprintf(stderr, "lanebus tail: bad --from \"%s\"\n", v);
+        return 2;
+      }
+      ++i;
+    } else if (a == "--lane" && parse_u64(v, &n)) {
+      only_lane = static_cast<long long>(n);
+      ++i;
+    } else if (a == "--count" && parse_u64(v, &n)) {
+      count = n;
+      ++i;
+    } else {
+      std::fprintf(stderr, "lanebus tail: bad argument \"%s\"\n\n", a.c_str());
+      tail_usage(stderr);
+      return 2;
+    }
+  }
+  StoreOptions o;
+  o.directory = argv[1];
+  o.read_only = true;
+  auto store = detail::DurableStore::open(o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "lanebus tail: %s\n", store.status().to_string().c_str());
+    return 1;
+  }
+  auto t = (*store)->find_topic(argv[2]);
+  if (!t.ok()) {
+    std::fprintf(stderr, "lanebus tail: %s\n", t.status().to_string().c_str());
+    return 1;
+  }
+  if (only_lane >= static_cast<long long>(t->lanes)) {
+    std::fprintf(stderr, "lanebus tail: --lane %lld out of range (topic has %u lanes)\n", only_lane, t->lanes);
+    return 2;
+  }
+  for (std::uint32_t lane = 0; lane < t->lanes; ++lane) {
+    if (only_lane >= 0 && lane != static_cast<std::uint32_t>(only_lane)) continue;
+    auto li = (*store)->lane_info(*t, lane);
+    if (!li.ok()) {
+      std::fprintf(stderr, "lanebus tail: %s\n", li.status().to_string().c_str());
+      return 1;
+    }
+    std::uint64_t pos = li->first_offset;
+    switch (from.from) {
+      case StartFrom::Earliest: break;
+      case StartFrom::Latest: pos = li->end_offset; break;
+      case StartFrom::Offset: pos = from.offset; break;
+      case StartFrom::Timestamp: {
+        auto o2 = (*store)->offset_for_time(*t, lane, from.timestamp_ns);
+        if (!o2.ok()) {
+          std::fprintf(stderr, "lanebus tail: %s\n", o2.status().to_string().c_str());
+          return 1;
+        }
+        pos = *o2;
+        break;
+      }
+    }
+    std::uint64_t printed = 0;
+    while (count == 0 || printed < count) {
+      detail::ReadLimits lim;
+      if (count != 0) lim.max_messages = static_cast<std::uint32_t>(std::min<std::uint64_t>(count - printed, 256));
+      auto b = (*store)->read(*t, lane, pos, lim);
+      if (!b.ok()) {
+        std::fprintf(stderr, "lanebus tail: %s\n", b.status().to_string().c_str());
+        return 1;
+      }
+      if (b->messages.empty()) break;
+      for (const auto& m : b->messages) {
+        std::printf("lane=%u offset=%llu id=%llu created_at=%lld attempt=%u key=\"%s\" payload=\"%s\"\n", lane,
+                    static_cast<unsigned long long>(m.offset), static_cast<unsigned long long>(m.header.id),
+                    static_cast<long long>(m.header.created_at_ns), m.header.attempt, escaped(m.key).c_str(),
+                    escaped(m.payload).c_str());
+      }
+      printed += b->messages.size();
+      pos = b->next_offset;
+    }
+  }
+  return 0;
+}
+
+}  // namespace lanebus::tool

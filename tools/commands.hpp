@@ -1,0 +1,18 @@
+// lanebus — MIT License.
+// The lanebus tool's subcommands: one function per command, dispatched by tools/lanebus.cpp.
+// Each gets argv starting at the command name and returns the process exit code
+// (0 success, 1 failure, 2 usage error).
+#pragma once
+
+namespace lanebus::tool {
+
+/// `lanebus leases PATH`: list the leases of a lease table segment.
+int cmd_leases(int argc, char** argv);
+
+/// `lanebus stat DIR`: topics, lanes, offsets, groups and lag of a durable store.
+int cmd_stat(int argc, char** argv);
+
+/// `lanebus tail DIR TOPIC [--from ...] [--lane N] [--count N]`: print stored messages.
+int cmd_tail(int argc, char** argv);
+
+}  // namespace lanebus::tool
