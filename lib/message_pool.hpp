@@ -30,7 +30,6 @@ namespace lanebus::detail {
 /// The header that starts every slot; key, idempotency key and payload follow it.
 struct alignas(64) Slot {
   std::atomic<std::uint32_t> refs{0};
-  std::atomic<std::uint32_t> next{0};  // free-list link (index), valid only while free
   std::uint32_t lane = 0;
   std::uint32_t key_len = 0;
   std::uint32_t idem_len = 0;
@@ -52,10 +51,11 @@ class MessagePool {
       : capacity_(capacity),
         slot_bytes_(slot_bytes),
         stride_((sizeof(Slot) + slot_bytes + 63) / 64 * 64),
-        memory_(static_cast<char*>(::operator new(stride_ * capacity, std::align_val_t(64)))) {
+        memory_(static_cast<char*>(::operator new(stride_ * capacity, std::align_val_t(64)))),
+        next_(new std::atomic<std::uint32_t>[capacity]) {
     for (std::uint32_t i = 0; i < capacity_; ++i) {
-      Slot* s = new (memory_ + stride_ * i) Slot();
-      s->next.store(i + 1 < capacity_ ? i + 1 : kNil, std::memory_order_relaxed);
+      new (memory_ + stride_ * i) Slot();
+      next_[i].store(i + 1 < capacity_ ? i + 1 : kNil, std::memory_order_relaxed);
     }
     head_.store(0, std::memory_order_relaxed);  // tag 0, index 0
   }
@@ -86,7 +86,7 @@ class MessagePool {
       if (idx == kNil) return nullptr;
       // relaxed: `next` was written before the release CAS that pushed idx,
       // which our acquire load of head_ synchronised with.
-      std::uint32_t next = at(idx)->next.load(std::memory_order_relaxed);
+      std::uint32_t next = next_[idx].load(std::memory_order_relaxed);
       std::uint64_t nh = (((h >> 32) + 1) << 32) | next;
       if (head_.compare_exchange_weak(h, nh, std::memory_order_acq_rel, std::memory_order_acquire)) {
         allocated_.fetch_add(1, std::memory_order_seq_cst);
@@ -100,7 +100,7 @@ class MessagePool {
     std::uint32_t idx = index_of(first);
     std::uint64_t h = head_.load(std::memory_order_relaxed);
     for (;;) {
-      last->next.store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
+      next_[index_of(last)].store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
       std::uint64_t nh = (((h >> 32) + 1) << 32) | idx;
       // release: publishes `next` links and the slots' last contents to the next allocator.
       if (head_.compare_exchange_weak(h, nh, std::memory_order_release, std::memory_order_relaxed)) break;
@@ -125,6 +125,13 @@ class MessagePool {
     if (unref(s)) free(s);
   }
 
+  /// Free-list links live beside the slots, not in them: a worker freeing a
+  /// slot then only reads the slot's lines, so the publisher that reuses it
+  /// does not have to pull a modified line from the worker's cache.
+  void link(Slot* s, Slot* next) noexcept {
+    next_[index_of(s)].store(next ? index_of(next) : kNil, std::memory_order_relaxed);
+  }
+
   std::uint32_t capacity() const noexcept { return capacity_; }
   std::uint32_t slot_bytes() const noexcept { return slot_bytes_; }
   std::int64_t in_use() const noexcept {
@@ -138,6 +145,7 @@ class MessagePool {
   const std::uint32_t slot_bytes_;
   const std::size_t stride_;
   char* memory_;
+  std::unique_ptr<std::atomic<std::uint32_t>[]> next_;  // free-list links, by slot index
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::atomic<std::uint64_t> allocated_{0};  // publishers
   alignas(64) std::atomic<std::uint64_t> freed_{0};      // workers
@@ -154,7 +162,7 @@ class FreeChain {
 
   void release(Slot* s) noexcept {
     if (!MessagePool::unref(s)) return;
-    s->next.store(first_ ? pool_.index_of(first_) : MessagePool::kNil, std::memory_order_relaxed);
+    pool_.link(s, first_);
     if (first_ == nullptr) last_ = s;
     first_ = s;
     if (++count_ == kMax) flush();
