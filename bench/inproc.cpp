@@ -4,7 +4,7 @@
 //
 // Usage: inproc [--smoke] [--run NAME] [--msgs N] [--repeats N] [--workers N] [--list]
 //   --smoke    tiny counts (the bench-smoke test suite); checks that every case runs
-//   --run      one scenario: 1to1, 2to2, fanout1to4, latency1to1
+//   --run      one scenario: 1to1, 2to2, fanout1to4, metrics_overhead, latency1to1
 //   --msgs     messages published per run (throughput cases; latency uses N/10)
 //   --workers  override the lanebus worker count of every case
 //
@@ -148,8 +148,8 @@ double rate(std::uint64_t n, std::int64_t ns) { return ns > 0 ? static_cast<doub
 
 // ---------------------------------------------------------------- lanebus
 
-std::unique_ptr<Bus> open_bus(int workers) {
-  auto b = Bus::open({.name = "bench", .workers = static_cast<std::size_t>(workers)});
+std::unique_ptr<Bus> open_bus(int workers, bool metrics = true) {
+  auto b = Bus::open({.name = "bench", .workers = static_cast<std::size_t>(workers), .metrics = metrics});
   if (!b.ok()) die("Bus::open: " + b.status().to_string());
   return std::move(*b);
 }
@@ -167,8 +167,9 @@ void publish_or_die(lanebus::Publisher& pub, const lanebus::Topic& topic, const 
 
 /// `producers` threads publish `n` messages in total to one topic with `groups` groups.
 /// Returns published msgs/s, measured until every group handled all n.
-double lanebus_throughput(int producers, int groups, int workers, std::uint64_t n, const Config& cfg) {
-  auto bus = open_bus(workers);
+double lanebus_throughput(int producers, int groups, int workers, std::uint64_t n, const Config& cfg,
+                          bool metrics = true) {
+  auto bus = open_bus(workers, metrics);
   auto topic_r = bus->create_topic("bench.throughput", {.lanes = 8});
   if (!topic_r.ok()) die("create_topic: " + topic_r.status().to_string());
   lanebus::Topic topic = *topic_r;
@@ -593,11 +594,29 @@ void run_latency(const Config& cfg) {
   std::fflush(stdout);
 }
 
+void run_metrics_overhead(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  const int w = workers_for(cfg, 1);
+  // The 1to1 case with BusOptions::metrics on (latency histogram + oldest-age
+  // stores per message) against the same bus with it off. Runs alternate so
+  // that drift on a shared machine hits both sides alike.
+  const int times = cfg.smoke ? cfg.repeats : std::max(cfg.repeats, 5);
+  Runs on, off;
+  for (int i = 0; i < times; ++i) {
+    on.v.push_back(lanebus_throughput(1, 1, w, n, cfg, true));
+    off.v.push_back(lanebus_throughput(1, 1, w, n, cfg, false));
+  }
+  print_line("metrics_overhead", n, on, "metrics_off", off,
+             " lanebus_workers=" + std::to_string(w) + " repeats=" + std::to_string(times));
+}
+
 const Scenario kScenarios[] = {
     {"1to1", "1 producer -> 1 group (lanebus 1 worker, 16 keys over 8 lanes) vs moodycamel 1P/1C and zmq PUSH/PULL",
      run_1to1},
     {"2to2", "2 producers -> 2 groups, each group gets every message, vs moodycamel 2 queues x 2P, 2C", run_2to2},
     {"fanout1to4", "1 producer -> 4 groups (msgs/2 per run) vs moodycamel 4 queues, 4 consumers", run_fanout},
+    {"metrics_overhead", "1to1 with BusOptions::metrics on vs off (the cost of latency/age recording)",
+     run_metrics_overhead},
     {"latency1to1", "publish -> handler latency at 100,000 msg/s (msgs/10) vs moodycamel with a spinning consumer",
      run_latency},
 };

@@ -26,6 +26,9 @@ std::int64_t now_ns() noexcept {
       .count();
 }
 
+// How long a lane waits when another consumer holds a message's idempotency key.
+constexpr std::int64_t kDedupBusyDelayNs = 50'000'000;
+
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -458,12 +461,29 @@ void BusCore::run_lane(GroupLane* gl) {
       frees.release(s);
       continue;
     }
+    if (g->idempotency != nullptr && s->idem_len != 0) {
+      Dedup d = dedup_claim(gl, s->idempotency_key());
+      if (d == Dedup::Later) {
+        gl->retry_delay_ns = kDedupBusyDelayNs;  // not an attempt: the key is busy elsewhere
+        yield_for_retry = true;
+        break;
+      }
+      if (d == Dedup::Skip) {
+        bump(gl->duplicates_skipped);
+        ++handled;
+        gl->current = nullptr;
+        frees.release(s);
+        continue;
+      }
+    }
     ++gl->attempts;
     bump(gl->delivered);
     MessageView view(s->header, s->key(), s->idempotency_key(), s->payload(), s->lane);
     view.set_attempt(gl->attempts);
     Outcome out = call_handler(c, view, gl);
     ++handled;
+    if (g->idempotency != nullptr && s->idem_len != 0)
+      dedup_finish(gl, s->idempotency_key(), out.kind() == Outcome::Kind::Ack);
     switch (out.kind()) {
       case Outcome::Kind::Ack:
         bump(gl->acked);
@@ -499,6 +519,62 @@ void BusCore::run_lane(GroupLane* gl) {
   }
   gl->scheduled.store(false, std::memory_order_seq_cst);
   if (gl->ring.ready()) schedule(gl);
+}
+
+// ---------------------------------------------------------------- idempotency
+
+Result<IdempotencyTable*> BusCore::idempotency(std::string_view scope, const IdempotencyOptions& o) {
+  if (Status s = check_name(scope, "idempotency scope"); !s.ok()) return s;
+  if (!store_)
+    return Status(Code::InvalidArgument, "idempotency scope \"" + std::string(scope) +
+                                             "\": needs a bus opened with BusOptions::store.directory");
+  if (o.hot_capacity == 0 || o.max_key_bytes == 0 || o.max_key_bytes > 4096 || o.hot_ttl.count() < 0 ||
+      o.claim_timeout.count() <= 0 || o.durable_retention.count() < 0)
+    return Status(Code::InvalidArgument, "idempotency scope \"" + std::string(scope) +
+                                             "\": hot_capacity must be >= 1, max_key_bytes 1..4096, claim_timeout "
+                                             "positive, TTL and retention not negative");
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  MutexLock l(&mu_);
+  auto it = idempotency_.find(scope);
+  if (it != idempotency_.end()) return it->second.get();
+  auto table = std::unique_ptr<IdempotencyTable>(
+      new IdempotencyTable(std::make_unique<IdempotencyImpl>(store_.get(), std::string(scope), o)));
+  IdempotencyTable* raw = table.get();
+  idempotency_.emplace(std::string(scope), std::move(table));
+  return raw;
+}
+
+BusCore::Dedup BusCore::dedup_claim(GroupLane* gl, std::string_view key) noexcept {
+  IdempotencyImpl* idem = gl->group->idempotency;
+  if (idem == nullptr || key.empty()) return Dedup::Proceed;
+  try {
+    auto r = idem->claim(key, false);
+    if (!r.ok()) {
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      // An oversized or empty key can never be claimed: handle it unguarded
+      // rather than wedging the lane. Storage errors: try again later.
+      return (r.code() == Code::PayloadTooLarge || r.code() == Code::InvalidArgument) ? Dedup::Proceed
+                                                                                          : Dedup::Later;
+    }
+    if (r->state == ClaimState::Done) return Dedup::Skip;
+    if (r->state == ClaimState::InProgress) return Dedup::Later;
+    return Dedup::Proceed;
+  } catch (...) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    return Dedup::Later;
+  }
+}
+
+void BusCore::dedup_finish(GroupLane* gl, std::string_view key, bool acked) noexcept {
+  IdempotencyImpl* idem = gl->group->idempotency;
+  if (idem == nullptr || key.empty()) return;
+  try {
+    Status s = acked ? idem->complete(key, {}) : idem->release(key);
+    if (!s.ok() && s.code() != Code::PayloadTooLarge && s.code() != Code::InvalidArgument)
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+  } catch (...) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 // ---------------------------------------------------------------- durable lanes
@@ -577,12 +653,30 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
       if (gl->buffer.empty()) break;
     }
     const StoredMessage& m = gl->buffer[gl->buffer_index];
+    const bool guarded = g->idempotency != nullptr && !m.idempotency_key.empty();
+    if (guarded) {
+      Dedup d = dedup_claim(gl, m.idempotency_key);
+      if (d == Dedup::Later) {
+        gl->retry_delay_ns = kDedupBusyDelayNs;
+        retry_pending = true;
+        break;
+      }
+      if (d == Dedup::Skip) {
+        bump(gl->duplicates_skipped);
+        ++handled;
+        gl->attempts = 0;
+        gl->done_pos = m.offset + 1;
+        ++gl->buffer_index;
+        continue;
+      }
+    }
     ++gl->attempts;
     bump(gl->delivered);
     MessageView view(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
     view.set_attempt(gl->attempts);
     Outcome out = call_handler(c, view, gl);
     ++handled;
+    if (guarded) dedup_finish(gl, m.idempotency_key, out.kind() == Outcome::Kind::Ack);
     if (out.kind() == Outcome::Kind::Retry) {
       bump(gl->retried);
       if (plan_retry(gl, gl->attempts)) {
@@ -637,6 +731,24 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
     if (!r->has_value()) return false;  // nothing deliverable now
     const ClaimedMessage& cm = **r;
+    const bool guarded = g->idempotency != nullptr && !cm.message.idempotency_key.empty();
+    if (guarded) {
+      Dedup d = dedup_claim(gl, cm.message.idempotency_key);
+      if (d != Dedup::Proceed) {
+        Status s;
+        if (d == Dedup::Skip) {
+          bump(gl->duplicates_skipped);
+          s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
+        } else {
+          s = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt,
+                              std::chrono::milliseconds(kDedupBusyDelayNs / 1'000'000));
+        }
+        if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+        ++handled;
+        if (d == Dedup::Later) return false;
+        continue;
+      }
+    }
     bump(gl->delivered);
     MessageView view(cm.message.header, cm.message.key, cm.message.idempotency_key, cm.message.payload, gl->lane,
                      cm.message.offset);
@@ -644,6 +756,8 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     Outcome out = call_handler(c, view, gl);
     ++handled;
     Status s;
+    const bool acked = out.kind() == Outcome::Kind::Ack;
+    if (guarded && !acked) dedup_finish(gl, cm.message.idempotency_key, false);
     if (out.kind() == Outcome::Kind::Retry && plan_retry(gl, cm.attempt)) {
       bump(gl->retried);
       // The store keeps the message claimed until the backoff ends (the
@@ -662,7 +776,21 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     } else {
       bump(gl->acked);
     }
-    s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
+    if (guarded && acked) {
+      // The dedup record and the ack commit in one transaction.
+      IdempotencyImpl* idem = g->idempotency;
+      const std::string_view key = cm.message.idempotency_key;
+      std::int64_t at = 0;
+      s = store_->write([&](StoreTxn& txn) -> Status {
+        at = txn.now_ns();
+        Status cs = idem->complete_in(txn, key, {});
+        if (!cs.ok() && cs.code() != Code::NotFound) return cs;
+        return txn.ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
+      });
+      if (s.ok()) idem->remember_done(key, at);
+    } else {
+      s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
+    }
     if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
     if (options.metrics) record_latency(gl, cm.message.header.created_at_ns);
   }
@@ -858,7 +986,11 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
                                                "\": durable needs a bus opened with BusOptions::store.directory");
     // Blocking store calls happen before taking mu_ (they wait for the
     // store's writer thread, whose listener must never wait for mu_).
-    auto r = store_->open_topic(name, TopicSpec{o.lanes, is_queue, o.retention});
+    TopicSpec spec;
+    spec.lanes = o.lanes;
+    spec.is_queue = is_queue;
+    spec.retention = o.retention;
+    auto r = store_->open_topic(name, spec);
     if (!r.ok()) return r.status();
     ref = *r;
     if (is_queue) {
@@ -922,6 +1054,12 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
                       "\": backoff and timeout must not be negative, backoff_multiplier must be >= 1 and "
                       "backoff_jitter within 0..1");
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  IdempotencyImpl* idem = nullptr;
+  if (!o.idempotency_scope.empty()) {
+    auto table = idempotency(o.idempotency_scope, {});  // takes mu_ itself
+    if (!table.ok()) return table.status();
+    idem = (*table)->impl();
+  }
   GroupRef store_group;
   if (t->durable && !t->is_queue) {
     auto r = store_->open_group(t->store_topic, group, o.start);  // blocking: before mu_
@@ -943,6 +1081,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
       auto ng = std::make_unique<GroupImpl>(t, std::string(group), o, t->options.lanes, t->capacity,
                                             options.max_consumers_per_group);
       ng->store_group = store_group;
+      ng->idempotency = idem;
       g = ng.get();
       t->owned_groups.push_back(std::move(ng));
       t->groups[n].store(g, std::memory_order_release);
@@ -966,6 +1105,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   if (t->is_queue && g->consumer_count.load(std::memory_order_relaxed) == 0) {
     // The first consumer of a queue sets its delivery options.
     g->options = o;
+    g->idempotency = idem;
   }
   c->enabled.store(true, std::memory_order_seq_cst);
   g->consumer_count.fetch_add(1, std::memory_order_seq_cst);
@@ -1042,6 +1182,7 @@ BusStats BusCore::stats() const {
         lc.rejected = gl->rejected.load(std::memory_order_relaxed);
         lc.failed = gl->failed.load(std::memory_order_relaxed);
         lc.timed_out = gl->timed_out.load(std::memory_order_relaxed);
+        lc.duplicates_skipped = gl->duplicates_skipped.load(std::memory_order_relaxed);
         lc.dropped = gl->dropped.load(std::memory_order_relaxed);
         lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
         lc.skipped = gl->skipped.load(std::memory_order_relaxed);
@@ -1056,6 +1197,7 @@ BusStats BusCore::stats() const {
         gs.total.rejected += lc.rejected;
         gs.total.failed += lc.failed;
         gs.total.timed_out += lc.timed_out;
+        gs.total.duplicates_skipped += lc.duplicates_skipped;
         gs.total.dropped += lc.dropped;
         gs.total.in_flight += lc.in_flight;
         gs.total.skipped += lc.skipped;
@@ -1254,6 +1396,10 @@ Status Bus::seek(const Topic& topic, std::string_view group, const StartPosition
   if (topic.impl_ == nullptr || topic.impl_->bus != core_.get())
     return Status(Code::InvalidArgument, "seek: the topic handle is empty or belongs to another bus");
   return core_->seek(topic.impl_, group, position);
+}
+
+Result<IdempotencyTable*> Bus::idempotency(std::string_view scope, const IdempotencyOptions& options) {
+  return core_->idempotency(scope, options);
 }
 
 Publisher Bus::publisher() {

@@ -48,6 +48,7 @@
 
 #include "durable_store.hpp"
 #include "histogram.hpp"
+#include "idempotency.hpp"
 #include "lane_ring.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
@@ -86,7 +87,8 @@ struct alignas(64) GroupLane : TimerEntry {
   std::uint64_t rng;                    // xorshift state for backoff jitter
 
   // Counters (see LaneCounters). Single-writer ones use bump().
-  std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0}, timed_out{0};
+  std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0}, timed_out{0},
+      duplicates_skipped{0};
   std::atomic<std::uint64_t> dropped{0};  // multi-writer (droppers, worker): fetch_add
 
   // Metrics (BusOptions::metrics), written by the owner.
@@ -136,6 +138,8 @@ struct GroupImpl {
   // queue's group is always active (messages wait for a consumer).
   std::atomic<bool> active{false};
   const bool persistent;  // queue or durable group: keep messages while no consumer is attached
+
+  IdempotencyImpl* idempotency = nullptr;  // GroupOptions::idempotency_scope, or none
 
   // Durable groups.
   GroupRef store_group;
@@ -200,6 +204,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void schedule(GroupLane* gl) noexcept;
 
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
+  Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options);
   DurableStore* store() const noexcept { return store_.get(); }
 
   std::uint64_t take_ids(std::uint64_t n) noexcept { return next_id_.fetch_add(n, std::memory_order_relaxed); }
@@ -221,6 +226,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool plan_retry(GroupLane* gl, std::uint32_t attempt) noexcept;
   /// Run the lane again: after gl->retry_delay_ns via the timer, else now.
   void requeue(GroupLane* gl) noexcept;
+  /// Idempotency before a handler call: Proceed (claimed, or no key/scope),
+  /// Skip (already done), Later (another consumer holds the key, or a store error).
+  enum class Dedup : std::uint8_t { Proceed, Skip, Later };
+  Dedup dedup_claim(GroupLane* gl, std::string_view idem_key) noexcept;
+  /// After the handler: ack completes the key, anything else releases it.
+  void dedup_finish(GroupLane* gl, std::string_view idem_key, bool acked) noexcept;
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
@@ -239,6 +250,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::atomic<std::uint64_t> runq_fallbacks_{0};
 
   std::unique_ptr<RetryTimer> timer_;
+  std::map<std::string, std::unique_ptr<IdempotencyTable>, std::less<>> idempotency_ GUARDED_BY(mu_);
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

@@ -172,9 +172,12 @@ bool decode_lane(std::string_view v, LaneState* s) {
 
 // ---- topic record ----
 constexpr std::size_t kTopicBytes = 48;
+// Version 2 (fenced topics only) appends: u8 per-lane, u8 0, le16 length, the
+// fence name. Unfenced topics stay version 1; an older lanebus refuses a
+// version-2 record instead of appending unfenced to a fenced topic.
 std::string encode_topic(const TopicRef& t, std::int64_t created_ns) {
   std::string v(kTopicBytes, '\0');
-  put_le32(v.data(), 1);
+  put_le32(v.data(), t.fence.empty() ? 1 : 2);
   put_le32(v.data() + 4, t.id);
   put_le32(v.data() + 8, t.lanes);
   v[12] = t.is_queue ? 1 : 0;
@@ -182,10 +185,17 @@ std::string encode_topic(const TopicRef& t, std::int64_t created_ns) {
   put_le64(v.data() + 24, t.retention.max_bytes);
   put_le64(v.data() + 32, t.retention.max_count);
   put_le64(v.data() + 40, static_cast<std::uint64_t>(created_ns));
+  if (!t.fence.empty()) {
+    char f[4] = {static_cast<char>(t.fence_per_lane ? 1 : 0), 0, 0, 0};
+    put_le16(f + 2, static_cast<std::uint16_t>(t.fence.size()));
+    v.append(f, 4);
+    v.append(t.fence);
+  }
   return v;
 }
 bool decode_topic(std::string_view name, std::string_view v, TopicRef* t) {
-  if (v.size() < kTopicBytes || get_le32(v.data()) != 1) return false;
+  const std::uint32_t format = v.size() >= kTopicBytes ? get_le32(v.data()) : 0;
+  if (format != 1 && format != 2) return false;
   t->name = std::string(name);
   t->id = get_le32(v.data() + 4);
   t->lanes = get_le32(v.data() + 8);
@@ -193,6 +203,14 @@ bool decode_topic(std::string_view name, std::string_view v, TopicRef* t) {
   t->retention.max_age = std::chrono::milliseconds(static_cast<std::int64_t>(get_le64(v.data() + 16)));
   t->retention.max_bytes = get_le64(v.data() + 24);
   t->retention.max_count = get_le64(v.data() + 32);
+  t->fence.clear();
+  t->fence_per_lane = false;
+  if (format == 2) {
+    if (v.size() < kTopicBytes + 4 || v.size() != kTopicBytes + 4 + get_le16(v.data() + kTopicBytes + 2)) return false;
+    t->fence_per_lane = v[kTopicBytes] != 0;
+    t->fence.assign(v.data() + kTopicBytes + 4, v.size() - kTopicBytes - 4);
+    if (t->fence.empty()) return false;
+  }
   return t->id != 0 && t->lanes >= 1 && t->lanes <= kMaxLanes;
 }
 
@@ -511,7 +529,7 @@ Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& opt
   cfg.map_size_initial = options.map_size_initial;
   cfg.map_size_max = options.map_size_max;
   cfg.max_readers = options.max_readers;
-  cfg.max_dbs = 16;
+  cfg.max_dbs = 32;  // 7 core databases + extension tables (StoreTable) + room to grow
   cfg.read_only = options.read_only;
   cfg.no_sync = options.durability == Durability::Async;
   auto env = LmdbEnv::open(cfg);
@@ -537,11 +555,16 @@ Status DurableStore::init_layout() {
     // No lanebus metadata: a fresh environment, or someone else's.
     auto main_dbi = env_->open_dbi(*txn, nullptr, false);
     if (!main_dbi.ok()) return main_dbi.status();
-    auto c = LmdbCursor::open(*txn, *main_dbi, path);
-    if (!c.ok()) return c.status();
-    auto any = c->first();
-    if (!any.ok()) return any.status();
-    if (*any) {
+    bool any_key = false;
+    {
+      // A write txn's cursors are freed by its commit: close this one first.
+      auto c = LmdbCursor::open(*txn, *main_dbi, path);
+      if (!c.ok()) return c.status();
+      auto any = c->first();
+      if (!any.ok()) return any.status();
+      any_key = *any;
+    }
+    if (any_key) {
       return Status(Code::Corruption, "open " + q(path) +
                                           ": a foreign LMDB environment (no lanebus layout record); "
                                           "not a lanebus store");
@@ -557,6 +580,8 @@ Status DurableStore::init_layout() {
       *slots[i] = *d;
     }
     Status s = txn->put(dbi_meta_, "layout", encode_layout_record(kLayoutVersion));
+    if (!s.ok()) return s;
+    s = open_extension_tables(*txn);
     if (!s.ok()) return s;
     return txn->commit();
   }
@@ -590,7 +615,102 @@ Status DurableStore::init_layout() {
     }
     *slots[i] = *d;
   }
+  if (Status es = open_extension_tables(*txn); !es.ok()) return es;
   return txn->commit();  // keeps the dbi handles (also for a read-only txn)
+}
+
+Status DurableStore::open_extension_tables(LmdbTxn& txn) {
+  static const char* const kNames[kStoreTables] = {"idem", "idem_age", "dlq", "dlq_audit", "fence", "user"};
+  for (int i = 0; i < kStoreTables; ++i) {
+    auto d = env_->open_dbi(txn, kNames[i], !options_.read_only);
+    if (!d.ok()) {
+      if (d.code() == Code::NotFound && options_.read_only) continue;  // never written: reads as empty
+      return d.status();
+    }
+    dbi_ext_[i] = *d;
+    ext_present_[i] = true;
+  }
+  return Status();
+}
+
+// ---------------------------------------------------------------- extensions
+
+Result<std::string_view> StoreTxn::get(StoreTable table, std::string_view key) {
+  const int t = static_cast<int>(table);
+  if (!store_->ext_present_[t]) return Status(Code::NotFound);
+  if (ctx_) return static_cast<DurableStore::WriteCtx*>(ctx_)->get(store_->dbi_ext_[t], key);
+  return txn_->get(store_->dbi_ext_[t], key);
+}
+
+Status StoreTxn::put(StoreTable table, std::string_view key, std::string_view value) {
+  if (!ctx_) return Status(Code::InvalidArgument, "put in a read transaction");
+  return static_cast<DurableStore::WriteCtx*>(ctx_)->put(store_->dbi_ext_[static_cast<int>(table)], key, value);
+}
+
+Status StoreTxn::del(StoreTable table, std::string_view key) {
+  if (!ctx_) return Status(Code::InvalidArgument, "del in a read transaction");
+  return static_cast<DurableStore::WriteCtx*>(ctx_)->del(store_->dbi_ext_[static_cast<int>(table)], key);
+}
+
+Status StoreTxn::scan(StoreTable table, std::string_view from, std::string_view prefix,
+                      const std::function<bool(std::string_view, std::string_view)>& visit) {
+  const int t = static_cast<int>(table);
+  if (!store_->ext_present_[t]) return Status();
+  Status result;
+  {
+    auto c = LmdbCursor::open(*txn_, store_->dbi_ext_[t], store_->options_.directory);
+    if (!c.ok()) return c.status();
+    auto found = c->seek(from);
+    while (found.ok() && *found) {
+      std::string_view k = c->key(), v = c->value();
+      if (k.substr(0, prefix.size()) != prefix) break;
+      if (!visit(k, v)) break;
+      found = c->next();
+    }
+    if (!found.ok()) result = found.status();
+  }
+  if (!result.ok() && ctx_) (void)static_cast<DurableStore::WriteCtx*>(ctx_)->fail(result);
+  return result;
+}
+
+Result<AppendResult> StoreTxn::append(AppendRequest request) {
+  if (!ctx_) return Status(Code::InvalidArgument, "append in a read transaction");
+  DurableStore::WriteOp op;
+  op.is_append = true;
+  op.request = std::move(request);
+  Status s = store_->apply_append(*static_cast<DurableStore::WriteCtx*>(ctx_), op);
+  if (!s.ok()) return s;
+  return op.result;
+}
+
+Status StoreTxn::commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
+  if (!ctx_) return Status(Code::InvalidArgument, "commit_offset in a read transaction");
+  return store_->commit_offset_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset);
+}
+
+Status StoreTxn::ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
+  if (!ctx_) return Status(Code::InvalidArgument, "ack in a read transaction");
+  return store_->ack_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt);
+}
+
+Status DurableStore::write(const std::function<Status(StoreTxn&)>& fn) {
+  return run_write(
+      [this, &fn](WriteCtx& ctx) -> Status {
+        StoreTxn t(this, &ctx, ctx.txn, ctx.now_ns);
+        return fn(t);
+      },
+      false);
+}
+
+Status DurableStore::read(const std::function<Status(StoreTxn&)>& fn) {
+  Status s = check_open();
+  if (!s.ok()) return s;
+  std::shared_lock life(life_mutex_);
+  if (closed_.load()) return Status(Code::ShutDown, "store " + q(options_.directory) + " is closed");
+  auto txn = env_->begin_read();
+  if (!txn.ok()) return txn.status();
+  StoreTxn t(this, nullptr, &*txn, wall_now_ns());
+  return fn(t);
 }
 
 DurableStore::~DurableStore() { (void)close(); }
@@ -744,7 +864,7 @@ void DurableStore::writer_main() {
       if (listener) {
         std::map<std::uint64_t, std::uint64_t> ends;
         for (const WriteOp& op : batch) {
-          if (op.is_append && op.status.ok()) {
+          if (op.is_append && op.status.ok() && !op.result.duplicate) {
             auto k = (static_cast<std::uint64_t>(op.request.topic_id) << 32) | op.request.lane;
             ends[k] = std::max(ends[k], op.result.offset + 1);
           }
@@ -815,7 +935,7 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
     if (batch.ok()) {
       std::uint64_t appends = 0;
       for (const WriteOp& op : ops) {
-        if (op.is_append && !op.excluded && op.status.ok()) appends += 1;
+        if (op.is_append && !op.excluded && op.status.ok() && !op.result.duplicate) appends += 1;
       }
       // Relaxed: independent statistics.
       counters_.appends.fetch_add(appends, std::memory_order_relaxed);
@@ -868,6 +988,19 @@ Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   if (!topic.ok()) return topic.status();
   auto ls = ctx.lane(r.topic_id, r.lane);
   if (!ls.ok()) return ls.status();
+  // Fenced topics (SPEC §6, lib/fence.cpp): decided here, in the transaction,
+  // against the high-water as left by earlier ops of this batch, before
+  // anything of this op is written. A duplicate writes nothing.
+  FencePlan fence;
+  if (!topic->fence.empty()) {
+    StoreTxn ft(this, &ctx, ctx.txn, ctx.now_ns);
+    Status fs = fences_.check(ft, *topic, r, op.fence, &fence);
+    if (!fs.ok()) return fs;
+    if (fence.duplicate) {
+      op.result = AppendResult{fence.dup_offset, fence.dup_id, true};
+      return Status();
+    }
+  }
   MessageHeader h = r.header;
   if (h.id == 0) {
     auto id = ctx.take_ids(1);
@@ -887,6 +1020,10 @@ Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   s.bytes += size;
   s.last_ts = index_ts;
   ctx.mark(r.topic_id, r.lane, true);
+  if (fence.fenced) {
+    StoreTxn ft(this, &ctx, ctx.txn, ctx.now_ns);
+    return fences_.record(ft, fence, r, op.result);
+  }
   return Status();
 }
 
@@ -917,6 +1054,9 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
   if (spec.retention.max_age.count() < 0) {
     return Status(Code::InvalidArgument, "topic " + q(name) + ": retention max_age is negative");
   }
+  if (!spec.fence.empty()) {
+    if (Status fs = validate_topic_fence(name, spec.fence, spec.fence_per_lane, spec.lanes); !fs.ok()) return fs;
+  }
   TopicRef out;
   s = run_write(
       [&](WriteCtx& ctx) -> Status {
@@ -934,6 +1074,14 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
           if (t.is_queue != spec.is_queue) {
             return Status(Code::Conflict, "topic " + q(name) + " exists as a " + (t.is_queue ? "queue" : "topic") +
                                               ", not a " + (spec.is_queue ? "queue" : "topic"));
+          }
+          if (t.fence != spec.fence || (!t.fence.empty() && t.fence_per_lane != spec.fence_per_lane)) {
+            auto show = [](const std::string& f, bool per_lane) {
+              return f.empty() ? std::string("no fence") : "fence " + q(f) + (per_lane ? " per lane" : " per topic");
+            };
+            return Status(Code::Conflict, "topic " + q(name) + " exists with " + show(t.fence, t.fence_per_lane) +
+                                              ", not " + show(spec.fence, spec.fence_per_lane) +
+                                              " (the fence is fixed at creation)");
           }
           if (t.retention.max_age != spec.retention.max_age || t.retention.max_bytes != spec.retention.max_bytes ||
               t.retention.max_count != spec.retention.max_count) {
@@ -953,6 +1101,8 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
         t.lanes = spec.lanes;
         t.is_queue = spec.is_queue;
         t.retention = spec.retention;
+        t.fence = spec.fence;
+        t.fence_per_lane = !spec.fence.empty() && spec.fence_per_lane;
         Status ps = ctx.put_meta_u64("next_topic_id", *next + 1);
         if (ps.ok()) ps = ctx.put(dbi_topics_, name, encode_topic(t, ctx.now_ns));
         if (!ps.ok()) return ps;
@@ -1026,6 +1176,15 @@ Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
                                              ": key and idempotency key are limited to 65535 bytes, payload to 1 GiB");
   }
   WriteOp op;
+  if (!topic->fence.empty() && fences_.check_enabled()) {
+    if (request.header.fencing_token == 0) {
+      return Status(Code::InvalidArgument, "append to " + q(topic->name) + ": the topic is fenced by lease " +
+                                               q(topic->fence) + " and the message has no fencing token");
+    }
+    // Ask the lease table now, on the caller's thread, so the writer never
+    // waits on it while holding LMDB's writer lock (lib/fence.cpp).
+    op.fence = fences_.preconfirm(*topic, request.lane, request.header.fencing_token);
+  }
   op.is_append = true;
   op.request = std::move(request);
   op.append_done = std::move(done);
@@ -1278,20 +1437,28 @@ Status DurableStore::commit_offset_async(const GroupRef& group, std::uint32_t la
   op.bookkeeping = true;
   op.done = std::move(done);
   op.apply = [this, group, lane, offset](WriteCtx& ctx) -> Status {
-    auto ls = ctx.lane(group.topic_id, lane);
-    if (!ls.ok()) return ls.status();
-    if (offset > (*ls)->next) {
-      return Status(Code::InvalidArgument, "commit offset " + std::to_string(offset) + " of group " + q(group.name) +
-                                               " lane " + std::to_string(lane) + ": beyond the end (" +
-                                               std::to_string((*ls)->next) + ")");
-    }
-    auto c = ctx.cursor(group.topic_id, group.group_id, lane);
-    if (!c.ok()) return c.status();
-    CursorRec rec = *c;
-    rec.committed = offset;
-    return ctx.put_cursor(group.topic_id, group.group_id, lane, rec);
+    return commit_offset_in(ctx, group, lane, offset);
   };
   return enqueue(std::move(op), true);
+}
+
+Status DurableStore::commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane,
+                                      std::uint64_t offset) {
+  if (lane >= group.lanes) {
+    return Status(Code::InvalidArgument, "commit offset of group " + q(group.name) + ": lane out of range");
+  }
+  auto ls = ctx.lane(group.topic_id, lane);
+  if (!ls.ok()) return ls.status();
+  if (offset > (*ls)->next) {
+    return Status(Code::InvalidArgument, "commit offset " + std::to_string(offset) + " of group " + q(group.name) +
+                                             " lane " + std::to_string(lane) + ": beyond the end (" +
+                                             std::to_string((*ls)->next) + ")");
+  }
+  auto c = ctx.cursor(group.topic_id, group.group_id, lane);
+  if (!c.ok()) return c.status();
+  CursorRec rec = *c;
+  rec.committed = offset;
+  return ctx.put_cursor(group.topic_id, group.group_id, lane, rec);
 }
 
 Status DurableStore::commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
@@ -1413,48 +1580,51 @@ Result<std::optional<ClaimedMessage>> DurableStore::claim(const GroupRef& group,
   return out;
 }
 
+Status DurableStore::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                            std::uint32_t attempt) {
+  if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + q(group.name) + ": lane out of range");
+
+  Key ik = inflight_key(group.topic_id, group.group_id, lane, offset);
+  auto inf = ctx.inflight(ik);
+  if (!inf.ok()) return inf.status();
+  if (!inf->has_value() || (*inf)->state != kInflightClaimed) {
+    return Status(Code::NotFound, "ack of offset " + std::to_string(offset) + " in group " + q(group.name) +
+                                      " lane " + std::to_string(lane) + ": not in flight (already acked or never claimed)");
+  }
+  if ((*inf)->attempt != attempt) {
+    return Status(Code::StaleToken, "ack of offset " + std::to_string(offset) + " attempt " +
+                                        std::to_string(attempt) + " in group " + q(group.name) +
+                                        ": the message was redelivered (current attempt " +
+                                        std::to_string((*inf)->attempt) + ")");
+  }
+  auto cur = ctx.cursor(group.topic_id, group.group_id, lane);
+  if (!cur.ok()) return cur.status();
+  CursorRec rec = *cur;
+  ctx.acks += 1;
+  if (offset != rec.committed) {  // out of order (unordered claims): mark, advance later
+    InflightRec r = **inf;
+    r.state = kInflightAcked;
+    return ctx.put_inflight(ik, r);
+  }
+  Status ds = ctx.del(dbi_inflight_, ik.sv());
+  if (!ds.ok() && ds.code() != Code::NotFound) return ds;
+  rec.committed = offset + 1;
+  // Advance past messages acked earlier out of order.
+  for (;;) {
+    Key nk = inflight_key(group.topic_id, group.group_id, lane, rec.committed);
+    auto n = ctx.inflight(nk);
+    if (!n.ok()) return n.status();
+    if (!n->has_value() || (*n)->state != kInflightAcked) break;
+    ds = ctx.del(dbi_inflight_, nk.sv());
+    if (!ds.ok() && ds.code() != Code::NotFound) return ds;
+    rec.committed += 1;
+  }
+  return ctx.put_cursor(group.topic_id, group.group_id, lane, rec);
+}
+
 Status DurableStore::ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
   if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + q(group.name) + ": lane out of range");
-  return run_write(
-      [&](WriteCtx& ctx) -> Status {
-        Key ik = inflight_key(group.topic_id, group.group_id, lane, offset);
-        auto inf = ctx.inflight(ik);
-        if (!inf.ok()) return inf.status();
-        if (!inf->has_value() || (*inf)->state != kInflightClaimed) {
-          return Status(Code::NotFound, "ack of offset " + std::to_string(offset) + " in group " + q(group.name) +
-                                            " lane " + std::to_string(lane) + ": not in flight (already acked or never claimed)");
-        }
-        if ((*inf)->attempt != attempt) {
-          return Status(Code::StaleToken, "ack of offset " + std::to_string(offset) + " attempt " +
-                                              std::to_string(attempt) + " in group " + q(group.name) +
-                                              ": the message was redelivered (current attempt " +
-                                              std::to_string((*inf)->attempt) + ")");
-        }
-        auto cur = ctx.cursor(group.topic_id, group.group_id, lane);
-        if (!cur.ok()) return cur.status();
-        CursorRec rec = *cur;
-        ctx.acks += 1;
-        if (offset != rec.committed) {  // out of order (unordered claims): mark, advance later
-          InflightRec r = **inf;
-          r.state = kInflightAcked;
-          return ctx.put_inflight(ik, r);
-        }
-        Status ds = ctx.del(dbi_inflight_, ik.sv());
-        if (!ds.ok() && ds.code() != Code::NotFound) return ds;
-        rec.committed = offset + 1;
-        // Advance past messages acked earlier out of order.
-        for (;;) {
-          Key nk = inflight_key(group.topic_id, group.group_id, lane, rec.committed);
-          auto n = ctx.inflight(nk);
-          if (!n.ok()) return n.status();
-          if (!n->has_value() || (*n)->state != kInflightAcked) break;
-          ds = ctx.del(dbi_inflight_, nk.sv());
-          if (!ds.ok() && ds.code() != Code::NotFound) return ds;
-          rec.committed += 1;
-        }
-        return ctx.put_cursor(group.topic_id, group.group_id, lane, rec);
-      },
-      true);
+  return run_write([&](WriteCtx& ctx) -> Status { return ack_in(ctx, group, lane, offset, attempt); }, true);
 }
 
 Status DurableStore::release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,

@@ -22,6 +22,7 @@
 #include "lanebus/durable.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/status.hpp"
+#include "fence_lane.hpp"
 #include "lmdb_store.hpp"
 #include "sync.hpp"
 
@@ -39,6 +40,19 @@ struct TopicSpec {
   std::uint32_t lanes = 8;  ///< 1..4096; fixed at creation (another count = Conflict).
   bool is_queue = false;    ///< Queue (competing consumers) or topic (fan-out); fixed.
   RetentionOptions retention;
+  /// Fenced lanes (SPEC §6; doc/leases.md "Fenced lanes and resources"): the
+  /// lease name that fences appends, "" = not fenced. Fixed at creation
+  /// (reopening with another fence or scope = Conflict). Every append then
+  /// needs a header.fencing_token: below the high-water -> StaleToken; equal ->
+  /// accepted (a repeated idempotency key in that generation is dropped and
+  /// reported as AppendResult::duplicate); above -> a generation barrier,
+  /// accepted only if the confirm hook (set_fence_confirm) says the lease table
+  /// granted it for that lease, else FenceViolation.
+  std::string fence;
+  /// false: one high-water for the whole topic, fenced by lease `fence`.
+  /// true: lane i has its own high-water, fenced by lease "<fence>/slot-<i>"
+  /// (LeaseTable::acquire_any_slot(fence, lanes, ...)).
+  bool fence_per_lane = false;
 };
 
 /// A reference to an open durable topic: cheap to copy, valid while the store is open.
@@ -48,6 +62,8 @@ struct TopicRef {
   bool is_queue = false;
   std::string name;
   RetentionOptions retention;
+  std::string fence;            ///< As TopicSpec::fence ("" = not fenced).
+  bool fence_per_lane = false;  ///< As TopicSpec::fence_per_lane.
 };
 
 /// A consumer group of a topic (or the consumer set of a queue).
@@ -76,6 +92,11 @@ struct AppendRequest {
 struct AppendResult {
   std::uint64_t offset = 0;
   std::uint64_t id = 0;
+  /// Fenced topics only: true when the append was dropped because a message
+  /// with the same idempotency key was already accepted in this lease
+  /// generation (same token); offset and id are then the original's. The
+  /// status is OK and nothing was written.
+  bool duplicate = false;
 };
 
 /// Called once per append_async that returned OK, on the store's writer thread,
@@ -171,6 +192,65 @@ struct StoreCounters {
   std::uint64_t acks = 0;
   std::uint64_t stale_readers_cleared = 0;  ///< Reader slots of dead processes cleared.
   std::uint64_t max_write_lock_wait_ns = 0;  ///< Longest wait for LMDB's writer lock (watchdog).
+};
+
+/// Tables that other lanebus components keep in the store's environment, so
+/// their writes commit in the same transaction as appends and acks.
+enum class StoreTable : std::uint8_t {
+  Idempotency,     ///< `idem`: idempotency records (lib/idempotency.cpp)
+  IdempotencyAge,  ///< `idem_age`: done records by time, for durable retention
+  Dlq,             ///< `dlq`: dead-letter entries
+  DlqAudit,        ///< `dlq_audit`: who replayed / archived / purged what, when
+  Fence,           ///< `fence`: fencing high-water marks (SPEC §6)
+  User,            ///< `user`: handlers' own tables (transactional consume)
+};
+inline constexpr int kStoreTables = 6;
+
+class DurableStore;
+
+/// A transaction handed to extension code by DurableStore::write (a write
+/// transaction, on the store's writer thread, batched with other operations)
+/// or DurableStore::read (a short read transaction).
+///
+/// Rules for write functions: they may run more than once (a batch that hits
+/// MDB_MAP_FULL is retried after the map grows), so they must reset their
+/// outputs at the start; and they must return a logic error (NotFound,
+/// Conflict, ...) only BEFORE their first write — a storage error from any
+/// call aborts the whole batch, but a logic error returned after writing
+/// would leave those writes in the batch's commit.
+///
+/// Thread safety: one thread (the one running the function).
+class StoreTxn {
+ public:
+  /// Value of `key`, valid until the function returns. NotFound when absent.
+  Result<std::string_view> get(StoreTable table, std::string_view key);
+  Status put(StoreTable table, std::string_view key, std::string_view value);
+  /// NotFound when absent.
+  Status del(StoreTable table, std::string_view key);
+  /// Visit, in key order, the keys >= `from` that start with `prefix`, until
+  /// `visit` returns false. Do not write to `table` from inside `visit`.
+  Status scan(StoreTable table, std::string_view from, std::string_view prefix,
+              const std::function<bool(std::string_view key, std::string_view value)>& visit);
+  /// Wall clock of this transaction (one value per batch), ns since the epoch.
+  std::int64_t now_ns() const noexcept { return now_ns_; }
+  bool writable() const noexcept { return ctx_ != nullptr; }
+
+  // Built-in operations inside the same transaction (write only):
+  /// Append a message (an outbox publish); listeners run after the commit.
+  Result<AppendResult> append(AppendRequest request);
+  /// As DurableStore::commit_offset.
+  Status commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
+  /// As DurableStore::ack (same errors).
+  Status ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt);
+
+ private:
+  friend class DurableStore;
+  StoreTxn(DurableStore* store, void* ctx, LmdbTxn* txn, std::int64_t now) noexcept
+      : store_(store), ctx_(ctx), txn_(txn), now_ns_(now) {}
+  DurableStore* store_;
+  void* ctx_;  // DurableStore::WriteCtx* (write) or nullptr (read)
+  LmdbTxn* txn_;
+  std::int64_t now_ns_;
 };
 
 /// The durable engine: one LMDB environment per directory.
@@ -317,6 +397,26 @@ class DurableStore {
   /// Set it before appending; a dispatcher uses it to wake consumers.
   void set_append_listener(std::function<void(std::uint32_t topic_id, std::uint32_t lane,
                                               std::uint64_t end_offset)> listener);
+  /// The hook that confirms a generation barrier on a fenced topic (see
+  /// FenceConfirmFn: which thread calls it and what it may do). The Bus sets
+  /// it to LeaseTable::confirm_grant. Without a hook every barrier is refused
+  /// (FenceViolation). May be called at any time (defined in lib/fence.cpp).
+  void set_fence_confirm(FenceConfirmFn confirm);
+  /// TEST ONLY, for negative controls: false turns every fence check and
+  /// fence update of this store object off (fenced appends are accepted as
+  /// if unfenced). Never use it in production code.
+  void set_fence_check_for_testing(bool on) noexcept;
+
+  // ---------------------------------------------------------------- extensions
+
+  /// Run `fn` inside the writer's next write transaction (batched with other
+  /// operations, committed — Sync: fsynced — before this returns). See
+  /// StoreTxn for the rules `fn` must follow. Returns fn's status, or the
+  /// batch's storage error. Errors: ShutDown, Busy (on the writer thread),
+  /// read-only store (InvalidArgument), storage codes, and whatever fn returns.
+  [[nodiscard]] Status write(const std::function<Status(StoreTxn&)>& fn);
+  /// Run `fn` in a short read transaction (never blocks on writers).
+  [[nodiscard]] Status read(const std::function<Status(StoreTxn&)>& fn);
 
   StoreCounters counters() const noexcept;
   const std::string& directory() const noexcept { return options_.directory; }
@@ -337,14 +437,20 @@ class DurableStore {
     std::function<Status(WriteCtx&)> apply;
     StatusCallback done;
     bool bookkeeping = false;  // small write allowed a retry alone when the map is at its maximum
+    FencePreconfirm fence;     // fenced topics: the token's confirmation, asked before enqueueing
     // Filled by the writer.
     Status status;
     AppendResult result;
     bool excluded = false;
   };
 
+  friend class StoreTxn;
   explicit DurableStore(const StoreOptions& options);
   Status init_layout();
+  Status open_extension_tables(LmdbTxn& txn);
+  Status commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
+  Status ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                std::uint32_t attempt);
   Status enqueue(WriteOp op, bool may_block) EXCLUDES(queue_mutex_);
   // Runs `apply` inside a write transaction of the writer and waits.
   Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
@@ -361,6 +467,8 @@ class DurableStore {
   std::unique_ptr<LmdbEnv> env_;
   LmdbDbi dbi_meta_ = 0, dbi_topics_ = 0, dbi_lanes_ = 0, dbi_log_ = 0, dbi_groups_ = 0, dbi_cursors_ = 0,
           dbi_inflight_ = 0;
+  LmdbDbi dbi_ext_[kStoreTables] = {};
+  bool ext_present_[kStoreTables] = {};  // false: read-only store without that table (reads as empty)
 
   // Readers hold it shared for a call; close() takes it exclusively before
   // destroying the environment.
@@ -380,6 +488,7 @@ class DurableStore {
   std::thread::id writer_id_;
 
   std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> append_listener_;
+  LaneFences fences_;  // fenced topics (lib/fence.cpp)
 
   // Counters: relaxed atomics — each is an independent statistic; no other
   // memory is published through them.

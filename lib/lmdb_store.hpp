@@ -83,8 +83,10 @@ class LmdbTxn {
   bool write_ = false;
 };
 
-/// A cursor on one database inside a transaction; closed on destruction (it
-/// must not outlive its transaction).
+/// A cursor on one database inside a transaction; closed on destruction.
+/// REQUIRES: destroyed before its transaction commits or aborts (LMDB frees a
+/// write transaction's cursors itself at its end; closing one again is a
+/// double free).
 ///
 /// Thread safety: one thread at a time.
 class LmdbCursor {

@@ -651,6 +651,8 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       {"lanebus_retried_total", "Retry outcomes and caught handler exceptions.", &LaneCounters::retried},
       {"lanebus_rejected_total", "Messages the handler rejected.", &LaneCounters::rejected},
       {"lanebus_failed_total", "Messages that used up max_attempts.", &LaneCounters::failed},
+      {"lanebus_timed_out_total", "Handler calls that overran attempt_timeout and then failed.",
+       &LaneCounters::timed_out},
       {"lanebus_dropped_total", "Messages discarded (DropOldest backpressure, or no consumer).", &LaneCounters::dropped},
       {"lanebus_skipped_total", "Durable messages deleted by retention before the group read them.",
        &LaneCounters::skipped},
@@ -762,6 +764,7 @@ void counters_json(detail::JsonWriter& j, const LaneCounters& c) {
   j.key("retried"); j.u64(c.retried);
   j.key("rejected"); j.u64(c.rejected);
   j.key("failed"); j.u64(c.failed);
+  j.key("timed_out"); j.u64(c.timed_out);
   j.key("dropped"); j.u64(c.dropped);
   j.key("skipped"); j.u64(c.skipped);
   j.key("in_flight"); j.u64(c.in_flight);

@@ -12,6 +12,10 @@ int cmd_leases(int argc, char** argv);
 /// `lanebus stat DIR`: topics, lanes, offsets, groups and lag of a durable store.
 int cmd_stat(int argc, char** argv);
 
+/// `lanebus stats DIR [--json|--prom] [--watch SECONDS] [--sla SECONDS]`: lag, oldest
+/// unprocessed age, rates and drain time of a live durable store (issue 6).
+int cmd_stats(int argc, char** argv);
+
 /// `lanebus tail DIR TOPIC [--from ...] [--lane N] [--count N]`: print stored messages.
 int cmd_tail(int argc, char** argv);
 

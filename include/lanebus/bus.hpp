@@ -9,6 +9,7 @@
 
 #include "lanebus/export.hpp"
 #include "lanebus/handler.hpp"
+#include "lanebus/idempotency.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/options.hpp"
 #include "lanebus/stats.hpp"
@@ -216,6 +217,14 @@ class LANEBUS_API Bus {
   /// Errors: InvalidArgument (not a durable topic/queue), NotFound (no such
   /// group in this bus), ShutDown, storage codes.
   Status seek(const Topic& topic, std::string_view group, const StartPosition& position);
+
+  /// The idempotency table of `scope` (SPEC §4), created on first use and
+  /// kept in the bus's store (durable tier) behind an in-memory hot tier.
+  /// Later calls with the same scope return the same table (their options
+  /// are ignored). Valid while the Bus lives.
+  /// Errors: InvalidArgument (an in-memory bus: no store; bad options),
+  /// InvalidName (scope), ShutDown.
+  Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options = {});
 
   /// A publishing handle for one thread (allocates once, here).
   Publisher publisher();

@@ -3,7 +3,9 @@
 #pragma once
 
 #include "lanebus/bus.hpp"
+#include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
+#include "lanebus/fence.hpp"
 #include "lanebus/handler.hpp"
 #include "lanebus/lease.hpp"
 #include "lanebus/message.hpp"

@@ -169,7 +169,7 @@ struct TopicMetrics {
 };
 
 /// Everything the window computes at its newest sample. Plain data.
-struct MetricsSnapshot {
+struct LANEBUS_API MetricsSnapshot {
   std::string bus;
   std::int64_t steady_ns = 0;  ///< Monotonic time of the newest sample.
   std::int64_t wall_ns = 0;    ///< Wall-clock time (ns since the Unix epoch) of the newest sample.
@@ -201,7 +201,7 @@ struct MetricsOptions {
   std::uint64_t hot_lane_min_messages = 100;
   /// The SLA of every group without its own policy (MetricsWindow::set_sla).
   /// Default none: groups get no SLA verdict.
-  std::optional<SlaPolicy> default_sla;
+  std::optional<SlaPolicy> default_sla{};
 };
 
 /// A sliding window of timestamped BusStats samples; computes rates, lag,
@@ -262,11 +262,11 @@ class LANEBUS_API MetricsWindow {
 // ---------------------------------------------------------------- Monitor
 
 /// The clocks a Monitor reads: replace them in tests.
-struct MetricsClock {
+struct LANEBUS_API MetricsClock {
   std::function<std::int64_t()> steady_ns;  ///< Monotonic nanoseconds.
   std::function<std::int64_t()> wall_ns;    ///< Nanoseconds since the Unix epoch (created_at's clock).
   /// std::chrono::steady_clock and std::chrono::system_clock.
-  LANEBUS_API static MetricsClock system();
+  static MetricsClock system();
 };
 
 /// A MetricsWindow fed from a stats source (a Bus, or any function returning

@@ -83,6 +83,16 @@ struct GroupOptions {
   /// run (fairness between lanes). Default 64.
   std::uint32_t batch = 64;
 
+  /// Idempotency scope (Bus::idempotency) of the group, or empty for none.
+  /// With a scope, a message that carries an idempotency key is claimed in
+  /// the scope before its handler runs: a key already done is acked without
+  /// calling the handler (counted as duplicates_skipped); a key another
+  /// consumer is working on is retried later; an ack completes the key (for
+  /// durable queues in the same transaction as the ack); a retry, reject or
+  /// failure releases it. Messages without a key are handled normally.
+  /// Needs a bus with a store. Default empty.
+  std::string idempotency_scope{};
+
   // ---- durable topics and queues only ----
   /// Where a new durable group starts (an existing group resumes from its
   /// committed offsets). Default: the earliest retained message.

@@ -51,6 +51,7 @@ struct LaneCounters {
   std::uint64_t rejected = 0;   ///< reject outcomes.
   std::uint64_t failed = 0;     ///< Messages that used up max_attempts.
   std::uint64_t timed_out = 0;  ///< Calls that overran attempt_timeout and then failed.
+  std::uint64_t duplicates_skipped = 0;  ///< Idempotency key already done: acked without the handler.
   std::uint64_t dropped = 0;    ///< Discarded by DropOldest backpressure, or with no consumer.
   std::uint64_t skipped = 0;    ///< Durable: messages deleted by retention before the group read them.
   std::uint64_t in_flight = 0;  ///< Gauge: queued for the group in this lane (ephemeral), or

@@ -1,0 +1,49 @@
+// lanebus — MIT License.
+// IdempotencyImpl: the two tiers behind IdempotencyTable (SPEC §4) — the
+// in-memory HotTier with a TTL in front of durable records in the store's
+// `idem` table, decided inside the store's write transactions.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "durable_store.hpp"
+#include "hot_tier.hpp"
+#include "lanebus/idempotency.hpp"
+
+namespace lanebus::detail {
+
+class IdempotencyImpl {
+ public:
+  IdempotencyImpl(DurableStore* store, std::string scope, const IdempotencyOptions& options);
+
+  Result<ClaimResult> claim(std::string_view key, bool want_result);
+  Status complete(std::string_view key, std::string_view result);
+  Result<KeyStatus> status(std::string_view key);
+  Status release(std::string_view key);
+  /// Delete done records older than durable_retention (bounded batch). Returns how many.
+  Result<std::uint64_t> expire(std::uint32_t max_records);
+
+  // Inside a transaction the caller already runs (transactional consume, DLQ
+  // replay): the same decisions, committed with the caller's other writes.
+  Result<ClaimResult> claim_in(StoreTxn& txn, std::string_view key, bool want_result);
+  Status complete_in(StoreTxn& txn, std::string_view key, std::string_view result);
+  /// After the caller's transaction committed: teach the hot tier.
+  void remember_done(std::string_view key, std::int64_t written_at);
+
+  const std::string& scope() const noexcept { return scope_; }
+  const IdempotencyOptions& options() const noexcept { return options_; }
+
+ private:
+  Status check_key(std::string_view key) const;
+  std::string record_key(std::string_view key) const;
+  std::string age_key(std::int64_t written_at, std::string_view key) const;
+
+  DurableStore* store_;
+  const std::string scope_;
+  const IdempotencyOptions options_;
+  HotTier hot_;
+};
+
+}  // namespace lanebus::detail
