@@ -351,7 +351,7 @@ void BusCore::record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept
   gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
 }
 
-Outcome BusCore::call_handler(Consumer* c, MessageView& view, GroupLane* gl) noexcept {
+Outcome BusCore::call_handler(Consumer* c, MessageView& view, GroupLane* gl, TxnState* tx) noexcept {
   const GroupOptions& o = gl->group->options;
   std::int64_t deadline = 0;
   if (o.attempt_timeout.count() > 0) {
@@ -362,7 +362,17 @@ Outcome BusCore::call_handler(Consumer* c, MessageView& view, GroupLane* gl) noe
   tl_running_consumer = c;
   tl_running_bus = this;
   try {
-    out = c->handler(view);
+    if (c->tx_handler) {
+      if (tx == nullptr) {
+        out = Outcome::reject("transactional handler on a non-durable lane");
+      } else {
+        tx->clear();
+        Transaction t(tx);
+        out = c->tx_handler(view, t);
+      }
+    } else {
+      out = c->handler(view);
+    }
   } catch (const std::exception&) {
     out = Outcome::retry("handler threw an exception");
   } catch (...) {
@@ -577,6 +587,88 @@ void BusCore::dedup_finish(GroupLane* gl, std::string_view key, bool acked) noex
   }
 }
 
+// ---------------------------------------------------------------- transactional consume
+
+namespace {
+
+constexpr std::size_t kMaxUserKey = 500;
+
+Result<std::string> user_key(std::string_view table, std::string_view key) {
+  if (Status s = check_name(table, "table"); !s.ok()) return s;
+  if (key.empty() || key.size() > kMaxUserKey)
+    return Status(Code::InvalidArgument, "table \"" + std::string(table) + "\": keys must be 1.." +
+                                             std::to_string(kMaxUserKey) + " bytes");
+  std::string k(table);
+  k.push_back('\0');
+  k.append(key);
+  return k;
+}
+
+}  // namespace
+
+Result<std::string> user_key_public(std::string_view table, std::string_view key) { return user_key(table, key); }
+std::int64_t now_ns_public() noexcept { return now_ns(); }
+
+Result<std::string> BusCore::table_get(std::string_view table, std::string_view key) const {
+  auto k = user_key(table, key);
+  if (!k.ok()) return k.status();
+  if (!store_) return Status(Code::InvalidArgument, "table_get: the bus has no store");
+  std::string out;
+  Status s = store_->read([&](StoreTxn& t) -> Status {
+    auto v = t.get(StoreTable::User, *k);
+    if (!v.ok()) {
+      if (v.code() == Code::NotFound)
+        return Status(Code::NotFound, "table \"" + std::string(table) + "\": no key \"" +
+                                          std::string(key.substr(0, 64)) + "\"");
+      return v.status();
+    }
+    out.assign(*v);
+    return Status();
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
+Status BusCore::commit_tx(GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt) {
+  GroupImpl* g = gl->group;
+  const bool queue = g->topic->is_queue;
+  IdempotencyImpl* idem = (g->idempotency != nullptr && !m.idempotency_key.empty()) ? g->idempotency : nullptr;
+  std::int64_t at = 0;
+  Status s = store_->write([&](StoreTxn& t) -> Status {
+    at = t.now_ns();
+    // 1. Validate everything the handler read (no write yet: a Conflict
+    //    leaves this batch's other operations untouched).
+    for (const TxnState::Read& r : tx.reads) {
+      auto cur = t.get(StoreTable::User, r.key);
+      if (!cur.ok() && cur.code() != Code::NotFound) return cur.status();
+      const bool found = cur.ok();
+      if (found != r.found || (found && *cur != r.value))
+        return Status(Code::Conflict, "transaction of \"" + g->topic->name + "\": a value it read changed");
+    }
+    // 2. The ack / offset commit validates before it writes (a redelivered
+    //    queue message gives StaleToken here, before anything is written).
+    Status as = queue ? t.ack(g->store_group, gl->lane, m.offset, attempt)
+                      : t.commit_offset(g->store_group, gl->lane, m.offset + 1);
+    if (!as.ok()) return as;
+    // 3. From here on only storage errors can fail (they abort the batch).
+    if (idem != nullptr) {
+      Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
+      if (!cs.ok()) return cs;
+    }
+    for (const auto& [k, v] : tx.writes) {
+      Status ws = v ? t.put(StoreTable::User, k, *v) : t.del(StoreTable::User, k);
+      if (!ws.ok() && ws.code() != Code::NotFound) return ws;
+    }
+    for (const AppendRequest& req : tx.outbox) {
+      auto r = t.append(req);
+      if (!r.ok()) return r.status();
+    }
+    return Status();
+  });
+  if (s.ok() && idem != nullptr) idem->remember_done(m.idempotency_key, at);
+  return s;
+}
+
 // ---------------------------------------------------------------- durable lanes
 
 void BusCore::run_durable_lane(GroupLane* gl) {
@@ -674,9 +766,35 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
     bump(gl->delivered);
     MessageView view(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
     view.set_attempt(gl->attempts);
-    Outcome out = call_handler(c, view, gl);
+    TxnState tx;
+    TxnState* txp = nullptr;
+    if (c->tx_handler) {
+      tx.store = store_.get();
+      tx.bus = this;
+      txp = &tx;
+    }
+    Outcome out = call_handler(c, view, gl, txp);
     ++handled;
-    if (guarded) dedup_finish(gl, m.idempotency_key, out.kind() == Outcome::Kind::Ack);
+    if (txp != nullptr && out.kind() == Outcome::Kind::Ack) {
+      // Effects, dedup record and offset commit in one transaction.
+      Status cs = commit_tx(gl, tx, m, gl->attempts);
+      if (!cs.ok()) {
+        if (guarded) dedup_finish(gl, m.idempotency_key, false);
+        bump(gl->retried);
+        if (cs.code() == Code::Conflict) {
+          --gl->attempts;  // an optimistic-concurrency retry does not use an attempt
+          gl->retry_delay_ns = 0;
+        } else {
+          gl->errors.fetch_add(1, std::memory_order_relaxed);
+          if (!plan_retry(gl, gl->attempts)) gl->retry_delay_ns = kDedupBusyDelayNs;  // storage trouble: keep trying
+        }
+        retry_pending = true;
+        break;
+      }
+      gl->committed_sent = m.offset + 1;
+    } else if (guarded) {
+      dedup_finish(gl, m.idempotency_key, out.kind() == Outcome::Kind::Ack);
+    }
     if (out.kind() == Outcome::Kind::Retry) {
       bump(gl->retried);
       if (plan_retry(gl, gl->attempts)) {
@@ -753,8 +871,32 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     MessageView view(cm.message.header, cm.message.key, cm.message.idempotency_key, cm.message.payload, gl->lane,
                      cm.message.offset);
     view.set_attempt(cm.attempt);
-    Outcome out = call_handler(c, view, gl);
+    TxnState tx;
+    TxnState* txp = nullptr;
+    if (c->tx_handler) {
+      tx.store = store_.get();
+      tx.bus = this;
+      txp = &tx;
+    }
+    Outcome out = call_handler(c, view, gl, txp);
     ++handled;
+    if (txp != nullptr && out.kind() == Outcome::Kind::Ack) {
+      Status cs = commit_tx(gl, tx, cm.message, cm.attempt);
+      if (cs.ok()) {
+        bump(gl->acked);
+        if (options.metrics) record_latency(gl, cm.message.header.created_at_ns);
+        continue;
+      }
+      if (guarded) dedup_finish(gl, cm.message.idempotency_key, false);
+      bump(gl->retried);
+      if (cs.code() != Code::Conflict && cs.code() != Code::StaleToken)
+        gl->errors.fetch_add(1, std::memory_order_relaxed);
+      // Nothing was written; hand the message back for another delivery.
+      Status rs = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, std::chrono::milliseconds(0));
+      if (!rs.ok() && rs.code() != Code::StaleToken && rs.code() != Code::NotFound)
+        gl->errors.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
     Status s;
     const bool acked = out.kind() == Outcome::Kind::Ack;
     if (guarded && !acked) dedup_finish(gl, cm.message.idempotency_key, false);
@@ -1040,8 +1182,13 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
   return raw;
 }
 
-Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler handler, const GroupOptions& o) {
-  if (!handler) return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": the handler is empty");
+Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler handler, TxHandler tx_handler,
+                                  const GroupOptions& o) {
+  if (!handler && !tx_handler)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": the handler is empty");
+  if (tx_handler && !t->durable)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name +
+                                             "\": transactional handlers need a durable topic or queue");
   if (o.max_attempts == 0 || o.batch == 0)
     return Status(Code::InvalidArgument,
                   "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
@@ -1102,6 +1249,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
                                   std::to_string(g->max_consumers) + ") reached");
   c->in_use = true;
   c->handler = std::move(handler);
+  c->tx_handler = std::move(tx_handler);
   if (t->is_queue && g->consumer_count.load(std::memory_order_relaxed) == 0) {
     // The first consumer of a queue sets its delivery options.
     g->options = o;
@@ -1129,7 +1277,9 @@ Status BusCore::detach(Consumer* c) noexcept {
   MutexLock l(&mu_);
   GroupImpl* g = c->group;
   Handler old = std::move(c->handler);
+  TxHandler old_tx = std::move(c->tx_handler);
   c->handler = nullptr;
+  c->tx_handler = nullptr;
   c->in_use = false;
   if (g->consumer_count.fetch_sub(1, std::memory_order_seq_cst) == 1 && !g->persistent) {
     // Last consumer of a topic group: it stops receiving; queued messages are
@@ -1226,6 +1376,67 @@ BusStats BusCore::stats() const {
 }  // namespace detail
 
 // ---------------------------------------------------------------- public API
+
+Result<std::string> Transaction::get(std::string_view table, std::string_view key) {
+  auto k = detail::user_key_public(table, key);
+  if (!k.ok()) return k.status();
+  auto w = state_->writes.find(*k);
+  if (w != state_->writes.end()) {
+    if (!w->second) return Status(Code::NotFound, "table \"" + std::string(table) + "\": key deleted in this transaction");
+    return *w->second;
+  }
+  for (const auto& r : state_->reads)
+    if (r.key == *k) {
+      if (!r.found) return Status(Code::NotFound, "table \"" + std::string(table) + "\": no such key");
+      return r.value;
+    }
+  detail::TxnState::Read read;
+  read.key = *k;
+  Status s = state_->store->read([&](detail::StoreTxn& t) -> Status {
+    auto v = t.get(detail::StoreTable::User, read.key);
+    if (!v.ok() && v.code() != Code::NotFound) return v.status();
+    read.found = v.ok();
+    if (v.ok()) read.value.assign(*v);
+    return Status();
+  });
+  if (!s.ok()) return s;
+  state_->reads.push_back(read);
+  if (!read.found) return Status(Code::NotFound, "table \"" + std::string(table) + "\": no such key");
+  return read.value;
+}
+
+Status Transaction::put(std::string_view table, std::string_view key, std::string_view value) {
+  auto k = detail::user_key_public(table, key);
+  if (!k.ok()) return k.status();
+  state_->writes[*k] = std::string(value);
+  return Status();
+}
+
+Status Transaction::del(std::string_view table, std::string_view key) {
+  auto k = detail::user_key_public(table, key);
+  if (!k.ok()) return k.status();
+  state_->writes[*k] = std::nullopt;
+  return Status();
+}
+
+Status Transaction::publish(const Topic& topic, const OutgoingMessage& m) {
+  if (topic.impl_ == nullptr || topic.impl_->bus != state_->bus || !topic.impl_->durable)
+    return Status(Code::InvalidArgument, "outbox publish: the topic must be a durable topic or queue of this bus");
+  if (m.payload.empty()) return Status(Code::InvalidArgument, "outbox publish: the payload is empty");
+  detail::AppendRequest req;
+  req.topic_id = topic.impl_->store_topic.id;
+  req.lane = lane_for_key(m.key, topic.impl_->options.lanes);
+  req.header.created_at_ns = detail::now_ns_public();
+  req.header.correlation_id = m.correlation_id;
+  req.header.fencing_token = m.fencing_token;
+  req.header.content_type = m.content_type;
+  req.header.schema_version = m.schema_version;
+  req.key.assign(m.key);
+  req.idempotency_key.assign(m.idempotency_key);
+  req.payload.assign(m.payload);
+  state_->outbox.push_back(std::move(req));
+  return Status();
+}
 
 namespace {
 Status no_topic() noexcept {
@@ -1376,7 +1587,7 @@ Result<Subscription> Bus::subscribe(const Topic& topic, std::string_view group, 
     return Status(Code::InvalidArgument,
                   "subscribe: \"" + topic.impl_->name + "\" is a queue; use Bus::consume for competing consumers");
   if (Status s = detail::check_name(group, "group"); !s.ok()) return s;
-  auto c = core_->attach(topic.impl_, group, std::move(handler), options);
+  auto c = core_->attach(topic.impl_, group, std::move(handler), {}, options);
   if (!c.ok()) return c.status();
   return Subscription(core_, *c);
 }
@@ -1387,7 +1598,7 @@ Result<Subscription> Bus::consume(const Topic& queue, Handler handler, const Gro
   if (!queue.impl_->is_queue)
     return Status(Code::InvalidArgument,
                   "consume: \"" + queue.impl_->name + "\" is a topic; use Bus::subscribe with a group name");
-  auto c = core_->attach(queue.impl_, {}, std::move(handler), options);
+  auto c = core_->attach(queue.impl_, {}, std::move(handler), {}, options);
   if (!c.ok()) return c.status();
   return Subscription(core_, *c);
 }
@@ -1400,6 +1611,32 @@ Status Bus::seek(const Topic& topic, std::string_view group, const StartPosition
 
 Result<IdempotencyTable*> Bus::idempotency(std::string_view scope, const IdempotencyOptions& options) {
   return core_->idempotency(scope, options);
+}
+
+Result<Subscription> Bus::subscribe_tx(const Topic& topic, std::string_view group, TxHandler handler,
+                                       const GroupOptions& options) {
+  if (topic.impl_ == nullptr || topic.impl_->bus != core_.get())
+    return Status(Code::InvalidArgument, "subscribe_tx: the topic handle is empty or belongs to another bus");
+  if (topic.impl_->is_queue)
+    return Status(Code::InvalidArgument, "subscribe_tx: \"" + topic.impl_->name + "\" is a queue; use consume_tx");
+  if (Status s = detail::check_name(group, "group"); !s.ok()) return s;
+  auto c = core_->attach(topic.impl_, group, {}, std::move(handler), options);
+  if (!c.ok()) return c.status();
+  return Subscription(core_, *c);
+}
+
+Result<Subscription> Bus::consume_tx(const Topic& queue, TxHandler handler, const GroupOptions& options) {
+  if (queue.impl_ == nullptr || queue.impl_->bus != core_.get())
+    return Status(Code::InvalidArgument, "consume_tx: the queue handle is empty or belongs to another bus");
+  if (!queue.impl_->is_queue)
+    return Status(Code::InvalidArgument, "consume_tx: \"" + queue.impl_->name + "\" is a topic; use subscribe_tx");
+  auto c = core_->attach(queue.impl_, {}, {}, std::move(handler), options);
+  if (!c.ok()) return c.status();
+  return Subscription(core_, *c);
+}
+
+Result<std::string> Bus::table_get(std::string_view table, std::string_view key) const {
+  return core_->table_get(table, key);
 }
 
 Publisher Bus::publisher() {

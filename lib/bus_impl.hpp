@@ -41,6 +41,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -113,6 +114,7 @@ struct alignas(64) GroupLane : TimerEntry {
 struct Consumer {
   GroupImpl* group = nullptr;
   Handler handler;                    // written under BusCore::mu_ before `enabled` is set
+  TxHandler tx_handler;               // instead of handler: transactional consume (durable only)
   std::atomic<bool> enabled{false};   // may receive messages
   std::atomic<std::uint32_t> calls{0};  // workers pinning this consumer
   bool in_use = false;                // slot assigned (guarded by BusCore::mu_)
@@ -148,6 +150,28 @@ struct GroupImpl {
 };
 
 class BusCore;
+
+Result<std::string> user_key_public(std::string_view table, std::string_view key);
+std::int64_t now_ns_public() noexcept;
+
+/// A transactional handler's reads, writes and outbox (see transaction.hpp).
+struct TxnState {
+  struct Read {
+    std::string key;  // table '\0' key
+    bool found = false;
+    std::string value;
+  };
+  DurableStore* store = nullptr;
+  BusCore* bus = nullptr;
+  std::vector<Read> reads;
+  std::map<std::string, std::optional<std::string>> writes;  // nullopt = delete
+  std::vector<AppendRequest> outbox;
+  void clear() {
+    reads.clear();
+    writes.clear();
+    outbox.clear();
+  }
+};
 
 class TopicImpl {
  public:
@@ -194,7 +218,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   Status start();
   Result<TopicImpl*> create(std::string_view name, bool is_queue, const TopicOptions& options);
-  Result<Consumer*> attach(TopicImpl* topic, std::string_view group, Handler handler, const GroupOptions& options);
+  Result<Consumer*> attach(TopicImpl* topic, std::string_view group, Handler handler, TxHandler tx_handler,
+                           const GroupOptions& options);
+  Result<std::string> table_get(std::string_view table, std::string_view key) const;
   Status detach(Consumer* c) noexcept;
   Status shutdown(ShutdownMode mode, std::chrono::milliseconds timeout);
   BusStats stats() const;
@@ -220,7 +246,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
   void run_durable_lane(GroupLane* gl);
-  Outcome call_handler(Consumer* c, MessageView& view, GroupLane* gl) noexcept;
+  Outcome call_handler(Consumer* c, MessageView& view, GroupLane* gl, TxnState* tx = nullptr) noexcept;
+  /// Commit a transactional handler's effects with the ack (queue) or offset
+  /// commit (topic). Conflict: a value it read changed; nothing was written.
+  Status commit_tx(GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt);
   /// A retry outcome for attempt `attempt`: true if the message should be
   /// delivered again (sets gl->retry_delay_ns), false if attempts are used up.
   bool plan_retry(GroupLane* gl, std::uint32_t attempt) noexcept;

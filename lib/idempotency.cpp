@@ -117,7 +117,8 @@ Result<ClaimResult> IdempotencyImpl::claim_in(StoreTxn& txn, std::string_view ke
   return out;
 }
 
-Status IdempotencyImpl::complete_in(StoreTxn& txn, std::string_view key, std::string_view result) {
+Status IdempotencyImpl::complete_in(StoreTxn& txn, std::string_view key, std::string_view result,
+                                    bool must_be_claimed) {
   if (Status s = check_key(key); !s.ok()) return s;
   if (result.size() > options_.max_result_bytes)
     return Status(Code::PayloadTooLarge, "idempotency scope \"" + scope_ + "\": result of " +
@@ -126,14 +127,16 @@ Status IdempotencyImpl::complete_in(StoreTxn& txn, std::string_view key, std::st
   const std::string rk = record_key(key);
   auto cur = txn.get(idem, rk);
   if (!cur.ok()) {
-    if (cur.code() == Code::NotFound)
+    if (cur.code() != Code::NotFound) return cur.status();
+    if (must_be_claimed)
       return Status(Code::NotFound, "idempotency scope \"" + scope_ + "\": complete of key \"" +
                                         std::string(key.substr(0, 64)) + "\", which is not claimed");
-    return cur.status();
+  } else {
+    Record r;
+    if (!decode(*cur, &r) && must_be_claimed)
+      return Status(Code::Corruption, "idempotency scope \"" + scope_ + "\": a damaged record");
+    if (r.state == kDone) return Status();
   }
-  Record r;
-  if (!decode(*cur, &r)) return Status(Code::Corruption, "idempotency scope \"" + scope_ + "\": a damaged record");
-  if (r.state == kDone) return Status();
   if (Status s = txn.put(idem, rk, encode(kDone, txn.now_ns(), result)); !s.ok()) return s;
   if (options_.durable_retention.count() > 0)
     return txn.put(StoreTable::IdempotencyAge, age_key(txn.now_ns(), key), {});

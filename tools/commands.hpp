@@ -6,6 +6,9 @@
 
 namespace lanebus::tool {
 
+/// `lanebus dlq list|show|replay|archive|purge|audit|stats DIR ...`: review the dead-letter queue (issue 4).
+int cmd_dlq(int argc, char** argv);
+
 /// `lanebus leases PATH`: list the leases of a lease table segment.
 int cmd_leases(int argc, char** argv);
 

@@ -13,6 +13,7 @@
 #include "lanebus/message.hpp"
 #include "lanebus/options.hpp"
 #include "lanebus/stats.hpp"
+#include "lanebus/transaction.hpp"
 #include "lanebus/status.hpp"
 
 namespace lanebus {
@@ -89,6 +90,7 @@ class LANEBUS_API Topic {
  private:
   friend class Bus;
   friend class Publisher;
+  friend class Transaction;
   explicit Topic(detail::TopicImpl* impl) noexcept : impl_(impl) {}
   detail::TopicImpl* impl_ = nullptr;
 };
@@ -209,6 +211,17 @@ class LANEBUS_API Bus {
   /// Attach a competing consumer to a queue. Same rules as subscribe.
   /// Errors: InvalidArgument (not a queue, empty handler), Busy, ShutDown.
   Result<Subscription> consume(const Topic& queue, Handler handler, const GroupOptions& options = {});
+
+  /// subscribe / consume with a transactional handler (see transaction.hpp):
+  /// its store writes, outbox publishes, dedup record and ack commit in one
+  /// LMDB transaction. Durable topics and queues only (else InvalidArgument).
+  Result<Subscription> subscribe_tx(const Topic& topic, std::string_view group, TxHandler handler,
+                                    const GroupOptions& options = {});
+  Result<Subscription> consume_tx(const Topic& queue, TxHandler handler, const GroupOptions& options = {});
+
+  /// Read a value a transactional handler wrote (committed state).
+  /// Errors: NotFound, InvalidName, InvalidArgument (no store), storage codes.
+  Result<std::string> table_get(std::string_view table, std::string_view key) const;
 
   /// Move a durable consumer group (or a durable queue's consumers) to
   /// `position` in every lane: replay from the earliest retained message, from

@@ -1,0 +1,60 @@
+// lanebus — MIT License.
+// Transactional consume (SPEC §4): a handler's own LMDB writes, its outbox
+// publishes, the dedup record and the ack commit in one transaction.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "lanebus/export.hpp"
+#include "lanebus/handler.hpp"
+#include "lanebus/message.hpp"
+#include "lanebus/status.hpp"
+
+namespace lanebus {
+
+class Topic;
+namespace detail {
+struct TxnState;
+}
+
+/// What a transactional handler works with. Reads see the committed state of
+/// the bus's store plus this transaction's own writes. Nothing is written
+/// until the handler returns ack; then the writes, the outbox publishes, the
+/// idempotency record (with an idempotency scope) and the ack (queues) or the
+/// offset commit (topics) commit in ONE LMDB transaction: a crash at any
+/// instant leaves all of them or none, so effects kept in the store happen
+/// exactly once. The commit validates every value the handler read (optimistic
+/// concurrency); if another transaction changed one meanwhile, nothing is
+/// written and the message is delivered again (counted as retried, without
+/// using an attempt).
+///
+/// Tables are named like topics ([a-z0-9_-.], ≤ 200 bytes); keys and values
+/// are bytes (keys ≤ 500 bytes). Valid only during the handler call.
+///
+/// Thread safety: one thread (the handler's).
+class LANEBUS_API Transaction {
+ public:
+  /// The value of `key` in `table`. Errors: NotFound, InvalidName (table),
+  /// InvalidArgument (empty or oversized key), storage codes.
+  Result<std::string> get(std::string_view table, std::string_view key);
+  /// Errors: InvalidName, InvalidArgument (empty key, key > 500 bytes).
+  Status put(std::string_view table, std::string_view key, std::string_view value);
+  /// Errors as put; deleting a missing key is OK.
+  Status del(std::string_view table, std::string_view key);
+  /// Publish through the outbox: the message is appended to `topic` (a
+  /// durable topic or queue of the same bus) in the same transaction.
+  /// Errors: InvalidArgument (not durable, other bus, empty payload).
+  Status publish(const Topic& topic, const OutgoingMessage& message);
+
+  explicit Transaction(detail::TxnState* state) noexcept : state_(state) {}
+
+ private:
+  detail::TxnState* state_;
+};
+
+/// A transactional handler: same rules as Handler (see handler.hpp).
+using TxHandler = std::function<Outcome(const MessageView&, Transaction&)>;
+
+}  // namespace lanebus
