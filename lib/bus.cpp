@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bus_impl.hpp"
+#include "lanebus/lease.hpp"
 #include "names.hpp"
 
 namespace lanebus {
@@ -290,6 +291,13 @@ Status BusCore::start() {
     auto st = DurableStore::open(options.store);
     if (!st.ok()) return st.status();
     store_ = std::move(*st);
+    dlq_ = std::make_unique<DlqStore>(*store_, options.dlq);
+    if (options.lease_table != nullptr) {
+      LeaseTable* table = options.lease_table;
+      store_->set_fence_confirm(
+          [table](std::string_view lease, std::uint64_t token) { return table->confirm_grant(lease, token); });
+    }
+    dead_letters_ = std::make_unique<DeadLetters>(this);
     store_->set_append_listener(
         [this](std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) { on_append(topic_id, lane, end); });
     try {
@@ -494,12 +502,14 @@ void BusCore::run_lane(GroupLane* gl) {
     ++handled;
     if (g->idempotency != nullptr && s->idem_len != 0)
       dedup_finish(gl, s->idempotency_key(), out.kind() == Outcome::Kind::Ack);
+    if (out.kind() != Outcome::Kind::Ack && gl->first_failure_ns == 0) gl->first_failure_ns = now_ns();
     switch (out.kind()) {
       case Outcome::Kind::Ack:
         bump(gl->acked);
         break;
       case Outcome::Kind::Reject:
         bump(gl->rejected);
+        dead_letter_ephemeral(gl, s, out);
         break;
       case Outcome::Kind::Retry:
         bump(gl->retried);
@@ -509,10 +519,12 @@ void BusCore::run_lane(GroupLane* gl) {
           yield_for_retry = true;
         } else {
           bump(gl->failed);
+          dead_letter_ephemeral(gl, s, out);
         }
         break;
     }
     if (yield_for_retry) break;
+    gl->first_failure_ns = 0;
     if (metrics) record_latency(gl, s->header.created_at_ns);
     gl->current = nullptr;
     frees.release(s);
@@ -587,6 +599,91 @@ void BusCore::dedup_finish(GroupLane* gl, std::string_view key, bool acked) noex
   }
 }
 
+// ---------------------------------------------------------------- dead letters
+
+DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
+                            std::string_view payload, std::uint64_t offset, const Outcome& out,
+                            std::uint32_t attempts, ErrorClass cls) const {
+  const GroupImpl* g = gl->group;
+  DlqEntry e;
+  e.header = h;
+  e.header.attempt = attempts;
+  e.key.assign(key);
+  e.idempotency_key.assign(idem);
+  e.payload.assign(payload);
+  e.error_class = cls;
+  e.reason.assign(out.reason().empty() ? (out.kind() == Outcome::Kind::Reject ? "rejected" : "retries exhausted")
+                                       : out.reason());
+  e.error_text = std::string(to_string(cls)) + " failure after " + std::to_string(attempts) + " attempt(s)";
+  e.attempts = attempts;
+  e.last_failure_ns = now_ns();
+  e.first_failure_ns = gl->first_failure_ns ? gl->first_failure_ns : e.last_failure_ns;
+  e.topic = g->topic->name;
+  e.topic_id = g->topic->durable ? g->topic->store_topic.id : 0;
+  e.lane = gl->lane;
+  e.offset = offset;
+  e.group = g->topic->is_queue ? std::string("queue") : g->name;
+  return e;
+}
+
+void BusCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out) noexcept {
+  if (!dlq_) return;  // an in-memory bus: failures are only counted
+  try {
+    const ErrorClass cls = classify_failure(out.kind(), gl->attempts, gl->attempts, false, 0);
+    auto r = dlq_->add(dlq_entry(gl, s->header, s->key(), s->idempotency_key(), s->payload(), 0, out, gl->attempts,
+                                 cls));
+    if (!r.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+  } catch (...) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool BusCore::dead_letter_durable(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                                  ErrorClass cls) {
+  GroupImpl* g = gl->group;
+  const bool queue = g->topic->is_queue;
+  DlqEntry e = dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset, out, attempts, cls);
+  Status s = store_->write([&](StoreTxn& t) -> Status {
+    return dlq_
+        ->add_in(t, e,
+                 [&]() -> Status {
+                   if (!queue) return t.commit_offset(g->store_group, gl->lane, m.offset + 1);
+                   Status as = t.ack(g->store_group, gl->lane, m.offset, m.header.attempt);
+                   return as.ok() ? dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset) : as;
+                 })
+        .status();
+  });
+  if (s.ok() || s.code() == Code::StaleToken) return true;  // StaleToken: already redelivered elsewhere
+  gl->errors.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+Status BusCore::republish(const DlqEntry& e) {
+  TopicImpl* t = find(e.topic);
+  if (t == nullptr) return Status(Code::NotFound, "dlq replay: no topic \"" + e.topic + "\" in this bus");
+  OutgoingMessage m;
+  m.key = e.key;
+  m.payload = e.payload;
+  m.idempotency_key = e.idempotency_key;
+  m.correlation_id = e.header.correlation_id;
+  m.content_type = e.header.content_type;
+  m.schema_version = e.header.schema_version;
+  return t->durable ? t->publish_durable(m, {}) : t->publish(m, true, take_ids(1));
+}
+
+void BusCore::dlq_maintenance() noexcept {
+  if (!dlq_) return;
+  try {
+    for (int i = 0; i < 16; ++i) {
+      auto r = dlq_->expire();
+      if (!r.ok() || *r < dlq_->options().expire_batch) break;
+    }
+    (void)dlq_->replay_due_transient(dlq_->options().transient_cooldown, "auto",
+                                     [this](const DlqEntry& e) { return republish(e); });
+  } catch (...) {
+  }
+}
+
 // ---------------------------------------------------------------- transactional consume
 
 namespace {
@@ -651,6 +748,10 @@ Status BusCore::commit_tx(GroupLane* gl, TxnState& tx, const StoredMessage& m, s
                       : t.commit_offset(g->store_group, gl->lane, m.offset + 1);
     if (!as.ok()) return as;
     // 3. From here on only storage errors can fail (they abort the batch).
+    if (queue && dlq_ && attempt > 1) {
+      Status fs = dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset);
+      if (!fs.ok() && fs.code() != Code::NotFound) return fs;
+    }
     if (idem != nullptr) {
       Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
       if (!cs.ok()) return cs;
@@ -795,18 +896,33 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
     } else if (guarded) {
       dedup_finish(gl, m.idempotency_key, out.kind() == Outcome::Kind::Ack);
     }
+    if (out.kind() != Outcome::Kind::Ack && gl->first_failure_ns == 0) gl->first_failure_ns = now_ns();
     if (out.kind() == Outcome::Kind::Retry) {
       bump(gl->retried);
       if (plan_retry(gl, gl->attempts)) {
         retry_pending = true;  // the message stays at the head of its lane
         break;
       }
+    }
+    if (out.kind() != Outcome::Kind::Ack && dlq_) {
+      // Dead-letter it and commit the offset past it in one transaction.
+      const ErrorClass cls = classify_failure(out.kind(), gl->attempts, gl->attempts, false, 0);
+      if (!dead_letter_durable(gl, m, out, gl->attempts, cls)) {
+        --gl->attempts;
+        gl->retry_delay_ns = 1'000'000'000;  // the DLQ refused it (quota): keep it, try again later
+        retry_pending = true;
+        break;
+      }
+      if (m.offset + 1 > gl->committed_sent) gl->committed_sent = m.offset + 1;
+    }
+    if (out.kind() == Outcome::Kind::Retry) {
       bump(gl->failed);
     } else if (out.kind() == Outcome::Kind::Reject) {
       bump(gl->rejected);
     } else {
       bump(gl->acked);
     }
+    gl->first_failure_ns = 0;
     gl->attempts = 0;
     gl->done_pos = m.offset + 1;
     if (options.metrics) record_latency(gl, m.header.created_at_ns);
@@ -849,6 +965,26 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
     if (!r->has_value()) return false;  // nothing deliverable now
     const ClaimedMessage& cm = **r;
+    if (dlq_ && cm.attempt > 1 && dlq_->options().poison_after_crashes > 0) {
+      // Poison: earlier attempts were claimed (persisted) but never came back
+      // with an outcome — the consumer process died with it in flight.
+      std::uint32_t outcomes = 0;
+      Status rs = store_->read([&](StoreTxn& t) -> Status {
+        auto o = dlq_->outcomes_in(t, g->store_group, gl->lane, cm.message.offset);
+        if (!o.ok()) return o.status();
+        outcomes = *o;
+        return Status();
+      });
+      if (rs.ok() && classify_failure(Outcome::Kind::Retry, cm.attempt - 1, outcomes, false,
+                                      dlq_->options().poison_after_crashes) == ErrorClass::Poison) {
+        Outcome poison = Outcome::reject("poison: the consumer died with it in flight");
+        if (dead_letter_durable(gl, cm.message, poison, cm.attempt - 1, ErrorClass::Poison)) {
+          bump(gl->failed);
+          ++handled;
+          continue;
+        }
+      }
+    }
     const bool guarded = g->idempotency != nullptr && !cm.message.idempotency_key.empty();
     if (guarded) {
       Dedup d = dedup_claim(gl, cm.message.idempotency_key);
@@ -902,6 +1038,14 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     if (guarded && !acked) dedup_finish(gl, cm.message.idempotency_key, false);
     if (out.kind() == Outcome::Kind::Retry && plan_retry(gl, cm.attempt)) {
       bump(gl->retried);
+      if (dlq_) {
+        // Count the attempt that came back with an outcome before the claim is
+        // released (poison detection; a crash in between errs towards "not poison").
+        Status ns = store_->write([&](StoreTxn& t) -> Status {
+          return dlq_->note_outcome_in(t, g->store_group, gl->lane, cm.message.offset).status();
+        });
+        if (!ns.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+      }
       // The store keeps the message claimed until the backoff ends (the
       // claim, not this process, holds the delay: it survives a crash).
       auto delay = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(gl->retry_delay_ns));
@@ -909,6 +1053,30 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       s = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, delay);
       if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
       return delay.count() == 0;  // at once: run again after other lanes; else the poller wakes it
+    }
+    if (!acked && dlq_) {
+      std::uint32_t outcomes = 1;
+      (void)store_->read([&](StoreTxn& t) -> Status {
+        auto o = dlq_->outcomes_in(t, g->store_group, gl->lane, cm.message.offset);
+        if (o.ok()) outcomes = *o + 1;
+        return Status();
+      });
+      const bool late = g->options.attempt_timeout.count() > 0 && view.deadline_ns() != 0 && now_ns() > view.deadline_ns();
+      const ErrorClass cls =
+          classify_failure(out.kind(), cm.attempt, outcomes, late, dlq_->options().poison_after_crashes);
+      if (!dead_letter_durable(gl, cm.message, out, cm.attempt, cls)) {
+        // The DLQ refused it (quota): keep the message, try again later.
+        Status rs = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, std::chrono::seconds(1));
+        if (!rs.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+      if (out.kind() == Outcome::Kind::Retry) {
+        bump(gl->retried);
+        bump(gl->failed);
+      } else {
+        bump(gl->rejected);
+      }
+      continue;
     }
     if (out.kind() == Outcome::Kind::Retry) {
       bump(gl->retried);
@@ -918,7 +1086,13 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     } else {
       bump(gl->acked);
     }
-    if (guarded && acked) {
+    if (acked && dlq_ && cm.attempt > 1 && !guarded) {
+      // The ack and dropping the message's outcome record, together.
+      s = store_->write([&](StoreTxn& t) -> Status {
+        Status as = t.ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
+        return as.ok() ? dlq_->forget_outcomes_in(t, g->store_group, gl->lane, cm.message.offset) : as;
+      });
+    } else if (guarded && acked) {
       // The dedup record and the ack commit in one transaction.
       IdempotencyImpl* idem = g->idempotency;
       const std::string_view key = cm.message.idempotency_key;
@@ -970,11 +1144,14 @@ void BusCore::on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_
 // Finds appends made by other processes and expired queue claims.
 void BusCore::poller_main() {
   std::vector<TopicImpl*> topics;
+  std::int64_t polls = 0;
   for (;;) {
     {
       std::unique_lock l(poller_mu_);
       if (poller_cv_.wait_for(l, options.durable_poll, [&] { return poller_stop_; })) return;
     }
+    if (++polls % std::max<std::int64_t>(1, 1000 / std::max<std::int64_t>(1, options.durable_poll.count())) == 0)
+      dlq_maintenance();
     topics.clear();
     {
       MutexLock l(&durable_mu_);
@@ -1132,6 +1309,8 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
     spec.lanes = o.lanes;
     spec.is_queue = is_queue;
     spec.retention = o.retention;
+    spec.fence = o.fence;
+    spec.fence_per_lane = o.fence_per_lane;
     auto r = store_->open_topic(name, spec);
     if (!r.ok()) return r.status();
     ref = *r;
@@ -1295,6 +1474,13 @@ BusStats BusCore::stats() const {
   out.name = options.name;
   MutexLock l(&mu_);
   out.workers = static_cast<std::uint32_t>(workers_.size());
+  if (dlq_) {
+    auto c = dlq_->counters();
+    if (c.ok()) {
+      out.dlq_available = true;
+      out.dlq = *c;
+    }
+  }
   for (const auto& [name, t] : topics_) {
     TopicStats ts;
     ts.name = name;
@@ -1638,6 +1824,29 @@ Result<Subscription> Bus::consume_tx(const Topic& queue, TxHandler handler, cons
 Result<std::string> Bus::table_get(std::string_view table, std::string_view key) const {
   return core_->table_get(table, key);
 }
+
+Result<DeadLetters*> Bus::dead_letters() {
+  if (core_->dead_letters() == nullptr)
+    return Status(Code::InvalidArgument, "dead_letters: an in-memory bus has no DLQ (set BusOptions::store.directory)");
+  return core_->dead_letters();
+}
+
+Result<std::vector<DlqEntry>> DeadLetters::list(const DlqFilter& filter) { return core_->dlq()->list(filter); }
+Result<DlqEntry> DeadLetters::show(std::uint64_t id) { return core_->dlq()->show(id); }
+Result<std::uint64_t> DeadLetters::replay(const std::vector<std::uint64_t>& ids, std::string_view operator_name) {
+  auto r = core_->dlq()->replay(std::span<const std::uint64_t>(ids), operator_name,
+                                [this](const DlqEntry& e) { return core_->republish(e); });
+  if (!r.ok()) return r.status();
+  return static_cast<std::uint64_t>(r->size());
+}
+Status DeadLetters::archive(const std::vector<std::uint64_t>& ids, std::string_view operator_name) {
+  return core_->dlq()->archive(std::span<const std::uint64_t>(ids), operator_name);
+}
+Result<std::uint64_t> DeadLetters::purge(const std::vector<std::uint64_t>& ids, std::string_view operator_name) {
+  return core_->dlq()->purge(std::span<const std::uint64_t>(ids), operator_name);
+}
+Result<std::vector<DlqAuditRecord>> DeadLetters::audit() { return core_->dlq()->audit(); }
+Result<DlqCounters> DeadLetters::counters() { return core_->dlq()->counters(); }
 
 Publisher Bus::publisher() {
   auto st = std::make_unique<detail::PublisherState>();

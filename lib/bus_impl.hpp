@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "dlq.hpp"
 #include "durable_store.hpp"
 #include "histogram.hpp"
 #include "idempotency.hpp"
@@ -85,6 +86,7 @@ struct alignas(64) GroupLane : TimerEntry {
   alignas(64) Slot* current = nullptr;  // taken from the ring, not yet finished (retry pending)
   std::uint32_t attempts = 0;           // deliveries of `current` so far
   std::int64_t retry_delay_ns = 0;      // backoff before the pending retry (0 = at once)
+  std::int64_t first_failure_ns = 0;    // first failed attempt of the head message (0 = none yet)
   std::uint64_t rng;                    // xorshift state for backoff jitter
 
   // Counters (see LaneCounters). Single-writer ones use bump().
@@ -231,6 +233,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
   Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options);
+  DlqStore* dlq() const noexcept { return dlq_.get(); }
+  DeadLetters* dead_letters() noexcept { return dead_letters_.get(); }
+  /// Publish a DLQ entry of an ephemeral origin again (DlqRepublish).
+  Status republish(const DlqEntry& entry);
   DurableStore* store() const noexcept { return store_.get(); }
 
   std::uint64_t take_ids(std::uint64_t n) noexcept { return next_id_.fetch_add(n, std::memory_order_relaxed); }
@@ -261,6 +267,17 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Dedup dedup_claim(GroupLane* gl, std::string_view idem_key) noexcept;
   /// After the handler: ack completes the key, anything else releases it.
   void dedup_finish(GroupLane* gl, std::string_view idem_key, bool acked) noexcept;
+  /// A DLQ entry for the head message of `gl` that failed with `out`.
+  DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
+                     std::string_view payload, std::uint64_t offset, const Outcome& out, std::uint32_t attempts,
+                     ErrorClass cls) const;
+  /// Ephemeral: dead-letter in a transaction of its own (no ack to join).
+  void dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out) noexcept;
+  /// Durable: dead-letter and ack (queue) / commit the offset (topic) in one
+  /// transaction. False if the DLQ refused it (the message must stay).
+  bool dead_letter_durable(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                           ErrorClass cls);
+  void dlq_maintenance() noexcept;
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
@@ -280,6 +297,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   std::unique_ptr<RetryTimer> timer_;
   std::map<std::string, std::unique_ptr<IdempotencyTable>, std::less<>> idempotency_ GUARDED_BY(mu_);
+  std::unique_ptr<DlqStore> dlq_;
+  std::unique_ptr<DeadLetters> dead_letters_;
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

@@ -689,6 +689,14 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
           return Status(Code::NotFound, "dlq replay: origin topic " + q(e.topic) + " of entry " + std::to_string(id) +
                                             " not found; nothing replayed");
         }
+        if (!ref->fence.empty()) {
+          // A fenced topic accepts appends only under the current lease
+          // generation's token (SPEC §6); an operator's replay holds none.
+          if (lenient) continue;
+          return Status(Code::InvalidArgument, "dlq replay: origin topic " + q(e.topic) + " of entry " +
+                                                   std::to_string(id) + " is fenced by lease " + q(ref->fence) +
+                                                   "; replay it through the lease holder; nothing replayed");
+        }
         if (e.lane >= ref->lanes) {
           if (lenient) continue;
           return Status(Code::InvalidArgument, "dlq replay: entry " + std::to_string(id) + " lane " +

@@ -48,7 +48,10 @@ struct Fixture {
     StoreOptions o;
     o.directory = store_dir;
     store = detail::DurableStore::open(o).value();
-    topic = store->open_topic("payments", detail::TopicSpec{2, true, {}}).value();
+    detail::TopicSpec spec;
+    spec.lanes = 2;
+    spec.is_queue = true;
+    topic = store->open_topic("payments", spec).value();
     dlq = std::make_unique<detail::DlqStore>(*store);
     for (int i = 1; i <= 3; ++i) {
       DlqEntry e;

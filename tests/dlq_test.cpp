@@ -24,6 +24,20 @@ namespace {
 constexpr std::int64_t kT0 = 1'700'000'000'000'000'000;  // the injected clock's start (ns)
 constexpr std::int64_t kMin = 60'000'000'000;
 
+detail::TopicSpec spec(std::uint32_t lanes, bool is_queue) {
+  detail::TopicSpec t;
+  t.lanes = lanes;
+  t.is_queue = is_queue;
+  return t;
+}
+
+std::vector<std::uint64_t> ids_of(const Result<std::vector<DlqEntry>>& r) {
+  std::vector<std::uint64_t> v;
+  REQUIRE(r.ok());
+  for (const DlqEntry& e : r.value()) v.push_back(e.id);
+  return v;
+}
+
 bool contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != std::string_view::npos; }
 
 struct Fixture {
@@ -35,8 +49,8 @@ struct Fixture {
 
   explicit Fixture(DlqOptions opts = {}) {
     open();
-    orders = store->open_topic("orders", detail::TopicSpec{4, true, {}}).value();
-    payments = store->open_topic("payments", detail::TopicSpec{2, false, {}}).value();
+    orders = store->open_topic("orders", spec(4, true)).value();
+    payments = store->open_topic("payments", spec(2, false)).value();
     make_dlq(opts);
   }
   void open() {
@@ -53,6 +67,8 @@ struct Fixture {
     REQUIRE(store->close().ok());
     store.reset();
     open();
+    orders = store->find_topic("orders").value();
+    payments = store->find_topic("payments").value();
     make_dlq(opts);
   }
   DlqEntry entry(int i, ErrorClass c = ErrorClass::Permanent, const detail::TopicRef* t = nullptr) {
@@ -243,9 +259,7 @@ TEST_CASE("list filters by topic, group, class, state and age, and pages") {
   REQUIRE(f.dlq->archive(std::span<const std::uint64_t>(&one, 1), "ann").ok());
 
   auto ids = [&](const DlqFilter& flt) {
-    std::vector<std::uint64_t> v;
-    for (const DlqEntry& e : f.dlq->list(flt).value()) v.push_back(e.id);
-    return v;
+    return ids_of(f.dlq->list(flt));
   };
   using V = std::vector<std::uint64_t>;
   CHECK(ids({}) == V{1, 2, 3});
@@ -271,9 +285,9 @@ TEST_CASE("list filters by topic, group, class, state and age, and pages") {
   flt.newer_than = std::chrono::minutes(45);  // arrived at or after t0+25m
   CHECK(ids(flt) == V{2, 3});
   flt = {};
-  flt.older_than = std::chrono::minutes(20);
-  flt.newer_than = std::chrono::minutes(50);
-  CHECK(ids(flt) == V{2, 3});
+  flt.older_than = std::chrono::minutes(20);  // at or before t0+50m: 1, 2
+  flt.newer_than = std::chrono::minutes(50);  // at or after t0+20m: 2, 3
+  CHECK(ids(flt) == V{2});
   flt = {};
   flt.limit = 2;
   CHECK(ids(flt) == V{1, 2});
@@ -480,7 +494,7 @@ TEST_CASE("every replay, archive and purge writes an audit record with operator,
   CHECK(f.dlq->audit(2, 1).value()[0].seq == 3);
   CHECK(f.dlq->show(4).code() == Code::NotFound);
   auto c = f.dlq->counters().value();
-  CHECK(c.entries == 3);  // 1, 2 (replayed), 3 (archived), 5 pending
+  CHECK(c.entries == 4);  // 1, 2 (replayed), 3 (archived), 5 (pending)
   CHECK(c.purged == 2);
 }
 
@@ -517,9 +531,7 @@ TEST_CASE("retention expires entries by age and by count, oldest first, audited 
     CHECK(f.dlq->expire().value() == 2);
     CHECK(f.dlq->expire().value() == 1);
     CHECK(f.dlq->expire().value() == 0);
-    std::vector<std::uint64_t> left;
-    for (const DlqEntry& e : f.dlq->list().value()) left.push_back(e.id);
-    CHECK(left == std::vector<std::uint64_t>{4, 5});
+    CHECK(ids_of(f.dlq->list()) == std::vector<std::uint64_t>{4, 5});
     CHECK(f.dlq->counters().value().expired == 3);
   }
   SUBCASE("no limits: nothing expires") {
@@ -555,9 +567,7 @@ TEST_CASE("the quota refuses new entries or drops the oldest, explicitly and cou
     f.add(f.entry(1));
     f.add(f.entry(2));
     CHECK(f.add(f.entry(3)) == 3);
-    std::vector<std::uint64_t> left;
-    for (const DlqEntry& e : f.dlq->list().value()) left.push_back(e.id);
-    CHECK(left == std::vector<std::uint64_t>{2, 3});
+    CHECK(ids_of(f.dlq->list()) == std::vector<std::uint64_t>{2, 3});
     auto c = f.dlq->counters().value();
     CHECK(c.dropped == 1);
     CHECK(c.entries == 2);
@@ -572,12 +582,12 @@ TEST_CASE("the quota refuses new entries or drops the oldest, explicitly and cou
     o.overflow = DlqOverflow::DropOldest;
     o.max_bytes = 3 * detail::encode_dlq_entry(Fixture().entry(1)).size();
     Fixture f(o);
-    for (int i = 1; i <= 10; ++i) f.add(f.entry(i));
+    for (int i = 1; i <= 9; ++i) f.add(f.entry(i));  // single-digit i: equal sizes
     auto c = f.dlq->counters().value();
     CHECK(c.bytes <= o.max_bytes);
     CHECK(c.entries == 3);
-    CHECK(c.dropped == 7);
-    DlqEntry huge = f.entry(11);
+    CHECK(c.dropped == 6);
+    DlqEntry huge = f.entry(9);
     huge.payload.assign(o.max_bytes, 'x');
     auto r = f.dlq->add(huge);
     CHECK(r.code() == Code::QuotaExceeded);
@@ -620,7 +630,7 @@ TEST_CASE("automatic replay with the real clock picks an entry up once its short
   o.directory = dir.file("store");
   o.durability = Durability::Async;
   auto store = DurableStore::open(o).value();
-  auto topic = store->open_topic("orders", detail::TopicSpec{1, true, {}}).value();
+  auto topic = store->open_topic("orders", spec(1, true)).value();
   DlqStore dlq(*store);  // the transaction's wall clock
   DlqEntry e;
   e.topic = "orders";
@@ -660,7 +670,9 @@ TEST_CASE("counters: depth, oldest pending age and arrivals per class are persis
     CHECK(c.oldest_pending_at_ns == kT0 + kMin);  // entry 1 (oldest) is archived
     CHECK(c.oldest_pending_age_ns == kMin);
     std::uint64_t bytes = 0;
-    for (const DlqEntry& e : f.dlq->list().value()) bytes += detail::encode_dlq_entry(e).size();
+    auto all = f.dlq->list();
+    REQUIRE(all.ok());
+    for (const DlqEntry& e : all.value()) bytes += detail::encode_dlq_entry(e).size();
     CHECK(c.bytes == bytes);
   };
   check();
@@ -777,4 +789,22 @@ TEST_CASE("to_string and parse of classes and states are inverse") {
   CHECK_FALSE(parse_error_class("Poison").has_value());
   CHECK_FALSE(parse_dlq_state("").has_value());
   CHECK(std::string(to_string(DlqAction::AutoReplay)) == "auto-replay");
+}
+
+TEST_CASE("replay into a fenced origin topic is refused: only the lease holder may append there") {
+  Fixture f;
+  detail::TopicSpec fenced = spec(1, true);
+  fenced.fence = "orders-writer";
+  auto t = f.store->open_topic("fenced", fenced);
+  REQUIRE(t.ok());
+  std::uint64_t id = f.add(f.entry(1, ErrorClass::Transient, &*t));
+  std::uint64_t ids[] = {id};
+  auto r = f.dlq->replay(ids, "ann");
+  CHECK(r.code() == Code::InvalidArgument);
+  CHECK(contains(r.status().message(), "fenced"));
+  f.clock += 60 * kMin;
+  CHECK(f.dlq->replay_due_transient(std::chrono::minutes(5)).value() == 0);  // skipped, left pending
+  CHECK(f.dlq->show(id).value().state == DlqState::Pending);
+  CHECK(f.end(*t, 0) == 0);
+  CHECK(f.audit_count() == 0);
 }

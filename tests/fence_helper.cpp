@@ -173,7 +173,12 @@ int flood(const std::string& store_dir, const std::string& table_path, std::uint
   std::uint64_t prev = 0;
   say("ready");
   for (std::uint64_t gen = 0;; ++gen) {
-    auto lease = w.table->acquire("flood-owner", w.me, std::chrono::seconds(30));
+    // A killed predecessor's lease runs out after its short TTL.
+    auto lease = w.table->acquire("flood-owner", w.me, std::chrono::milliseconds(300));
+    while (lease.code() == lanebus::Code::Busy) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      lease = w.table->acquire("flood-owner", w.me, std::chrono::milliseconds(300));
+    }
     if (!lease.ok()) die("acquire", lease.status());
     std::mutex m;
     std::condition_variable cv;

@@ -343,7 +343,11 @@ TEST_CASE("end-to-end latency quantiles from a real Bus are within one bucket of
   std::vector<std::uint64_t> ages;
   {
     auto store = detail::DurableStore::open(so).value();
-    auto topic = store->open_topic("lat", detail::TopicSpec{1, false, {}}).value();
+    auto topic = store->open_topic("lat", [] {
+      detail::TopicSpec spec;
+      spec.lanes = 1;
+      return spec;
+    }()).value();
     for (int i = 0; i < kN; ++i) {
       const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())

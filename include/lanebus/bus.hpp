@@ -239,6 +239,10 @@ class LANEBUS_API Bus {
   /// InvalidName (scope), ShutDown.
   Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options = {});
 
+  /// The dead-letter queue of the bus's store, for review and replay.
+  /// Errors: InvalidArgument (an in-memory bus has no DLQ).
+  Result<DeadLetters*> dead_letters();
+
   /// A publishing handle for one thread (allocates once, here).
   Publisher publisher();
 

@@ -217,4 +217,43 @@ struct DlqCounters {
   std::uint64_t rejected = 0;
 };
 
+namespace detail {
+class BusCore;
+}
+
+/// The bus's dead-letter queue, for review (SPEC §5): list, show, replay,
+/// archive, purge, audit, counters — the same operations as `lanebus dlq`.
+/// Obtained from Bus::dead_letters(); valid while the Bus lives. Every
+/// mutation validates all ids first (nothing changes on any error) and
+/// appends an audit record naming `operator_name`, in one transaction.
+/// Replay re-publishes the original message (same key and idempotency key)
+/// into its origin topic, so it goes through the normal idempotency path.
+///
+/// Thread safety: thread-safe. Every call blocks for one read transaction or
+/// one commit of the bus's store.
+class LANEBUS_API DeadLetters {
+ public:
+  /// Entries matching `filter`, by increasing id.
+  Result<std::vector<DlqEntry>> list(const DlqFilter& filter = {});
+  /// One entry. Errors: NotFound naming the id.
+  Result<DlqEntry> show(std::uint64_t id);
+  /// Re-inject entries into their origin topics; returns how many.
+  /// Errors (nothing changed): InvalidArgument (no ids, empty operator),
+  /// NotFound (an id or origin topic), Conflict (already replayed or archived).
+  Result<std::uint64_t> replay(const std::vector<std::uint64_t>& ids, std::string_view operator_name);
+  /// Errors (nothing changed): InvalidArgument, NotFound, Conflict (already archived).
+  Status archive(const std::vector<std::uint64_t>& ids, std::string_view operator_name);
+  /// Delete entries; returns how many. Errors (nothing changed): InvalidArgument, NotFound.
+  Result<std::uint64_t> purge(const std::vector<std::uint64_t>& ids, std::string_view operator_name);
+  /// Every audit record, oldest first.
+  Result<std::vector<DlqAuditRecord>> audit();
+  /// Depth, oldest pending age, arrivals per class.
+  Result<DlqCounters> counters();
+
+  explicit DeadLetters(detail::BusCore* core) noexcept : core_(core) {}
+
+ private:
+  detail::BusCore* core_;
+};
+
 }  // namespace lanebus

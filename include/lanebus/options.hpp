@@ -7,9 +7,12 @@
 #include <cstdint>
 #include <string>
 
+#include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
 
 namespace lanebus {
+
+class LeaseTable;
 
 /// What publish does when a topic has no free message slot (SPEC §2).
 enum class Backpressure : std::uint8_t {
@@ -52,6 +55,18 @@ struct TopicOptions {
   bool durable = false;
   /// Retention of a durable topic's log (age, bytes, count per lane; 0 = keep).
   RetentionOptions retention{};
+  /// Fence the durable topic by this lease name (SPEC §6), "" = not fenced.
+  /// Every publish must then carry OutgoingMessage::fencing_token: a token
+  /// below the topic's high-water is refused with StaleToken; an equal one is
+  /// accepted (a repeat of an idempotency key in the same generation is
+  /// dropped and reported OK); a higher one is a generation barrier, accepted
+  /// only if BusOptions::lease_table confirms it granted that token for the
+  /// lease (else FenceViolation, fence unchanged). Fixed at creation.
+  std::string fence{};
+  /// false: one high-water for the whole topic, fenced by lease `fence`.
+  /// true: lane i has its own, fenced by lease "<fence>/slot-<i>" (the names
+  /// LeaseTable::acquire_any_slot hands out).
+  bool fence_per_lane = false;
 };
 
 /// Per consumer group (topic subscription) or queue consumer set.
@@ -128,6 +143,15 @@ struct BusOptions {
   /// store.directory (the default) means an in-memory bus: creating a durable
   /// topic then fails with InvalidArgument.
   StoreOptions store{};
+  /// The lease table that confirms generation barriers of fenced topics
+  /// (TopicOptions::fence). Must outlive the Bus. nullptr: every barrier is
+  /// refused with FenceViolation. Default nullptr.
+  LeaseTable* lease_table = nullptr;
+  /// The dead-letter queue kept in the store (SPEC §5): where messages go
+  /// that were rejected or used up max_attempts (or crashed their consumer
+  /// poison_after_crashes times), its retention, quota and the cool-down of
+  /// automatic transient replay. Without a store, failures are only counted.
+  DlqOptions dlq{};
   /// How often the bus looks for messages appended by other processes and for
   /// expired queue claims to redeliver. Appends by this process wake consumers
   /// at once. Default 50 ms.

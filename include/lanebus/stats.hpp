@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "lanebus/dlq.hpp"
+
 namespace lanebus {
 
 /// End-to-end latency (message created_at → handler returned) as fixed
@@ -85,6 +87,10 @@ struct TopicStats {
 struct BusStats {
   std::string name;
   std::uint32_t workers = 0;
+  /// The store's dead-letter queue (depth, oldest pending age, arrivals per
+  /// class, ...): valid when dlq_available (a bus with a store).
+  bool dlq_available = false;
+  DlqCounters dlq;
   std::vector<TopicStats> topics;
 };
 
