@@ -39,7 +39,7 @@ std::string encode_layout_record(std::uint32_t version);
 struct TopicSpec {
   std::uint32_t lanes = 8;  ///< 1..4096; fixed at creation (another count = Conflict).
   bool is_queue = false;    ///< Queue (competing consumers) or topic (fan-out); fixed.
-  RetentionOptions retention;
+  RetentionOptions retention{};
   /// Fenced lanes (SPEC §6; doc/leases.md "Fenced lanes and resources"): the
   /// lease name that fences appends, "" = not fenced. Fixed at creation
   /// (reopening with another fence or scope = Conflict). Every append then
@@ -48,7 +48,7 @@ struct TopicSpec {
   /// reported as AppendResult::duplicate); above -> a generation barrier,
   /// accepted only if the confirm hook (set_fence_confirm) says the lease table
   /// granted it for that lease, else FenceViolation.
-  std::string fence;
+  std::string fence{};
   /// false: one high-water for the whole topic, fenced by lease `fence`.
   /// true: lane i has its own high-water, fenced by lease "<fence>/slot-<i>"
   /// (LeaseTable::acquire_any_slot(fence, lanes, ...)).

@@ -146,8 +146,9 @@ int contend(const std::string& store_dir, const std::string& table_path, std::ui
     const auto lane = static_cast<std::uint32_t>(std::strtoul(lease->name.c_str() + lease->name.rfind('-') + 1, nullptr, 10));
     for (int round = 0; round < 4; ++round) {
       std::this_thread::sleep_for(std::chrono::milliseconds(ttl_ms / 5 + static_cast<long>(rng() % 10)));
-      auto r = w.store->append(msg(t, lane, lease->token, "w" + std::to_string(worker) + "-" + std::to_string(++seq),
-                                   "w" + std::to_string(worker) + "-" + std::to_string(seq)));
+      ++seq;
+      const std::string id = "w" + std::to_string(worker) + "-" + std::to_string(seq);
+      auto r = w.store->append(msg(t, lane, lease->token, id, id));
       const char kind = r.ok() ? 'A' : (r.code() == lanebus::Code::StaleToken ? 'S' : 'E');
       std::fprintf(log, "%c %u %llu %s\n", kind, lane, static_cast<unsigned long long>(lease->token),
                    lanebus::to_string(r.code()));

@@ -82,7 +82,7 @@ struct DlqEntry {
   std::int64_t state_changed_at_ns = 0;
   /// Who made the last state change (the operator name; "auto" for automatic
   /// transient replay); empty while Pending.
-  std::string state_changed_by;
+  std::string state_changed_by{};
   /// After a replay: where the re-injected message landed in the origin topic
   /// (lane = origin_lane). 0 otherwise, and for ephemeral origins.
   std::uint64_t replay_offset = 0;
@@ -91,16 +91,16 @@ struct DlqEntry {
   /// The header as delivered (id, created_at, correlation id, fencing token,
   /// attempt, content type, schema version).
   MessageHeader header;
-  std::string key;
-  std::string idempotency_key;
-  std::string payload;  ///< Must not be empty.
+  std::string key{};
+  std::string idempotency_key{};
+  std::string payload{};  ///< Must not be empty.
 
   // ---- the failure ----
   ErrorClass error_class = ErrorClass::Transient;
   /// Short machine-friendly reason, e.g. the Outcome's reason or "timeout".
-  std::string reason;
+  std::string reason{};
   /// Longer human text (exception text, validation message). May be empty.
-  std::string error_text;
+  std::string error_text{};
   /// Delivery attempts made (the persisted count for durable queues).
   std::uint32_t attempts = 0;
   /// Wall-clock times of the first and last failed attempt, ns since the epoch.
@@ -109,25 +109,25 @@ struct DlqEntry {
 
   // ---- origin ----
   /// Origin topic or queue name (must be a valid name). Replay appends to it.
-  std::string topic;
+  std::string topic{};
   /// The durable topic's store id; 0 for an ephemeral topic.
   std::uint32_t topic_id = 0;
   std::uint32_t lane = 0;
   std::uint64_t offset = 0;  ///< Offset in the lane's log (durable); 0 for ephemeral.
   /// The consumer group that failed it (queues: the queue's group name).
-  std::string group;
+  std::string group{};
 };
 
 /// Which entries list() / purge(filter) select. Every set field must match.
 struct DlqFilter {
-  std::optional<std::string> topic;
-  std::optional<std::string> group;
-  std::optional<ErrorClass> error_class;
-  std::optional<DlqState> state;
+  std::optional<std::string> topic{};
+  std::optional<std::string> group{};
+  std::optional<ErrorClass> error_class{};
+  std::optional<DlqState> state{};
   /// Entries that arrived at least this long ago (dead_at <= now − older_than).
-  std::optional<std::chrono::milliseconds> older_than;
+  std::optional<std::chrono::milliseconds> older_than{};
   /// Entries that arrived at most this long ago (dead_at >= now − newer_than).
-  std::optional<std::chrono::milliseconds> newer_than;
+  std::optional<std::chrono::milliseconds> newer_than{};
   /// Only entries with id > after_id (paging: pass the last id seen). Default 0.
   std::uint64_t after_id = 0;
   /// At most this many entries (0 = no limit). list() only.
@@ -150,7 +150,7 @@ struct DlqAuditRecord {
   std::uint64_t seq = 0;          ///< Increasing per store, from 1.
   std::int64_t at_ns = 0;         ///< When, ns since the Unix epoch.
   DlqAction action = DlqAction::Replay;
-  std::string operator_name;      ///< Who.
+  std::string operator_name{};      ///< Who.
   std::vector<std::uint64_t> ids;  ///< Which entries (sorted, unique).
 };
 

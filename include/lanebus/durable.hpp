@@ -35,7 +35,7 @@ struct StoreOptions {
   /// The store's directory. Created (mode 0700, parents must exist) if it is
   /// missing; the LMDB files in it are created with mode 0600. Must be on a
   /// local file system (NFS/CIFS are refused: LMDB's locks do not work there).
-  std::string directory;
+  std::string directory{};
   /// Durability of publishes and of acknowledgements/offset commits. Default Sync.
   Durability durability = Durability::Sync;
   /// Open the store read-only (the CLI's inspect mode). No file is created,

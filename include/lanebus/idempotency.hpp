@@ -62,14 +62,14 @@ enum class ClaimState : std::uint8_t {
 struct KeyStatus {
   ClaimState state = ClaimState::Claimed;  ///< InProgress or Done (Claimed never appears here).
   std::int64_t written_at_ns = 0;          ///< Wall clock of the last claim or completion.
-  std::string result;                      ///< complete()'s result (Done only).
+  std::string result{};                      ///< complete()'s result (Done only).
 };
 
 struct ClaimResult {
   ClaimState state = ClaimState::Claimed;
   /// For Done: the stored result (empty if it was found in the hot tier
   /// only and `want_result` was false).
-  std::string result;
+  std::string result{};
   std::int64_t written_at_ns = 0;
 };
 

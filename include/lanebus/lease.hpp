@@ -87,7 +87,7 @@ struct LANEBUS_API LeaseOwner {
 /// A successful acquisition (or renewal). Times are on the table's clock
 /// (LeaseTable::now(), nanoseconds of CLOCK_BOOTTIME).
 struct Lease {
-  std::string name;
+  std::string name{};
   LeaseOwner owner;
   /// The fencing token: pass it with every write to a fenced resource.
   std::uint64_t token = 0;
@@ -97,7 +97,7 @@ struct Lease {
 
 /// A snapshot of one name's entry, from inspect() or list().
 struct LeaseInfo {
-  std::string name;
+  std::string name{};
   /// The last owner granted (still recorded after release or expiry).
   LeaseOwner owner;
   /// The last token granted for this name (0 only if it was never granted).
@@ -133,7 +133,7 @@ struct LeaseTableOptions {
   /// live on persistent storage or tokens could go backwards after a reboot;
   /// open refuses a tmpfs location (e.g. /dev/shm) unless
   /// allow_volatile_epoch is set.
-  std::string epoch_path;
+  std::string epoch_path{};
   /// Accept an epoch file on tmpfs (tests, or machines that never reboot with
   /// live fenced resources). Default false.
   bool allow_volatile_epoch = false;
@@ -142,7 +142,7 @@ struct LeaseTableOptions {
   std::chrono::milliseconds lock_timeout{2000};
   /// Test seam: use this string instead of /proc/sys/kernel/random/boot_id, to
   /// simulate a reboot. Default "" = the real boot id.
-  std::string boot_id_override;
+  std::string boot_id_override{};
 };
 
 /// A table of named leases in a file-backed shared-memory segment.

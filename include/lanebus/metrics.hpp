@@ -70,14 +70,14 @@ struct SlaReport {
   double hold_seconds = 0;       ///< The hold in effect (the window when the policy says 0).
   /// oldest age (0 when unknown) + projected drain time; +infinity when the
   /// group is stalled; nullopt when the drain time is not known yet.
-  std::optional<double> projected_seconds;
+  std::optional<double> projected_seconds{};
   /// The projection is at or past the threshold at the newest sample.
   bool risk_condition = false;
   /// How long the risk condition has held (0 when it does not hold now).
   double risk_held_seconds = 0;
   /// Whether the group's DLQ depth grew over the window. nullopt: DLQ counters
   /// are not yet available in this version (see DlqMetrics).
-  std::optional<bool> dlq_growing;
+  std::optional<bool> dlq_growing{};
 };
 
 // ---------------------------------------------------------------- snapshots
@@ -88,8 +88,8 @@ struct SlaReport {
 struct DlqMetrics {
   bool available = false;
   std::optional<std::uint64_t> depth;         ///< Messages in the DLQ.
-  std::optional<double> oldest_age_seconds;   ///< Age of its oldest entry.
-  std::optional<double> arrival_rate;         ///< Messages per second into it over the window.
+  std::optional<double> oldest_age_seconds{};   ///< Age of its oldest entry.
+  std::optional<double> arrival_rate{};         ///< Messages per second into it over the window.
 };
 
 /// One lane of a topic: its share of the publishes (hot-key detection).
@@ -111,12 +111,12 @@ struct GroupLaneMetrics {
   std::uint64_t lag = 0;   ///< Messages waiting (= counters.in_flight).
   /// lag / consume_rate in seconds; 0 when lag is 0; nullopt when unknown (one
   /// sample) or when nothing was consumed in the lane over the window.
-  std::optional<double> drain_seconds;
+  std::optional<double> drain_seconds{};
 };
 
 /// One consumer group (or a queue's consumer set).
 struct GroupMetrics {
-  std::string name;
+  std::string name{};
   std::uint32_t consumers = 0;
   LaneCounters total;       ///< Lifetime counters summed over lanes.
   std::uint64_t lag = 0;    ///< Messages waiting, all lanes (ephemeral: queued; durable: stored, not committed).
@@ -131,10 +131,10 @@ struct GroupMetrics {
   /// Now minus created_at of the oldest message not yet finished; 0 when
   /// nothing waits; nullopt when messages wait but their age is unknown
   /// (BusOptions::metrics off).
-  std::optional<double> oldest_age_seconds;
+  std::optional<double> oldest_age_seconds{};
   /// lag / consume_rate. 0 when lag is 0; nullopt when unknown (one sample)
   /// or stalled.
-  std::optional<double> drain_seconds;
+  std::optional<double> drain_seconds{};
   /// Messages wait and none was finished over the window (infinite drain time).
   bool stalled = false;
   LatencyHistogram latency;         ///< Lifetime end-to-end latency (created_at → handler done).
@@ -145,13 +145,13 @@ struct GroupMetrics {
   std::optional<double> latency_p50_seconds, latency_p99_seconds, latency_p999_seconds;
   DlqMetrics dlq;
   /// The SLA verdict when a policy applies to this group (set_sla or default_sla).
-  std::optional<SlaReport> sla;
+  std::optional<SlaReport> sla{};
   std::vector<GroupLaneMetrics> lanes;  ///< Indexed by lane.
 };
 
 /// One topic or queue.
 struct TopicMetrics {
-  std::string name;
+  std::string name{};
   bool is_queue = false;
   bool durable = false;
   std::uint32_t lanes = 0;
@@ -170,7 +170,7 @@ struct TopicMetrics {
 
 /// Everything the window computes at its newest sample. Plain data.
 struct LANEBUS_API MetricsSnapshot {
-  std::string bus;
+  std::string bus{};
   std::int64_t steady_ns = 0;  ///< Monotonic time of the newest sample.
   std::int64_t wall_ns = 0;    ///< Wall-clock time (ns since the Unix epoch) of the newest sample.
   /// The span the rates cover (newest minus the oldest sample in the window);

@@ -61,7 +61,7 @@ struct LaneCounters {
 };
 
 struct GroupStats {
-  std::string name;
+  std::string name{};
   /// Wall-clock created_at (ns since the epoch) of the oldest message the
   /// group has not finished, over all lanes; 0 when none is known. Ephemeral
   /// topics: the head of each lane; durable: the message at the committed offset.
@@ -73,7 +73,7 @@ struct GroupStats {
 };
 
 struct TopicStats {
-  std::string name;
+  std::string name{};
   bool is_queue = false;
   bool durable = false;
   std::uint32_t lanes = 0;
@@ -85,7 +85,7 @@ struct TopicStats {
 };
 
 struct BusStats {
-  std::string name;
+  std::string name{};
   std::uint32_t workers = 0;
   /// The store's dead-letter queue (depth, oldest pending age, arrivals per
   /// class, ...): valid when dlq_available (a bus with a store).
