@@ -389,6 +389,20 @@ void MetricsWindow::recompute() {
   snap.wall_ns = now.wall_ns;
   snap.window_seconds = span;
   snap.samples = samples_.size();
+  if (now.stats.dlq_available) {
+    const DlqCounters& d = now.stats.dlq;
+    snap.dlq.available = true;
+    snap.dlq.depth = d.pending;
+    snap.dlq.oldest_age_seconds = static_cast<double>(d.oldest_pending_age_ns) / 1e9;
+    for (int c = 0; c < 3; ++c) snap.dlq.arrivals[c] = d.arrivals[c];
+    if (base.stats.dlq_available) {
+      const DlqCounters& b = base.stats.dlq;
+      std::uint64_t now_arr = d.arrivals[0] + d.arrivals[1] + d.arrivals[2];
+      std::uint64_t base_arr = b.arrivals[0] + b.arrivals[1] + b.arrivals[2];
+      snap.dlq.arrival_rate = per_s(now_arr >= base_arr ? now_arr - base_arr : now_arr);
+      snap.dlq.depth_change = static_cast<std::int64_t>(d.pending) - static_cast<std::int64_t>(b.pending);
+    }
+  }
   for (const TopicStats& ts : now.stats.topics) {
     const TopicStats* bt = find_topic(base.stats, ts.name);
     TopicMetrics tm;
@@ -509,7 +523,8 @@ void MetricsWindow::recompute() {
         } else {
           r.state = SlaState::Ok;
         }
-        // r.dlq_growing stays nullopt: no DLQ counters yet (DlqMetrics).
+        // The DLQ is per store: growing = its depth rose over the window.
+        if (snap.dlq.depth_change) r.dlq_growing = *snap.dlq.depth_change > 0;
         gm.sla = r;
       }
       tm.groups.push_back(std::move(gm));
@@ -612,6 +627,25 @@ std::string to_prometheus(const MetricsSnapshot& s) {
   PromWriter w;
   w.family("lanebus_metrics_window_seconds", "gauge", "Time span the rates are computed over (0 = one sample).");
   w.sample("lanebus_metrics_window_seconds", {}, s.window_seconds);
+
+  // ---- dead-letter queue (per store)
+  if (s.dlq.available) {
+    w.family("lanebus_dlq_depth_messages", "gauge", "Dead-letter entries waiting for review or replay (store-wide).");
+    w.sample_u64("lanebus_dlq_depth_messages", {}, s.dlq.depth.value_or(0));
+    w.family("lanebus_dlq_oldest_age_seconds", "gauge", "Age of the oldest pending dead-letter entry (0 = none).");
+    w.sample("lanebus_dlq_oldest_age_seconds", {}, s.dlq.oldest_age_seconds.value_or(0.0));
+    w.family("lanebus_dlq_arrivals_total", "counter", "Messages dead-lettered since the store was created, per class.");
+    const char* classes[3] = {"transient", "permanent", "poison"};
+    for (int c = 0; c < 3; ++c) w.sample_u64("lanebus_dlq_arrivals_total", {{"class", classes[c]}}, s.dlq.arrivals[c]);
+    if (s.dlq.arrival_rate) {
+      w.family("lanebus_dlq_arrival_rate_per_second", "gauge", "Dead-letter arrivals per second over the window.");
+      w.sample("lanebus_dlq_arrival_rate_per_second", {}, *s.dlq.arrival_rate);
+    }
+    if (s.dlq.depth_change) {
+      w.family("lanebus_dlq_growing", "gauge", "1 when the dead-letter depth rose over the window.");
+      w.sample("lanebus_dlq_growing", {}, *s.dlq.depth_change > 0 ? 1.0 : 0.0);
+    }
+  }
 
   // ---- topics
   w.family("lanebus_published_total", "counter", "Messages accepted by publish.");
@@ -781,6 +815,24 @@ std::string to_json(const MetricsSnapshot& s) {
   j.key("wall_ns"); j.i64(s.wall_ns);
   j.key("window_seconds"); j.number(s.window_seconds);
   j.key("samples"); j.u64(s.samples);
+  j.key("dlq");
+  j.begin_object();
+  j.key("available"); j.boolean(s.dlq.available);
+  j.key("depth");
+  if (s.dlq.depth) {
+    j.u64(*s.dlq.depth);
+  } else {
+    j.null();
+  }
+  j.key("oldest_age_seconds"); j.number(s.dlq.oldest_age_seconds);
+  j.key("arrival_rate"); j.number(s.dlq.arrival_rate);
+  j.key("growing");
+  if (s.dlq.depth_change) {
+    j.boolean(*s.dlq.depth_change > 0);
+  } else {
+    j.null();
+  }
+  j.end_object();
   j.key("topics");
   j.begin_array();
   for (const auto& t : s.topics) {

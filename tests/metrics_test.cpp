@@ -605,3 +605,48 @@ TEST_CASE("the JSON export parses back under a strict parser with the documented
   CHECK_FALSE(parse_json("[01]", &error));
   CHECK_FALSE(parse_json("{\"a\":1} x", &error));
 }
+
+TEST_CASE("the store's dead-letter queue is in the snapshot, the exports and the SLA's dlq_growing") {
+  lanebus::test::TempDir dir;
+  BusOptions o;
+  o.workers = 1;
+  o.store.directory = dir.path() + "/store";
+  auto bus = Bus::open(o).value();
+  auto q = bus->create_queue("pay.in", {.lanes = 1, .durable = true}).value();
+  MetricsOptions mo;
+  mo.window = 60s;
+  mo.default_sla = SlaPolicy{60s, 0.75};
+  std::int64_t steady = 1'000'000'000;
+  MetricsClock clock{[&] { return steady; }, [] { return std::int64_t{1'700'000'000'000'000'000}; }};
+  auto monitor = Monitor::create(*bus, mo, clock).value();
+  auto sub = bus->consume(q, [](const MessageView&) { return Outcome::reject("bad schema"); }).value();
+  REQUIRE(monitor->sample().ok());  // before: empty DLQ
+  for (int i = 0; i < 2; ++i) REQUIRE(q.publish({.key = "k", .payload = "x"}).ok());
+  REQUIRE(wait_until([&] { return bus->stats().dlq.pending == 2; }));
+  steady += 5'000'000'000;
+  REQUIRE(monitor->sample().ok());
+  auto snap = monitor->snapshot();
+  REQUIRE(snap.dlq.available);
+  CHECK(snap.dlq.depth == 2u);
+  CHECK(snap.dlq.arrivals[static_cast<int>(ErrorClass::Permanent)] == 2);
+  REQUIRE(snap.dlq.arrival_rate.has_value());
+  CHECK(*snap.dlq.arrival_rate == doctest::Approx(0.4));
+  CHECK(snap.dlq.depth_change == 2);
+  const GroupMetrics* g = snap.find_group("pay.in", "");
+  REQUIRE(g != nullptr);
+  REQUIRE(g->sla.has_value());
+  REQUIRE(g->sla->dlq_growing.has_value());
+  CHECK(*g->sla->dlq_growing);
+  PromDoc doc = parse_prometheus(monitor->prometheus());
+  CHECK(doc.errors.empty());
+  auto depth = doc.find("lanebus_dlq_depth_messages");
+  REQUIRE(depth.size() == 1);
+  CHECK(depth[0]->value == 2);
+  auto perm = doc.find("lanebus_dlq_arrivals_total", {{"class", "permanent"}});
+  REQUIRE(perm.size() == 1);
+  CHECK(perm[0]->value == 2);
+  CHECK(doc.find("lanebus_dlq_growing").size() == 1);
+  std::string err;
+  auto json = parse_json(monitor->json(), &err);
+  CHECK_MESSAGE(json.has_value(), err);
+}

@@ -75,21 +75,27 @@ struct SlaReport {
   bool risk_condition = false;
   /// How long the risk condition has held (0 when it does not hold now).
   double risk_held_seconds = 0;
-  /// Whether the group's DLQ depth grew over the window. nullopt: DLQ counters
-  /// are not yet available in this version (see DlqMetrics).
+  /// Whether the DLQ depth grew over the window (not merely non-empty). The
+  /// DLQ is per store, so this is the store's DLQ (see MetricsSnapshot::dlq);
+  /// nullopt for a bus without a store.
   std::optional<bool> dlq_growing{};
 };
 
 // ---------------------------------------------------------------- snapshots
 
-/// Dead-letter queue metrics. NOT YET AVAILABLE: the DLQ arrives with a later
-/// issue; until then `available` is false and every field is nullopt (never a
-/// made-up zero). The exports print null (JSON) or omit the series (Prometheus).
+/// Dead-letter queue metrics. The DLQ is kept per store (one per bus), so the
+/// bus-wide value is MetricsSnapshot::dlq; GroupMetrics::dlq stays
+/// unavailable (its fields nullopt, never a made-up zero) until the DLQ keeps
+/// per-group counters. A bus without a store has no DLQ (available = false).
 struct DlqMetrics {
   bool available = false;
   std::optional<std::uint64_t> depth;         ///< Messages in the DLQ.
   std::optional<double> oldest_age_seconds{};   ///< Age of its oldest entry.
   std::optional<double> arrival_rate{};         ///< Messages per second into it over the window.
+  /// Arrivals since the store was created, per class (index = ErrorClass).
+  std::uint64_t arrivals[3] = {0, 0, 0};
+  /// Depth now minus depth at the start of the window (> 0: growing).
+  std::optional<std::int64_t> depth_change{};
 };
 
 /// One lane of a topic: its share of the publishes (hot-key detection).
@@ -178,6 +184,8 @@ struct LANEBUS_API MetricsSnapshot {
   double window_seconds = 0;
   std::size_t samples = 0;  ///< Samples in the window.
   std::vector<TopicMetrics> topics;
+  /// The store's dead-letter queue (available = false without a store).
+  DlqMetrics dlq;
 
   /// Lookup helpers; nullptr when absent. Valid while the snapshot lives.
   const TopicMetrics* find_topic(std::string_view name) const noexcept;
