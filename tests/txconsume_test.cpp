@@ -118,6 +118,8 @@ TEST_CASE("concurrent transactions on one counter from many lanes lose no update
     auto v = bus->table_get("tally", "votes");
     return v.ok() && *v == std::to_string(kVotes);
   }));
+  // The counter commits before the worker bumps its `acked` counter: wait for both.
+  REQUIRE(wait_until([&] { return bus->stats().topics[0].groups[0].total.acked == kVotes; }));
   auto g = bus->stats().topics[0].groups[0].total;
   MESSAGE("optimistic-concurrency retries: " << g.retried);
   CHECK(g.acked == kVotes);
