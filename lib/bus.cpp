@@ -671,6 +671,21 @@ Status BusCore::republish(const DlqEntry& e) {
   return t->durable ? t->publish_durable(m, {}) : t->publish(m, true, take_ids(1));
 }
 
+Status BusCore::release_claim(GroupLane* gl, const StoredMessage& m, std::uint32_t attempt,
+                              std::chrono::milliseconds delay) {
+  GroupImpl* g = gl->group;
+  if (dlq_) {
+    // Every deliberate release counts as an attempt that came back with an
+    // outcome: poison detection treats claims without one as consumer crashes.
+    // (A crash between the two commits errs towards "not poison".)
+    Status ns = store_->write([&](StoreTxn& t) -> Status {
+      return dlq_->note_outcome_in(t, g->store_group, gl->lane, m.offset).status();
+    });
+    if (!ns.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  return store_->release(g->store_group, gl->lane, m.offset, attempt, delay);
+}
+
 void BusCore::dlq_maintenance() noexcept {
   if (!dlq_) return;
   try {
@@ -994,8 +1009,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
           bump(gl->duplicates_skipped);
           s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
         } else {
-          s = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt,
-                              std::chrono::milliseconds(kDedupBusyDelayNs / 1'000'000));
+          s = release_claim(gl, cm.message, cm.attempt, std::chrono::milliseconds(kDedupBusyDelayNs / 1'000'000));
         }
         if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
         ++handled;
@@ -1028,7 +1042,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       if (cs.code() != Code::Conflict && cs.code() != Code::StaleToken)
         gl->errors.fetch_add(1, std::memory_order_relaxed);
       // Nothing was written; hand the message back for another delivery.
-      Status rs = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, std::chrono::milliseconds(0));
+      Status rs = release_claim(gl, cm.message, cm.attempt, std::chrono::milliseconds(0));
       if (!rs.ok() && rs.code() != Code::StaleToken && rs.code() != Code::NotFound)
         gl->errors.fetch_add(1, std::memory_order_relaxed);
       return true;
@@ -1038,19 +1052,11 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     if (guarded && !acked) dedup_finish(gl, cm.message.idempotency_key, false);
     if (out.kind() == Outcome::Kind::Retry && plan_retry(gl, cm.attempt)) {
       bump(gl->retried);
-      if (dlq_) {
-        // Count the attempt that came back with an outcome before the claim is
-        // released (poison detection; a crash in between errs towards "not poison").
-        Status ns = store_->write([&](StoreTxn& t) -> Status {
-          return dlq_->note_outcome_in(t, g->store_group, gl->lane, cm.message.offset).status();
-        });
-        if (!ns.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
-      }
       // The store keeps the message claimed until the backoff ends (the
       // claim, not this process, holds the delay: it survives a crash).
       auto delay = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(gl->retry_delay_ns));
       gl->retry_delay_ns = 0;
-      s = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, delay);
+      s = release_claim(gl, cm.message, cm.attempt, delay);
       if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
       return delay.count() == 0;  // at once: run again after other lanes; else the poller wakes it
     }
@@ -1066,7 +1072,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
           classify_failure(out.kind(), cm.attempt, outcomes, late, dlq_->options().poison_after_crashes);
       if (!dead_letter_durable(gl, cm.message, out, cm.attempt, cls)) {
         // The DLQ refused it (quota): keep the message, try again later.
-        Status rs = store_->release(g->store_group, gl->lane, cm.message.offset, cm.attempt, std::chrono::seconds(1));
+        Status rs = release_claim(gl, cm.message, cm.attempt, std::chrono::seconds(1));
         if (!rs.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
         return false;
       }

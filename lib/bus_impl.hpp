@@ -278,6 +278,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool dead_letter_durable(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
                            ErrorClass cls);
   void dlq_maintenance() noexcept;
+  /// Give a durable queue claim back (retry, busy key, conflict, DLQ full),
+  /// recording that this attempt came back with an outcome (not a crash).
+  Status release_claim(GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, std::chrono::milliseconds delay);
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
