@@ -22,3 +22,7 @@ meson compile -C "$dir"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
 meson test -C "$dir" --print-errorlogs --num-processes 2
+if [ "$mode" = plain ]; then
+  # Consumer test: install to a temporary prefix, build examples/tour against lanebus.pc.
+  scripts/consumer_check.sh "$dir"
+fi
