@@ -321,6 +321,9 @@ Status BusCore::start() {
   try {
     workers_.reserve(n);
     for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+    // Return only once every worker has made its one-time allocations (its
+    // moodycamel producer), so "after warm-up" never includes a worker start.
+    while (workers_ready_.load(std::memory_order_acquire) < n) std::this_thread::sleep_for(std::chrono::microseconds(50));
   } catch (const std::exception& e) {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting workers: " + e.what());
   }
@@ -1199,8 +1202,19 @@ Status BusCore::seek(TopicImpl* t, std::string_view group, const StartPosition& 
   return Status();
 }
 
+namespace {
+// A run-queue entry that is not a lane: each worker enqueues one when it
+// starts, so moodycamel creates that thread's implicit producer (an
+// allocation) while the bus opens rather than on the worker's first
+// reschedule, which may come long after warm-up.
+char warmup_marker_byte;
+GroupLane* warmup_marker() noexcept { return reinterpret_cast<GroupLane*>(&warmup_marker_byte); }
+}  // namespace
+
 void BusCore::worker_main(std::size_t /*index*/) {
   using clock = std::chrono::steady_clock;
+  runq_.enqueue(warmup_marker());
+  workers_ready_.fetch_add(1, std::memory_order_release);
   for (;;) {
     GroupLane* gl = nullptr;
     bool got = runq_.try_dequeue(gl);
@@ -1213,6 +1227,7 @@ void BusCore::worker_main(std::size_t /*index*/) {
     }
     if (!got) runq_.wait_dequeue(gl);  // park: no CPU until a lane is scheduled
     if (gl == nullptr) return;         // stop sentinel from shutdown()
+    if (gl == warmup_marker()) continue;
     run_lane(gl);
   }
 }

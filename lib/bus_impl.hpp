@@ -297,6 +297,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Mutex shutdown_mu_;
   std::atomic<std::uint64_t> next_id_{1};
   std::atomic<std::uint64_t> runq_fallbacks_{0};
+  std::atomic<std::size_t> workers_ready_{0};
 
   std::unique_ptr<RetryTimer> timer_;
   std::map<std::string, std::unique_ptr<IdempotencyTable>, std::less<>> idempotency_ GUARDED_BY(mu_);

@@ -26,3 +26,12 @@ if [ "$mode" = plain ]; then
   # Consumer test: install to a temporary prefix, build examples/tour against lanebus.pc.
   scripts/consumer_check.sh "$dir"
 fi
+# One plain closing line for readers (and CI): N passed, N failed.
+python3 - "$dir/meson-logs/testlog.json" <<'PY'
+import json, sys
+results = [json.loads(line)["result"] for line in open(sys.argv[1]) if line.strip()]
+passed = sum(r in ("OK", "EXPECTEDFAIL") for r in results)
+failed = sum(r in ("FAIL", "TIMEOUT", "UNEXPECTEDPASS", "ERROR") for r in results)
+skipped = sum(r == "SKIP" for r in results)
+print(f"{passed} passed, {failed} failed, {skipped} skipped")
+PY
