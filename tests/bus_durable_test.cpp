@@ -15,23 +15,16 @@
 #include <vector>
 
 #include "lanebus/lanebus.hpp"
+#include "scratch_dir.hpp"
 #include "wait.hpp"
 
 using namespace lanebus;
 using namespace std::chrono_literals;
 using lanebus::test::wait_until;
+using TempDir = lanebus::test::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/lanebus-bus-durable-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 BusOptions durable_bus(const fs::path& dir, Durability d = Durability::Sync) {
   BusOptions o;

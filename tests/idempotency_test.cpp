@@ -17,37 +17,22 @@
 #include <vector>
 
 #include "lanebus/lanebus.hpp"
+#include "scratch_dir.hpp"
 #include "wait.hpp"
 
 using namespace lanebus;
 using namespace std::chrono_literals;
 using lanebus::test::wait_until;
+using TempDir = lanebus::test::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/lanebus-idem-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-BusOptions store_bus(const fs::path& dir) {
-  BusOptions o;
-  o.workers = 2;
-  o.store.directory = (dir / "store").string();
-  o.durable_poll = 10ms;
-  return o;
-}
 
 }  // namespace
 
 TEST_CASE("claim, complete, status and release follow the contract") {
   TempDir tmp;
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();
   IdempotencyTable* t = bus->idempotency("mail.welcome", {.max_key_bytes = 32}).value();
   CHECK(t->scope() == "mail.welcome");
   CHECK(bus->idempotency("mail.welcome").value() == t);  // same scope, same table
@@ -93,7 +78,7 @@ TEST_CASE("claim, complete, status and release follow the contract") {
 
 TEST_CASE("of concurrent claimers in threads exactly one wins") {
   TempDir tmp;
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();
   IdempotencyTable* t = bus->idempotency("race").value();
   for (int round = 0; round < 20; ++round) {
     std::string key = "payment-" + std::to_string(round);
@@ -119,7 +104,7 @@ TEST_CASE("of concurrent claimers in separate processes exactly one wins") {
   REQUIRE_MESSAGE(child != nullptr, "LANEBUS_IDEMPOTENCY_CHILD is not set (run through meson test)");
   TempDir tmp;
   {
-    auto bus = Bus::open(store_bus(tmp.path)).value();  // create the store first
+    auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();  // create the store first
     REQUIRE(bus->idempotency("race").ok());
   }
   const std::string store = (tmp.path / "store").string();
@@ -168,13 +153,13 @@ TEST_CASE("of concurrent claimers in separate processes exactly one wins") {
 TEST_CASE("after the hot tier's TTL and a restart, the durable tier still knows a done key") {
   TempDir tmp;
   {
-    auto bus = Bus::open(store_bus(tmp.path)).value();
+    auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();
     IdempotencyTable* t = bus->idempotency("mail", {.hot_ttl = 1ms}).value();
     REQUIRE(t->claim("welcome-e100").value().state == ClaimState::Claimed);
     REQUIRE(t->complete("welcome-e100", "sent").ok());
   }
   std::this_thread::sleep_for(5ms);
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();
   IdempotencyTable* t = bus->idempotency("mail", {.hot_ttl = 1ms}).value();
   auto r = t->claim("welcome-e100", true).value();
   CHECK(r.state == ClaimState::Done);
@@ -184,7 +169,7 @@ TEST_CASE("after the hot tier's TTL and a restart, the durable tier still knows 
 
 TEST_CASE("an abandoned in-progress claim can be taken over after claim_timeout") {
   TempDir tmp;
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();
   IdempotencyTable* t = bus->idempotency("jobs", {.claim_timeout = 30ms}).value();
   REQUIRE(t->claim("job-1").value().state == ClaimState::Claimed);
   CHECK(t->claim("job-1").value().state == ClaimState::InProgress);
@@ -194,7 +179,7 @@ TEST_CASE("an abandoned in-progress claim can be taken over after claim_timeout"
 
 TEST_CASE("a consumer group with an idempotency scope skips done keys on a durable queue and a topic") {
   TempDir tmp;
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();
   auto queue = bus->create_queue("mail.outbox", {.lanes = 2, .durable = true}).value();
   auto topic = bus->create_topic("mail.events", {.lanes = 2}).value();  // ephemeral, same scope
   std::atomic<int> sent{0}, seen{0};

@@ -19,31 +19,16 @@
 #include <vector>
 
 #include "lanebus/lanebus.hpp"
+#include "scratch_dir.hpp"
 #include "wait.hpp"
 
 using namespace lanebus;
 using namespace std::chrono_literals;
 using lanebus::test::wait_until;
+using TempDir = lanebus::test::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/lanebus-tx-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-BusOptions store_bus(const fs::path& dir) {
-  BusOptions o;
-  o.workers = 2;
-  o.store.directory = (dir / "store").string();
-  o.durable_poll = 5ms;
-  return o;
-}
 
 std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
   const char* v = std::getenv(name);
@@ -54,7 +39,7 @@ std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
 
 TEST_CASE("writes, outbox publishes and the ack commit together; retried attempts leave no trace") {
   TempDir tmp;
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path, 5ms)).value();
   auto orders = bus->create_queue("shop.orders", {.lanes = 4, .durable = true}).value();
   auto confirmed = bus->create_topic("shop.confirmed", {.lanes = 2, .durable = true}).value();
   std::atomic<int> outbox_seen{0};
@@ -104,7 +89,7 @@ TEST_CASE("writes, outbox publishes and the ack commit together; retried attempt
 
 TEST_CASE("concurrent transactions on one counter from many lanes lose no update") {
   TempDir tmp;
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path, 5ms)).value();
   auto topic = bus->create_topic("votes.cast", {.lanes = 8, .durable = true}).value();
   auto sub = bus->subscribe_tx(topic, "tally", [&](const MessageView&, Transaction& tx) {
                     auto v = tx.get("tally", "votes");
@@ -135,7 +120,7 @@ TEST_CASE("kill -9 at random moments: every booking is applied exactly once") {
   TempDir tmp;
   constexpr int kSeats = 1000, kBookings = 300, kDuplicates = 60;
   {
-    auto bus = Bus::open(store_bus(tmp.path)).value();
+    auto bus = Bus::open(lanebus::test::store_bus(tmp.path, 5ms)).value();
     auto queue = bus->create_queue("tickets.bookings", {.lanes = 4, .durable = true}).value();
     auto seed_table = bus->create_queue("tickets.setup", {.lanes = 1, .durable = true}).value();
     // Initialise the counter through a transaction.
@@ -185,7 +170,7 @@ TEST_CASE("kill -9 at random moments: every booking is applied exactly once") {
   }
   MESSAGE("killed " << kills << " consumers mid-flight");
   REQUIRE(finished == 1);
-  auto bus = Bus::open(store_bus(tmp.path)).value();
+  auto bus = Bus::open(lanebus::test::store_bus(tmp.path, 5ms)).value();
   CHECK(bus->table_get("venue", "bookings").value() == std::to_string(kBookings));
   CHECK(bus->table_get("venue", "seats-left").value() == std::to_string(kSeats - kBookings));
   for (int i = 0; i < kBookings; i += 37) {
