@@ -88,11 +88,36 @@ struct GroupOptions {
   /// Random spread, 0..1. Default 0.2 (±20 %).
   double backoff_jitter = 0.2;
   /// Time budget of one handler call, shown to the handler as
-  /// MessageView::deadline_ns(). Handlers cannot be pre-empted: a call that
-  /// overruns it and then returns retry (or throws) is counted as timed_out;
-  /// an ack or reject after the deadline is honoured (the work was done).
+  /// MessageView::deadline_ns(). Handlers cannot be pre-empted (a thread
+  /// cannot be stopped safely), so the budget is enforced as far as a thread
+  /// allows:
+  /// - a call still running past it is counted as `stuck` (LaneCounters),
+  ///   shown while it runs (`stuck_now`), in the exports and `lanebus stats`,
+  ///   and named by the SLA report; the other lanes keep flowing on the other
+  ///   workers;
+  /// - on a durable queue the visibility deadline of its claim is set to the
+  ///   attempt's deadline (when shorter than `visibility`), so once it
+  ///   passes another consumer process may take the message: the stuck
+  ///   handler's late ack then fails (the message counts as redelivered);
+  /// - a call that overruns it and then returns retry (or throws) is counted
+  ///   as timed_out; an ack or reject after the deadline is honoured on
+  ///   ephemeral lanes and durable topics (the work was done);
+  /// - shutdown reports the group and lane of a handler that held it up.
   /// Default 0 = no budget.
   std::chrono::milliseconds attempt_timeout{0};
+
+  /// Per-key retry without head-of-line blocking (SPEC §5). false (default):
+  /// a message waiting out its retry backoff holds back its whole lane.
+  /// true: it holds back only the later messages of its own key; the other
+  /// keys of the lane keep flowing. The held key's later messages are set
+  /// aside in order (per-key order is unchanged) and delivered after it.
+  /// Works the same on ephemeral lanes, durable topics and durable queues.
+  bool key_parallel_retry = false;
+  /// With key_parallel_retry: the most messages one lane sets aside (messages
+  /// in backoff plus the later messages of their keys). When it is reached
+  /// the lane waits for the oldest backoff, as without key_parallel_retry, so
+  /// memory stays bounded. 1..65536. Default 256.
+  std::uint32_t key_parallel_limit = 256;
 
   /// Most messages a worker handles from one lane before it lets other lanes
   /// run (fairness between lanes). Default 64.

@@ -53,6 +53,9 @@ struct LaneCounters {
   std::uint64_t rejected = 0;   ///< reject outcomes.
   std::uint64_t failed = 0;     ///< Messages that used up max_attempts.
   std::uint64_t timed_out = 0;  ///< Calls that overran attempt_timeout and then failed.
+  std::uint64_t stuck = 0;      ///< Calls seen still running past attempt_timeout (counted once per call).
+  std::uint64_t stuck_now = 0;  ///< Gauge: handler calls of this lane running past attempt_timeout now (0 or 1).
+  std::uint64_t set_aside = 0;  ///< Gauge: messages held back by key_parallel_retry (in backoff or behind one).
   std::uint64_t duplicates_skipped = 0;  ///< Idempotency key already done: acked without the handler.
   std::uint64_t dropped = 0;    ///< Discarded by DropOldest backpressure, or with no consumer.
   std::uint64_t skipped = 0;    ///< Durable: messages deleted by retention before the group read them.
