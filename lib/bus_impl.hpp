@@ -62,6 +62,31 @@ namespace lanebus::detail {
 
 class TopicImpl;
 struct GroupImpl;
+struct Consumer;
+class BusCore;
+
+/// The consumer whose handler this thread is running, if any: lets close() and
+/// shutdown() called from inside a handler return Busy instead of deadlocking
+/// (defined in scheduler.cpp).
+extern thread_local Consumer* tl_running_consumer;
+extern thread_local BusCore* tl_running_bus;
+
+/// Wall clock, ns since the epoch (message timestamps, DLQ times).
+inline std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// How long a lane waits when another consumer holds a message's idempotency key.
+inline constexpr std::int64_t kDedupBusyDelayNs = 50'000'000;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 /// A counter written by one thread at a time (the lane's current owner) and
 /// read by stats(). relaxed: a plain tally; ownership hand-offs through the

@@ -1,0 +1,298 @@
+// lanebus — MIT License.
+// The registry: topics, groups and consumers (create, attach, detach, find),
+// idempotency scopes and seek. Lock order is in bus_impl.hpp.
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <exception>
+#include <string>
+
+#include "bus_impl.hpp"
+#include "names.hpp"
+
+namespace lanebus::detail {
+
+namespace {
+
+std::uint32_t round_pow2(std::uint32_t v) { return std::bit_ceil(std::max<std::uint32_t>(v, 2)); }
+
+Status check_topic_options(std::string_view name, const TopicOptions& o) {
+  auto bad = [&](const std::string& why) {
+    return Status(Code::InvalidArgument, "topic \"" + std::string(name) + "\": " + why);
+  };
+  if (o.lanes == 0 || o.lanes > 4096) return bad("lanes must be 1..4096, got " + std::to_string(o.lanes));
+  if (o.capacity == 0 || o.capacity > (1u << 24))
+    return bad("capacity must be 1..16777216, got " + std::to_string(o.capacity));
+  if (o.slot_bytes == 0 || o.slot_bytes > (16u << 20))
+    return bad("slot_bytes must be 1..16 MiB, got " + std::to_string(o.slot_bytes));
+  if (o.max_groups == 0 || o.max_groups > 1024)
+    return bad("max_groups must be 1..1024, got " + std::to_string(o.max_groups));
+  if (o.block_timeout.count() < 0) return bad("block_timeout must not be negative");
+  return Status();
+}
+
+
+}  // namespace
+
+// ---------------------------------------------------------------- groups
+
+GroupImpl::GroupImpl(TopicImpl* t, std::string n, const GroupOptions& o, std::uint32_t lane_count,
+                     std::uint32_t ring_capacity, std::uint32_t max_cons)
+    : topic(t),
+      name(std::move(n)),
+      options(o),
+      consumers(new Consumer[max_cons]),
+      max_consumers(max_cons),
+      persistent(t->is_queue || t->durable) {
+  lanes.reserve(lane_count);
+  for (std::uint32_t l = 0; l < lane_count; ++l) lanes.push_back(std::make_unique<GroupLane>(this, l, ring_capacity));
+  for (std::uint32_t i = 0; i < max_cons; ++i) consumers[i].group = this;
+}
+
+// ---------------------------------------------------------------- topics
+
+TopicImpl::TopicImpl(BusCore* b, std::string n, bool queue, const TopicOptions& o)
+    : bus(b),
+      name(std::move(n)),
+      is_queue(queue),
+      options(o),
+      durable(o.durable),
+      // Durable topics keep messages in the store, not in slots.
+      capacity(o.durable ? 2 : round_pow2(o.capacity)),
+      pool(capacity, o.durable ? 1 : o.slot_bytes),
+      groups(new std::atomic<GroupImpl*>[o.max_groups]),
+      lane_load(new LaneLoad[o.lanes]) {
+  for (std::uint32_t i = 0; i < o.max_groups; ++i) groups[i].store(nullptr, std::memory_order_relaxed);
+}
+
+// Discard the oldest queued message of each active group, lane by lane from
+
+// ---------------------------------------------------------------- idempotency
+
+Result<IdempotencyTable*> BusCore::idempotency(std::string_view scope, const IdempotencyOptions& o) {
+  if (Status s = check_name(scope, "idempotency scope"); !s.ok()) return s;
+  if (!store_)
+    return Status(Code::InvalidArgument, "idempotency scope \"" + std::string(scope) +
+                                             "\": needs a bus opened with BusOptions::store.directory");
+  if (o.hot_capacity == 0 || o.max_key_bytes == 0 || o.max_key_bytes > 4096 || o.hot_ttl.count() < 0 ||
+      o.claim_timeout.count() <= 0 || o.durable_retention.count() < 0)
+    return Status(Code::InvalidArgument, "idempotency scope \"" + std::string(scope) +
+                                             "\": hot_capacity must be >= 1, max_key_bytes 1..4096, claim_timeout "
+                                             "positive, TTL and retention not negative");
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  MutexLock l(&mu_);
+  auto it = idempotency_.find(scope);
+  if (it != idempotency_.end()) return it->second.get();
+  auto table = std::unique_ptr<IdempotencyTable>(
+      new IdempotencyTable(std::make_unique<IdempotencyImpl>(store_.get(), std::string(scope), o)));
+  IdempotencyTable* raw = table.get();
+  idempotency_.emplace(std::string(scope), std::move(table));
+  return raw;
+}
+
+Status BusCore::seek(TopicImpl* t, std::string_view group, const StartPosition& position) {
+  if (!t->durable)
+    return Status(Code::InvalidArgument, "seek \"" + t->name + "\": only durable topics and queues can seek");
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  GroupImpl* g = nullptr;
+  {
+    MutexLock l(&mu_);
+    for (auto& og : t->owned_groups)
+      if (t->is_queue || og->name == group) g = og.get();
+  }
+  if (g == nullptr)
+    return Status(Code::NotFound, "seek \"" + t->name + "\": no group \"" + std::string(group) + "\" in this bus");
+  {
+    MutexLock l(&g->commit_mu);
+    g->seek_gen.fetch_add(1, std::memory_order_acq_rel);
+    if (Status s = store_->seek(g->store_group, position); !s.ok()) return s;
+  }
+  if (g->consumer_count.load(std::memory_order_seq_cst) > 0)
+    for (auto& gl : g->lanes) schedule(gl.get());
+  return Status();
+}
+
+TopicImpl* BusCore::find(std::string_view name) const {
+  MutexLock l(&mu_);
+  auto it = topics_.find(name);
+  return it == topics_.end() ? nullptr : it->second.get();
+}
+
+Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const TopicOptions& o) {
+  const char* kind = is_queue ? "queue" : "topic";
+  if (Status s = check_name(name, kind); !s.ok()) return s;
+  if (Status s = check_topic_options(name, o); !s.ok()) return s;
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  TopicRef ref;
+  GroupRef queue_group;
+  if (o.durable) {
+    if (!store_)
+      return Status(Code::InvalidArgument, std::string(kind) + " \"" + std::string(name) +
+                                               "\": durable needs a bus opened with BusOptions::store.directory");
+    // Blocking store calls happen before taking mu_ (they wait for the
+    // store's writer thread, whose listener must never wait for mu_).
+    TopicSpec spec;
+    spec.lanes = o.lanes;
+    spec.is_queue = is_queue;
+    spec.retention = o.retention;
+    spec.fence = o.fence;
+    spec.fence_per_lane = o.fence_per_lane;
+    auto r = store_->open_topic(name, spec);
+    if (!r.ok()) return r.status();
+    ref = *r;
+    if (is_queue) {
+      auto g = store_->open_group(ref, "queue", StartPosition::earliest());
+      if (!g.ok()) return g.status();
+      queue_group = *g;
+    }
+  }
+  MutexLock l(&mu_);
+  auto it = topics_.find(name);
+  if (it != topics_.end()) {
+    TopicImpl* t = it->second.get();
+    if (t->is_queue != is_queue)
+      return Status(Code::Conflict, std::string(kind) + " \"" + std::string(name) + "\": already exists as a " +
+                                        (t->is_queue ? "queue" : "topic"));
+    if (t->options.lanes != o.lanes)
+      return Status(Code::Conflict, std::string(kind) + " \"" + std::string(name) + "\": already exists with " +
+                                        std::to_string(t->options.lanes) + " lanes, asked for " +
+                                        std::to_string(o.lanes) + " (the lane count is fixed at creation)");
+    if (t->durable != o.durable)
+      return Status(Code::Conflict, std::string(kind) + " \"" + std::string(name) + "\": already exists as " +
+                                        (t->durable ? "durable" : "ephemeral"));
+    return t;
+  }
+  if (topics_.size() >= options.max_topics)
+    return Status(Code::Busy, "bus \"" + options.name + "\": max_topics (" + std::to_string(options.max_topics) +
+                                  ") reached; raise BusOptions::max_topics");
+  auto t = std::make_unique<TopicImpl>(this, std::string(name), is_queue, o);
+  TopicImpl* raw = t.get();
+  raw->store_topic = ref;
+  if (is_queue) {
+    // The queue's one group exists from the start and keeps messages until a
+    // consumer attaches.
+    auto g = std::make_unique<GroupImpl>(raw, std::string(), GroupOptions{}, o.lanes, raw->capacity,
+                                         options.max_consumers_per_group);
+    g->store_group = queue_group;
+    g->active.store(true, std::memory_order_release);
+    raw->groups[0].store(g.get(), std::memory_order_release);
+    raw->owned_groups.push_back(std::move(g));
+    raw->group_count.store(1, std::memory_order_release);
+  }
+  topics_.emplace(std::string(name), std::move(t));
+  if (o.durable) {
+    MutexLock dl(&durable_mu_);
+    durable_topics_[ref.id] = raw;
+  }
+  return raw;
+}
+
+Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler handler, TxHandler tx_handler,
+                                  const GroupOptions& o) {
+  if (!handler && !tx_handler)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": the handler is empty");
+  if (tx_handler && !t->durable)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name +
+                                             "\": transactional handlers need a durable topic or queue");
+  if (o.max_attempts == 0 || o.batch == 0)
+    return Status(Code::InvalidArgument,
+                  "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
+  if (o.visibility.count() <= 0)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": visibility must be positive");
+  if (o.backoff_initial.count() < 0 || o.backoff_max.count() < 0 || o.attempt_timeout.count() < 0 ||
+      !(o.backoff_multiplier >= 1.0) || !(o.backoff_jitter >= 0.0 && o.backoff_jitter <= 1.0))
+    return Status(Code::InvalidArgument,
+                  "subscribe to \"" + t->name +
+                      "\": backoff and timeout must not be negative, backoff_multiplier must be >= 1 and "
+                      "backoff_jitter within 0..1");
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  IdempotencyImpl* idem = nullptr;
+  if (!o.idempotency_scope.empty()) {
+    auto table = idempotency(o.idempotency_scope, {});  // takes mu_ itself
+    if (!table.ok()) return table.status();
+    idem = (*table)->impl();
+  }
+  GroupRef store_group;
+  if (t->durable && !t->is_queue) {
+    auto r = store_->open_group(t->store_topic, group, o.start);  // blocking: before mu_
+    if (!r.ok()) return r.status();
+    store_group = *r;
+  }
+  MutexLock l(&mu_);
+  GroupImpl* g = nullptr;
+  if (t->is_queue) {
+    g = t->owned_groups.front().get();
+  } else {
+    for (auto& og : t->owned_groups)
+      if (og->name == group) g = og.get();
+    if (g == nullptr) {
+      std::uint32_t n = t->group_count.load(std::memory_order_relaxed);
+      if (n >= t->options.max_groups)
+        return Status(Code::Busy, "topic \"" + t->name + "\": max_groups (" + std::to_string(t->options.max_groups) +
+                                      ") reached; raise TopicOptions::max_groups");
+      auto ng = std::make_unique<GroupImpl>(t, std::string(group), o, t->options.lanes, t->capacity,
+                                            options.max_consumers_per_group);
+      ng->store_group = store_group;
+      ng->idempotency = idem;
+      g = ng.get();
+      t->owned_groups.push_back(std::move(ng));
+      t->groups[n].store(g, std::memory_order_release);
+      t->group_count.store(n + 1, std::memory_order_release);
+    }
+  }
+  Consumer* c = nullptr;
+  for (std::uint32_t i = 0; i < g->max_consumers; ++i) {
+    if (!g->consumers[i].in_use) {
+      c = &g->consumers[i];
+      if (i + 1 > g->consumers_hw.load(std::memory_order_relaxed))
+        g->consumers_hw.store(i + 1, std::memory_order_release);
+      break;
+    }
+  }
+  if (c == nullptr)
+    return Status(Code::Busy, "group \"" + g->name + "\" of \"" + t->name + "\": max_consumers_per_group (" +
+                                  std::to_string(g->max_consumers) + ") reached");
+  c->in_use = true;
+  c->handler = std::move(handler);
+  c->tx_handler = std::move(tx_handler);
+  if (t->is_queue && g->consumer_count.load(std::memory_order_relaxed) == 0) {
+    // The first consumer of a queue sets its delivery options.
+    g->options = o;
+    g->idempotency = idem;
+  }
+  c->enabled.store(true, std::memory_order_seq_cst);
+  g->consumer_count.fetch_add(1, std::memory_order_seq_cst);
+  g->active.store(true, std::memory_order_seq_cst);
+  // Lanes may hold messages that waited for a consumer (queues, durable logs,
+  // a pending retry): let a worker look at each (an empty lane costs one
+  // run-queue round trip). Lane state itself belongs to the worker running it.
+  for (auto& gl : g->lanes) schedule(gl.get());
+  return c;
+}
+
+Status BusCore::detach(Consumer* c) noexcept {
+  c->enabled.store(false, std::memory_order_seq_cst);
+  if (tl_running_consumer == c) {
+    // Cannot wait for ourselves; the slot is freed by nobody until the bus
+    // dies (documented: detached, not awaited).
+    return Status::from_literal(Code::Busy,
+                                "close: called from the subscription's own handler; detached without waiting");
+  }
+  while (c->calls.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+  MutexLock l(&mu_);
+  GroupImpl* g = c->group;
+  Handler old = std::move(c->handler);
+  TxHandler old_tx = std::move(c->tx_handler);
+  c->handler = nullptr;
+  c->tx_handler = nullptr;
+  c->in_use = false;
+  if (g->consumer_count.fetch_sub(1, std::memory_order_seq_cst) == 1 && !g->persistent) {
+    // Last consumer of a topic group: it stops receiving; queued messages are
+    // discarded by the workers (no consumer) and counted as dropped.
+    g->active.store(false, std::memory_order_seq_cst);
+    for (auto& gl : g->lanes) schedule(gl.get());
+  }
+  return Status();
+}
+
+}  // namespace lanebus::detail

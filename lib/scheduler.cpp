@@ -1,0 +1,216 @@
+// lanebus — MIT License.
+// Lane scheduling and the worker pool: start, schedule, requeue, workers,
+// shutdown. Design notes in bus_impl.hpp.
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <exception>
+#include <string>
+
+#include "bus_impl.hpp"
+#include "lanebus/lease.hpp"
+
+namespace lanebus::detail {
+
+thread_local Consumer* tl_running_consumer = nullptr;
+thread_local BusCore* tl_running_bus = nullptr;
+
+// ---------------------------------------------------------------- bus core
+
+BusCore::BusCore(const BusOptions& o) : options(o), runq_(4096) {}
+
+BusCore::~BusCore() {
+  // Bus::~Bus already shut down; this covers a failed start().
+  if (!stopped_.load()) (void)shutdown(ShutdownMode::Abandon, std::chrono::milliseconds(0));
+}
+
+Status BusCore::start() {
+  if (!options.store.directory.empty()) {
+    auto st = DurableStore::open(options.store);
+    if (!st.ok()) return st.status();
+    store_ = std::move(*st);
+    dlq_ = std::make_unique<DlqStore>(*store_, options.dlq);
+    if (options.lease_table != nullptr) {
+      LeaseTable* table = options.lease_table;
+      store_->set_fence_confirm(
+          [table](std::string_view lease, std::uint64_t token) { return table->confirm_grant(lease, token); });
+    }
+    dead_letters_ = std::make_unique<DeadLetters>(this);
+    store_->set_append_listener(
+        [this](std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) { on_append(topic_id, lane, end); });
+    try {
+      poller_ = std::thread([this] { poller_main(); });
+    } catch (const std::exception& e) {
+      return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the poller: " + e.what());
+    }
+  }
+  try {
+    timer_ = std::make_unique<RetryTimer>([this](TimerEntry* e) {
+      GroupLane* gl = static_cast<GroupLane*>(e);
+      if (!runq_.try_enqueue(gl)) {
+        runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+        runq_.enqueue(gl);
+      }
+    });
+  } catch (const std::exception& e) {
+    return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
+  }
+  std::size_t n = options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency());
+  try {
+    workers_.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+    // Return only once every worker has made its one-time allocations (its
+    // moodycamel producer), so "after warm-up" never includes a worker start.
+    while (workers_ready_.load(std::memory_order_acquire) < n) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  } catch (const std::exception& e) {
+    return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting workers: " + e.what());
+  }
+  return Status();
+}
+
+void BusCore::schedule(GroupLane* gl) noexcept {
+  // seq_cst: the publisher's side of the Dekker hand-off (bus_impl.hpp).
+  if (gl->scheduled.load(std::memory_order_seq_cst)) return;
+  if (gl->scheduled.exchange(true, std::memory_order_seq_cst)) return;
+  if (!runq_.try_enqueue(gl)) {
+    // The queue's pre-sized blocks are exhausted (many publishing threads):
+    // correctness first, allocate one more block, and count it.
+    runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    runq_.enqueue(gl);
+  }
+}
+
+Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
+  std::uint32_t n = g->consumers_hw.load(std::memory_order_acquire);
+  if (n == 0) return nullptr;
+  std::uint32_t start = g->rr.fetch_add(1, std::memory_order_relaxed);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Consumer* c = &g->consumers[(start + i) % n];
+    if (!c->enabled.load(std::memory_order_acquire)) continue;
+    // seq_cst pair with close(): enabled=false then wait for calls==0.
+    c->calls.fetch_add(1, std::memory_order_seq_cst);
+    if (c->enabled.load(std::memory_order_seq_cst)) return c;
+    c->calls.fetch_sub(1, std::memory_order_release);
+  }
+  return nullptr;
+}
+
+void BusCore::requeue(GroupLane* gl) noexcept {
+  if (gl->retry_delay_ns > 0 && timer_) {
+    gl->due_ns = RetryTimer::now_ns() + gl->retry_delay_ns;
+    gl->retry_delay_ns = 0;
+    timer_->add(gl);  // the lane stays scheduled while it waits
+    return;
+  }
+  if (!runq_.try_enqueue(gl)) {
+    runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    runq_.enqueue(gl);
+  }
+}
+
+namespace {
+// A run-queue entry that is not a lane: each worker enqueues one when it
+// starts, so moodycamel creates that thread's implicit producer (an
+// allocation) while the bus opens rather than on the worker's first
+// reschedule, which may come long after warm-up.
+char warmup_marker_byte;
+GroupLane* warmup_marker() noexcept { return reinterpret_cast<GroupLane*>(&warmup_marker_byte); }
+}  // namespace
+
+void BusCore::worker_main(std::size_t /*index*/) {
+  using clock = std::chrono::steady_clock;
+  runq_.enqueue(warmup_marker());
+  workers_ready_.fetch_add(1, std::memory_order_release);
+  for (;;) {
+    GroupLane* gl = nullptr;
+    bool got = runq_.try_dequeue(gl);
+    if (!got && options.spin.count() > 0) {
+      auto until = clock::now() + options.spin;
+      for (std::uint32_t i = 1; !got; ++i) {
+        got = runq_.try_dequeue(gl);
+        if (!got && (i & 63) == 0 && clock::now() >= until) break;
+      }
+    }
+    if (!got) runq_.wait_dequeue(gl);  // park: no CPU until a lane is scheduled
+    if (gl == nullptr) return;         // stop sentinel from shutdown()
+    if (gl == warmup_marker()) continue;
+    run_lane(gl);
+  }
+}
+
+std::int64_t BusCore::slots_in_use() const {
+  MutexLock l(&mu_);
+  std::int64_t n = 0;
+  for (const auto& [name, t] : topics_) n += t->pool.in_use();
+  return n;
+}
+
+void BusCore::release_remaining() noexcept {
+  MutexLock l(&mu_);
+  for (auto& [name, t] : topics_) {
+    for (auto& g : t->owned_groups) {
+      for (auto& gl : g->lanes) {
+        if (gl->current) {
+          gl->dropped.fetch_add(1, std::memory_order_relaxed);
+          t->pool.release(gl->current);
+          gl->current = nullptr;
+        }
+        std::uint32_t idx;
+        while (gl->ring.try_dequeue(idx)) {
+          gl->dropped.fetch_add(1, std::memory_order_relaxed);
+          t->pool.release(t->pool.at(idx));
+        }
+        gl->scheduled.store(false, std::memory_order_relaxed);
+      }
+    }
+  }
+}
+
+Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
+  if (tl_running_bus == this)
+    return Status(Code::Busy, "bus \"" + options.name + "\": shutdown called from a handler; a worker cannot join itself");
+  MutexLock guard(&shutdown_mu_);
+  if (stopped_.load()) return Status();
+  closing_.store(true, std::memory_order_seq_cst);
+  Status result;
+  if (mode == ShutdownMode::Drain) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (slots_in_use() > 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        result = Status(Code::TimedOut, "bus \"" + options.name + "\": drain did not finish within " +
+                                            std::to_string(timeout.count()) + " ms; " +
+                                            std::to_string(slots_in_use()) + " messages abandoned");
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  abandon_.store(true, std::memory_order_release);
+  for (std::size_t i = 0; i < workers_.size(); ++i) runq_.enqueue(nullptr);
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+  if (timer_) timer_->stop();  // lanes waiting out a backoff are abandoned below
+  // Publishers that passed the closing check before it was set may still be
+  // pushing into rings; they hold a slot (in_use) until done, so loop.
+  for (;;) {
+    release_remaining();
+    if (slots_in_use() == 0) break;
+    std::this_thread::yield();
+  }
+  if (poller_.joinable()) {
+    {
+      std::lock_guard l(poller_mu_);
+      poller_stop_ = true;
+    }
+    poller_cv_.notify_all();
+    poller_.join();
+  }
+  if (store_) {
+    Status cs = store_->close();
+    if (!cs.ok() && result.ok()) result = cs;
+  }
+  stopped_.store(true);
+  return result;
+}
+
+}  // namespace lanebus::detail

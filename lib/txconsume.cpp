@@ -1,0 +1,166 @@
+// lanebus — MIT License.
+// Transactional consume (SPEC §4): user tables, the Transaction handle and
+// the commit of a handler's effects with its ack.
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <exception>
+#include <string>
+
+#include "bus_impl.hpp"
+#include "names.hpp"
+
+namespace lanebus {
+namespace detail {
+
+// ---------------------------------------------------------------- transactional consume
+
+namespace {
+
+constexpr std::size_t kMaxUserKey = 500;
+
+Result<std::string> user_key(std::string_view table, std::string_view key) {
+  if (Status s = check_name(table, "table"); !s.ok()) return s;
+  if (key.empty() || key.size() > kMaxUserKey)
+    return Status(Code::InvalidArgument, "table \"" + std::string(table) + "\": keys must be 1.." +
+                                             std::to_string(kMaxUserKey) + " bytes");
+  std::string k(table);
+  k.push_back('\0');
+  k.append(key);
+  return k;
+}
+
+}  // namespace
+
+Result<std::string> user_key_public(std::string_view table, std::string_view key) { return user_key(table, key); }
+std::int64_t now_ns_public() noexcept { return now_ns(); }
+
+Result<std::string> BusCore::table_get(std::string_view table, std::string_view key) const {
+  auto k = user_key(table, key);
+  if (!k.ok()) return k.status();
+  if (!store_) return Status(Code::InvalidArgument, "table_get: the bus has no store");
+  std::string out;
+  Status s = store_->read([&](StoreTxn& t) -> Status {
+    auto v = t.get(StoreTable::User, *k);
+    if (!v.ok()) {
+      if (v.code() == Code::NotFound)
+        return Status(Code::NotFound, "table \"" + std::string(table) + "\": no key \"" +
+                                          std::string(key.substr(0, 64)) + "\"");
+      return v.status();
+    }
+    out.assign(*v);
+    return Status();
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
+Status BusCore::commit_tx(GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt) {
+  GroupImpl* g = gl->group;
+  const bool queue = g->topic->is_queue;
+  IdempotencyImpl* idem = (g->idempotency != nullptr && !m.idempotency_key.empty()) ? g->idempotency : nullptr;
+  std::int64_t at = 0;
+  Status s = store_->write([&](StoreTxn& t) -> Status {
+    at = t.now_ns();
+    // 1. Validate everything the handler read (no write yet: a Conflict
+    //    leaves this batch's other operations untouched).
+    for (const TxnState::Read& r : tx.reads) {
+      auto cur = t.get(StoreTable::User, r.key);
+      if (!cur.ok() && cur.code() != Code::NotFound) return cur.status();
+      const bool found = cur.ok();
+      if (found != r.found || (found && *cur != r.value))
+        return Status(Code::Conflict, "transaction of \"" + g->topic->name + "\": a value it read changed");
+    }
+    // 2. The ack / offset commit validates before it writes (a redelivered
+    //    queue message gives StaleToken here, before anything is written).
+    Status as = queue ? t.ack(g->store_group, gl->lane, m.offset, attempt)
+                      : t.commit_offset(g->store_group, gl->lane, m.offset + 1);
+    if (!as.ok()) return as;
+    // 3. From here on only storage errors can fail (they abort the batch).
+    if (queue && dlq_ && attempt > 1) {
+      Status fs = dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset);
+      if (!fs.ok() && fs.code() != Code::NotFound) return fs;
+    }
+    if (idem != nullptr) {
+      Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
+      if (!cs.ok()) return cs;
+    }
+    for (const auto& [k, v] : tx.writes) {
+      Status ws = v ? t.put(StoreTable::User, k, *v) : t.del(StoreTable::User, k);
+      if (!ws.ok() && ws.code() != Code::NotFound) return ws;
+    }
+    for (const AppendRequest& req : tx.outbox) {
+      auto r = t.append(req);
+      if (!r.ok()) return r.status();
+    }
+    return Status();
+  });
+  if (s.ok() && idem != nullptr) idem->remember_done(m.idempotency_key, at);
+  return s;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- public API
+
+Result<std::string> Transaction::get(std::string_view table, std::string_view key) {
+  auto k = detail::user_key_public(table, key);
+  if (!k.ok()) return k.status();
+  auto w = state_->writes.find(*k);
+  if (w != state_->writes.end()) {
+    if (!w->second) return Status(Code::NotFound, "table \"" + std::string(table) + "\": key deleted in this transaction");
+    return *w->second;
+  }
+  for (const auto& r : state_->reads)
+    if (r.key == *k) {
+      if (!r.found) return Status(Code::NotFound, "table \"" + std::string(table) + "\": no such key");
+      return r.value;
+    }
+  detail::TxnState::Read read;
+  read.key = *k;
+  Status s = state_->store->read([&](detail::StoreTxn& t) -> Status {
+    auto v = t.get(detail::StoreTable::User, read.key);
+    if (!v.ok() && v.code() != Code::NotFound) return v.status();
+    read.found = v.ok();
+    if (v.ok()) read.value.assign(*v);
+    return Status();
+  });
+  if (!s.ok()) return s;
+  state_->reads.push_back(read);
+  if (!read.found) return Status(Code::NotFound, "table \"" + std::string(table) + "\": no such key");
+  return read.value;
+}
+
+Status Transaction::put(std::string_view table, std::string_view key, std::string_view value) {
+  auto k = detail::user_key_public(table, key);
+  if (!k.ok()) return k.status();
+  state_->writes[*k] = std::string(value);
+  return Status();
+}
+
+Status Transaction::del(std::string_view table, std::string_view key) {
+  auto k = detail::user_key_public(table, key);
+  if (!k.ok()) return k.status();
+  state_->writes[*k] = std::nullopt;
+  return Status();
+}
+
+Status Transaction::publish(const Topic& topic, const OutgoingMessage& m) {
+  if (topic.impl_ == nullptr || topic.impl_->bus != state_->bus || !topic.impl_->durable)
+    return Status(Code::InvalidArgument, "outbox publish: the topic must be a durable topic or queue of this bus");
+  if (m.payload.empty()) return Status(Code::InvalidArgument, "outbox publish: the payload is empty");
+  detail::AppendRequest req;
+  req.topic_id = topic.impl_->store_topic.id;
+  req.lane = lane_for_key(m.key, topic.impl_->options.lanes);
+  req.header.created_at_ns = detail::now_ns_public();
+  req.header.correlation_id = m.correlation_id;
+  req.header.fencing_token = m.fencing_token;
+  req.header.content_type = m.content_type;
+  req.header.schema_version = m.schema_version;
+  req.key.assign(m.key);
+  req.idempotency_key.assign(m.idempotency_key);
+  req.payload.assign(m.payload);
+  state_->outbox.push_back(std::move(req));
+  return Status();
+}
+}  // namespace lanebus
