@@ -731,8 +731,9 @@ TEST_CASE("stuck handlers and set-aside messages are exported per group and lane
   CHECK(one("lanebus_stuck_handlers", "1") == 1);
   CHECK(one("lanebus_set_aside_messages", "0") == 0);
   CHECK(one("lanebus_set_aside_messages", "1") == 5);
-  // The SLA state set says at_risk (projection alone: 7 msgs stalled -> also
-  // risky, but only after the hold; the stuck lane needs no hold).
+  // The SLA state set says at_risk. Nothing was consumed between the two
+  // samples, so the group is stalled, but its 10 s hold has not passed: on the
+  // projection alone it would still be ok. The stuck lane needs no hold.
   std::string state;
   for (auto* s : d.find("lanebus_sla_state", {{"group", "persist"}}))
     if (s->value == 1) state = s->labels.at("state");
