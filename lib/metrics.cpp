@@ -10,6 +10,9 @@
 //   condition must be true at every sample for `hold` before AtRisk is
 //   reported, so a blip shorter than that never pages. Breached needs no hold:
 //   a message older than the SLA has already missed it.
+// - A stuck handler (LaneCounters::stuck_now) needs no hold either: the call
+//   has already overrun attempt_timeout, and no counter projection can see it
+//   (its lane's lag may well be 0), so it lifts Unknown/Ok to AtRisk at once.
 #include "lanebus/metrics.hpp"
 
 #include <algorithm>
@@ -382,6 +385,7 @@ void MetricsWindow::recompute() {
   const double window_s = seconds(options_.window);
 
   for (auto& t : sla_) t.seen = false;
+  for (auto& t : stuck_) t.seen = false;
 
   MetricsSnapshot snap;
   snap.bus = now.stats.name;
@@ -481,6 +485,32 @@ void MetricsWindow::recompute() {
         }
         gm.lanes.push_back(lm);
       }
+      // Stuck lanes: how long this window has seen the same stuck call.
+      std::vector<StuckLane> stuck_lanes;
+      for (std::size_t i = 0; i < gs.lanes.size(); ++i) {
+        const LaneCounters& c = gs.lanes[i];
+        if (c.stuck_now == 0) continue;
+        StuckTrack* st = nullptr;
+        for (auto& x : stuck_)
+          if (x.lane == i && x.topic == ts.name && x.group == gs.name) st = &x;
+        if (st == nullptr) {
+          stuck_.push_back(StuckTrack{ts.name, gs.name, static_cast<std::uint32_t>(i), now.steady_ns, c.stuck, false});
+          st = &stuck_.back();
+        } else if (c.stuck != st->stuck_total) {
+          // Another call got stuck since the last sample (or the bus was reopened).
+          st->since_ns = now.steady_ns;
+          st->stuck_total = c.stuck;
+        }
+        st->seen = true;
+        StuckLane sl;
+        sl.topic = ts.name;
+        sl.group = gs.name;
+        sl.lane = static_cast<std::uint32_t>(i);
+        sl.calls = c.stuck_now;
+        sl.stuck_total = c.stuck;
+        sl.seen_seconds = static_cast<double>(now.steady_ns - st->since_ns) / 1e9;
+        stuck_lanes.push_back(std::move(sl));
+      }
       gm.latency = gs.latency;
       gm.window_latency = histogram_delta(gs.latency, bg ? &bg->latency : nullptr);
       if (span <= 0) gm.window_latency = LatencyHistogram{};
@@ -523,6 +553,8 @@ void MetricsWindow::recompute() {
         } else {
           r.state = SlaState::Ok;
         }
+        r.stuck = std::move(stuck_lanes);
+        if (!r.stuck.empty() && (r.state == SlaState::Unknown || r.state == SlaState::Ok)) r.state = SlaState::AtRisk;
         // The DLQ is per store: growing = its depth rose over the window.
         if (snap.dlq.depth_change) r.dlq_growing = *snap.dlq.depth_change > 0;
         gm.sla = r;
@@ -533,6 +565,8 @@ void MetricsWindow::recompute() {
   }
   // Forget the hold state of groups that are gone (explicit policies stay).
   std::erase_if(sla_, [](const SlaTrack& t) { return !t.seen && !t.policy; });
+  // A lane that is no longer stuck (or gone) starts afresh next time.
+  std::erase_if(stuck_, [](const StuckTrack& t) { return !t.seen; });
   latest_ = std::move(snap);
 }
 
@@ -687,6 +721,8 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       {"lanebus_failed_total", "Messages that used up max_attempts.", &LaneCounters::failed},
       {"lanebus_timed_out_total", "Handler calls that overran attempt_timeout and then failed.",
        &LaneCounters::timed_out},
+      {"lanebus_stuck_total", "Handler calls seen still running past attempt_timeout (each call counted once).",
+       &LaneCounters::stuck},
       {"lanebus_dropped_total", "Messages discarded (DropOldest backpressure, or no consumer).", &LaneCounters::dropped},
       {"lanebus_skipped_total", "Durable messages deleted by retention before the group read them.",
        &LaneCounters::skipped},
@@ -701,6 +737,19 @@ std::string to_prometheus(const MetricsSnapshot& s) {
   each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
     for (const auto& l : g.lanes) w.sample_u64("lanebus_consumer_lag_messages", lane_labels(t, g, l.lane), l.lag);
   });
+  static constexpr Counter kGauges[] = {
+      {"lanebus_stuck_handlers", "Handler calls of the lane running past attempt_timeout now (0 or 1).",
+       &LaneCounters::stuck_now},
+      {"lanebus_set_aside_messages",
+       "Messages held back by key_parallel_retry: in retry backoff, or behind one of their key.",
+       &LaneCounters::set_aside},
+  };
+  for (const Counter& c : kGauges) {
+    w.family(c.name, "gauge", c.help);
+    each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+      for (const auto& l : g.lanes) w.sample_u64(c.name, lane_labels(t, g, l.lane), l.counters.*(c.field));
+    });
+  }
 
   // ---- groups: derived gauges
   w.family("lanebus_consumers", "gauge", "Subscriptions attached to the group.");
@@ -799,6 +848,9 @@ void counters_json(detail::JsonWriter& j, const LaneCounters& c) {
   j.key("rejected"); j.u64(c.rejected);
   j.key("failed"); j.u64(c.failed);
   j.key("timed_out"); j.u64(c.timed_out);
+  j.key("stuck"); j.u64(c.stuck);
+  j.key("stuck_now"); j.u64(c.stuck_now);
+  j.key("set_aside"); j.u64(c.set_aside);
   j.key("dropped"); j.u64(c.dropped);
   j.key("skipped"); j.u64(c.skipped);
   j.key("in_flight"); j.u64(c.in_flight);
@@ -917,6 +969,19 @@ std::string to_json(const MetricsSnapshot& s) {
         } else {
           j.null();
         }
+        j.key("stuck");
+        j.begin_array();
+        for (const StuckLane& st : r.stuck) {
+          j.begin_object();
+          j.key("topic"); j.string(st.topic);
+          j.key("group"); j.string(st.group);
+          j.key("lane"); j.u64(st.lane);
+          j.key("calls"); j.u64(st.calls);
+          j.key("stuck_total"); j.u64(st.stuck_total);
+          j.key("seen_seconds"); j.number(st.seen_seconds);
+          j.end_object();
+        }
+        j.end_array();
         j.end_object();
       } else {
         j.null();

@@ -650,3 +650,193 @@ TEST_CASE("the store's dead-letter queue is in the snapshot, the exports and the
   auto json = parse_json(monitor->json(), &err);
   CHECK_MESSAGE(json.has_value(), err);
 }
+
+// ---------------------------------------------------------------- stuck handlers, set-aside messages (issue 9)
+
+namespace {
+
+/// one_group() with lane 0 of "persist" carrying the stuck / set-aside
+/// counters (the total is the same: one lane).
+BusStats with_stuck(BusStats s, std::uint64_t stuck_now, std::uint64_t stuck, std::uint64_t set_aside = 0) {
+  GroupStats& g = s.topics[0].groups[0];
+  for (LaneCounters* c : {&g.lanes[0], &g.total}) {
+    c->stuck_now = stuck_now;
+    c->stuck = stuck;
+    c->set_aside = set_aside;
+  }
+  return s;
+}
+
+/// Topic "orders" (2 lanes), group "persist": lane 1 has a handler stuck now
+/// (3 calls stuck so far) and 5 messages set aside; lane 0 is healthy.
+BusStats two_lanes_one_stuck() {
+  LaneCounters l0, l1;
+  l0.delivered = l0.acked = 10;
+  l0.stuck = 1;  // stuck once earlier, returned since
+  l1.delivered = 4;
+  l1.acked = 3;
+  l1.stuck = 3;
+  l1.stuck_now = 1;
+  l1.set_aside = 5;
+  l1.in_flight = 7;
+  GroupStats g;
+  g.name = "persist";
+  g.consumers = 1;
+  g.lanes = {l0, l1};
+  g.total.delivered = 14;
+  g.total.acked = 13;
+  g.total.stuck = 4;
+  g.total.stuck_now = 1;
+  g.total.set_aside = 5;
+  g.total.in_flight = 7;
+  TopicStats t;
+  t.name = "orders";
+  t.lanes = 2;
+  t.published = 20;
+  t.lane_published = {10, 10};
+  t.groups = {g};
+  BusStats s;
+  s.name = "test";
+  s.topics = {t};
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("stuck handlers and set-aside messages are exported per group and lane in Prometheus and JSON") {
+  auto w = MetricsWindow::create({.window = 10s, .default_sla = SlaPolicy{60s, 0.75, 0ns}}).value();
+  REQUIRE(w.add(two_lanes_one_stuck(), 1 * kSec, kWall0).ok());
+  REQUIRE(w.add(two_lanes_one_stuck(), 2 * kSec, kWall0 + kSec).ok());
+  const GroupMetrics* g = w.snapshot().find_group("orders", "persist");
+  REQUIRE(g != nullptr);
+  REQUIRE(g->lanes.size() == 2);
+  CHECK(g->lanes[1].counters.stuck_now == 1);
+  CHECK(g->lanes[1].counters.set_aside == 5);
+  CHECK(g->total.stuck == 4);
+
+  const PromDoc d = parse_prometheus(to_prometheus(w.snapshot()));
+  for (const auto& e : d.errors) FAIL_CHECK(e);
+  for (const auto& [name, ty] : d.type) CHECK_MESSAGE(d.help.count(name), name);
+  CHECK(d.type.at("lanebus_stuck_total") == "counter");
+  CHECK(d.type.at("lanebus_stuck_handlers") == "gauge");
+  CHECK(d.type.at("lanebus_set_aside_messages") == "gauge");
+  auto one = [&](const char* name, const char* lane) {
+    auto v = d.find(name, {{"topic", "orders"}, {"group", "persist"}, {"lane", lane}});
+    REQUIRE_MESSAGE(v.size() == 1, name << " lane " << lane);
+    return v[0]->value;
+  };
+  CHECK(one("lanebus_stuck_total", "0") == 1);
+  CHECK(one("lanebus_stuck_total", "1") == 3);
+  CHECK(one("lanebus_stuck_handlers", "0") == 0);
+  CHECK(one("lanebus_stuck_handlers", "1") == 1);
+  CHECK(one("lanebus_set_aside_messages", "0") == 0);
+  CHECK(one("lanebus_set_aside_messages", "1") == 5);
+  // The SLA state set says at_risk. Nothing was consumed between the two
+  // samples, so the group is stalled, but its 10 s hold has not passed: on the
+  // projection alone it would still be ok. The stuck lane needs no hold.
+  std::string state;
+  for (auto* s : d.find("lanebus_sla_state", {{"group", "persist"}}))
+    if (s->value == 1) state = s->labels.at("state");
+  CHECK(state == "at_risk");
+
+  std::string error{};
+  auto j = parse_json(to_json(w.snapshot()), &error);
+  REQUIRE_MESSAGE(j, error);
+  const Json& jg = (*j)["topics"][0]["groups"][0];
+  CHECK(jg["totals"]["stuck"].num() == 4);
+  CHECK(jg["totals"]["stuck_now"].num() == 1);
+  CHECK(jg["totals"]["set_aside"].num() == 5);
+  CHECK(jg["lanes"][1]["counters"]["stuck"].num() == 3);
+  CHECK(jg["lanes"][1]["counters"]["stuck_now"].num() == 1);
+  CHECK(jg["lanes"][1]["counters"]["set_aside"].num() == 5);
+  CHECK(jg["lanes"][0]["counters"]["stuck_now"].num() == 0);
+  CHECK(jg["sla"]["state"].str() == "at_risk");
+  REQUIRE(jg["sla"]["stuck"].size() == 1);
+  const Json& st = jg["sla"]["stuck"][0];
+  CHECK(st["topic"].str() == "orders");
+  CHECK(st["group"].str() == "persist");
+  CHECK(st["lane"].num() == 1);
+  CHECK(st["calls"].num() == 1);
+  CHECK(st["stuck_total"].num() == 3);
+  CHECK(st["seen_seconds"].num() == doctest::Approx(1.0));
+}
+
+TEST_CASE("a lane with a stuck handler is named by the SLA report and makes ok at_risk at once; it clears when the call returns") {
+  Feed f(sla_options());
+  auto step = [&](std::uint64_t stuck_now, std::uint64_t stuck, double age_s = 0) -> const GroupMetrics& {
+    ++f.t;
+    if (f.t > 0) f.acked += 500;
+    const std::int64_t wall = kWall0 + f.t * kSec;
+    const std::int64_t oldest = wall - static_cast<std::int64_t>(age_s * 1e9);
+    REQUIRE(f.w.add(with_stuck(one_group(f.acked + 1'000, f.acked, 1'000, oldest), stuck_now, stuck), f.t * kSec, wall)
+                .ok());
+    const GroupMetrics* g = f.w.snapshot().find_group("orders", "persist");
+    REQUIRE(g != nullptr);
+    REQUIRE(g->sla);
+    return *g;
+  };
+  // A stuck lane at the very first sample: no rate yet, but not Unknown.
+  {
+    const GroupMetrics& g = step(1, 1);
+    CHECK_FALSE(g.sla->projected_seconds);
+    CHECK(g.sla->state == SlaState::AtRisk);
+    REQUIRE(g.sla->stuck.size() == 1);
+    CHECK(g.sla->stuck[0].seen_seconds == 0.0);
+  }
+  // The call returns: healthy (lag 1,000 at 500/s = 2 s projected).
+  for (int i = 0; i < 12; ++i) {
+    const GroupMetrics& g = step(0, 1);
+    CHECK(g.sla->state == SlaState::Ok);
+    CHECK(g.sla->stuck.empty());
+  }
+  // Another call gets stuck: at_risk at once, no hold, the projection unchanged.
+  const GroupMetrics& s1 = step(1, 2);
+  CHECK(s1.sla->state == SlaState::AtRisk);
+  CHECK_FALSE(s1.sla->risk_condition);
+  CHECK(*s1.sla->projected_seconds == doctest::Approx(2.0));
+  REQUIRE(s1.sla->stuck.size() == 1);
+  const StuckLane& l = s1.sla->stuck[0];
+  CHECK(l.topic == "orders");
+  CHECK(l.group == "persist");
+  CHECK(l.lane == 0);
+  CHECK(l.calls == 1);
+  CHECK(l.stuck_total == 2);
+  CHECK(l.seen_seconds == 0.0);
+  // The same call, seen at later samples.
+  step(1, 2);
+  const GroupMetrics& s3 = step(1, 2);
+  REQUIRE(s3.sla->stuck.size() == 1);
+  CHECK(s3.sla->stuck[0].seen_seconds == doctest::Approx(2.0));
+  CHECK(s3.sla->state == SlaState::AtRisk);
+  // The counter rose between samples: that call returned and another got stuck.
+  const GroupMetrics& s4 = step(1, 3);
+  REQUIRE(s4.sla->stuck.size() == 1);
+  CHECK(s4.sla->stuck[0].seen_seconds == 0.0);
+  CHECK(s4.sla->stuck[0].stuck_total == 3);
+  // A breach stays a breach.
+  CHECK(step(1, 3, 61.0).sla->state == SlaState::Breached);
+  // Returned: ok again, nothing named.
+  const GroupMetrics& done = step(0, 3);
+  CHECK(done.sla->state == SlaState::Ok);
+  CHECK(done.sla->stuck.empty());
+  CHECK(done.total.stuck == 3);
+  // Stuck again later: the time restarts from this sample.
+  step(1, 4);
+  CHECK(step(1, 4).sla->stuck[0].seen_seconds == doctest::Approx(1.0));
+}
+
+TEST_CASE("set-aside messages alone do not change the SLA verdict") {
+  Feed f(sla_options());
+  const GroupMetrics* g = nullptr;
+  for (int t = 0; t <= 12; ++t) {
+    ++f.t;
+    if (f.t > 0) f.acked += 500;
+    const std::int64_t wall = kWall0 + f.t * kSec;
+    REQUIRE(f.w.add(with_stuck(one_group(f.acked + 1'000, f.acked, 1'000, wall), 0, 0, 40), f.t * kSec, wall).ok());
+    g = f.w.snapshot().find_group("orders", "persist");
+  }
+  REQUIRE(g != nullptr);
+  CHECK(g->total.set_aside == 40);
+  CHECK(g->sla->state == SlaState::Ok);
+  CHECK(g->sla->stuck.empty());
+}

@@ -44,7 +44,11 @@ void stats_usage(std::FILE* out) {
                "                   consecutive readings (a blip within one interval is not a page)\n"
                "  --page-fraction  fraction of the SLA that is at risk (default 0.75)\n"
                "Opens the store read-only; safe while other processes use it. Exit status: 0, or 1 when\n"
-               "the store cannot be read, 2 for a usage error.\n");
+               "the store cannot be read, 2 for a usage error.\n"
+               "The store holds offsets, not the counters of the processes using it: handler outcomes,\n"
+               "latency, stuck handlers (attempt_timeout) and messages set aside by key_parallel_retry\n"
+               "are exported by the in-process Monitor (lanebus_stuck_total, lanebus_stuck_handlers,\n"
+               "lanebus_set_aside_messages).\n");
 }
 
 volatile sig_atomic_t g_stop = 0;

@@ -45,6 +45,8 @@ enum class SlaState : std::uint8_t {
   Ok,
   /// oldest age + projected drain time >= page_fraction * sla, held for `hold`.
   /// A stalled group (messages waiting, nothing consumed over the window) projects infinity.
+  /// Also, at once and whatever the projection: a lane of the group has a
+  /// handler call running past GroupOptions::attempt_timeout (SlaReport::stuck).
   AtRisk,
   /// The oldest unprocessed message is already older than the SLA: a fact, not
   /// a forecast, so no hold applies.
@@ -60,6 +62,23 @@ LANEBUS_API const char* to_string(SlaState state) noexcept;
 /// time. Pure function, for tests and for tools that keep their own history.
 LANEBUS_API SlaState classify_sla(const SlaPolicy& policy, double oldest_age_seconds,
                                   double projected_seconds) noexcept;
+
+/// A lane of a group whose handler call is running past
+/// GroupOptions::attempt_timeout at the newest sample (LaneCounters::stuck_now
+/// > 0): the lane is held up behind that call while its other messages age.
+struct StuckLane {
+  std::string topic{};
+  std::string group{};  ///< "" for a queue's consumers.
+  std::uint32_t lane = 0;
+  std::uint64_t calls = 0;        ///< LaneCounters::stuck_now: calls past their budget now (1 per lane).
+  std::uint64_t stuck_total = 0;  ///< LaneCounters::stuck: calls of this lane ever seen stuck.
+  /// How long the window has seen this same stuck call: from the first sample
+  /// that showed it (0 at that sample) to the newest one. A lower bound of how
+  /// long it has been stuck (it was found up to one sampling interval late),
+  /// and the call had already run attempt_timeout by then. A rise of
+  /// `stuck_total` between samples means another call got stuck: it restarts.
+  double seen_seconds = 0;
+};
 
 /// The evaluator's verdict for one group at the newest sample.
 struct SlaReport {
@@ -79,6 +98,13 @@ struct SlaReport {
   /// DLQ is per store, so this is the store's DLQ (see MetricsSnapshot::dlq);
   /// nullopt for a bus without a store.
   std::optional<bool> dlq_growing{};
+  /// The group's lanes with a handler call running past attempt_timeout now,
+  /// by lane. Non-empty makes an Unknown or Ok state AtRisk, with no hold: the
+  /// call has already overrun its own budget and no projection from counters
+  /// can see that (an ephemeral lane's lag does not even count the message
+  /// being handled). Breached stays Breached. projected_seconds,
+  /// risk_condition and risk_held_seconds ignore it.
+  std::vector<StuckLane> stuck{};
 };
 
 // ---------------------------------------------------------------- snapshots
@@ -257,6 +283,15 @@ class LANEBUS_API MetricsWindow {
     std::optional<std::int64_t> risk_since_ns;
     bool seen = false;
   };
+  // A lane seen with stuck_now > 0: since when, and its `stuck` counter then
+  // (a higher counter later means another call got stuck).
+  struct StuckTrack {
+    std::string topic, group;
+    std::uint32_t lane = 0;
+    std::int64_t since_ns = 0;
+    std::uint64_t stuck_total = 0;
+    bool seen = false;
+  };
   explicit MetricsWindow(const MetricsOptions& options) : options_(options) {}
   void recompute();
   SlaTrack* track(std::string_view topic, std::string_view group, bool create);
@@ -264,6 +299,7 @@ class LANEBUS_API MetricsWindow {
   MetricsOptions options_;
   std::vector<Sample> samples_;  // oldest first
   std::vector<SlaTrack> sla_;
+  std::vector<StuckTrack> stuck_;
   MetricsSnapshot latest_;
 };
 
@@ -325,11 +361,19 @@ class LANEBUS_API Monitor {
 /// needs them), values escaped (\\, \", \n). The latency histogram has every
 /// bucket (cumulative, `le` in seconds, ending with "+Inf" == _count), _sum and
 /// _count. Series whose value is unknown are omitted; DLQ series are absent
-/// until DLQ counters exist.
+/// for a bus without a store. Stuck handlers (GroupOptions::attempt_timeout)
+/// and key_parallel_retry, per topic, group and lane: `lanebus_stuck_total`
+/// (counter: calls seen running past the budget, once per call),
+/// `lanebus_stuck_handlers` (gauge: such calls running now) and
+/// `lanebus_set_aside_messages` (gauge: messages held back behind a key in
+/// backoff).
 LANEBUS_API std::string to_prometheus(const MetricsSnapshot& snapshot);
 
 /// One JSON object (RFC 8259, UTF-8 strings escaped, no trailing newline).
-/// Unknown values and non-finite numbers are null. Layout in doc/observability.md.
+/// Unknown values and non-finite numbers are null. Layout in doc/observability.md;
+/// every counters object also has `stuck`, `stuck_now` and `set_aside`, and
+/// an SLA object has `stuck`: [{topic, group, lane, calls, stuck_total,
+/// seen_seconds}] (SlaReport::stuck).
 LANEBUS_API std::string to_json(const MetricsSnapshot& snapshot);
 
 }  // namespace lanebus
