@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "delivery.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "histogram.hpp"
@@ -77,9 +78,6 @@ inline std::int64_t now_ns() noexcept {
       .count();
 }
 
-/// How long a lane waits when another consumer holds a message's idempotency key.
-inline constexpr std::int64_t kDedupBusyDelayNs = 50'000'000;
-
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -95,12 +93,35 @@ inline void bump(std::atomic<std::uint64_t>& c) noexcept {
   c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
+struct GroupLane;
+
+/// A message set aside by key_parallel_retry: in backoff (due_ns > 0) or
+/// waiting behind an earlier message of its key (due_ns = 0).
+struct Parked {
+  Slot* slot = nullptr;          // ephemeral lanes: the slot (its reference is held)
+  StoredMessage stored;          // durable topics
+  std::uint32_t attempts = 0;    // deliveries so far
+  std::int64_t due_ns = 0;       // steady clock
+  std::int64_t first_failure_ns = 0;
+  std::string_view key() const noexcept { return slot ? slot->key() : std::string_view(stored.key); }
+};
+
+/// The lane's second timer entry: fires schedule() (the lane is idle while
+/// its parked messages wait), where the TimerEntry base of GroupLane puts a
+/// lane that stays scheduled back on the run queue.
+struct WakeEntry : TimerEntry {
+  GroupLane* lane = nullptr;
+};
+
 /// One consumer group's state in one lane. The TimerEntry base links the
 /// lane into the RetryTimer while its head message waits out a backoff.
 struct alignas(64) GroupLane : TimerEntry {
   GroupLane(GroupImpl* g, std::uint32_t l, std::uint32_t ring_capacity)
       : group(g), lane(l), ring(ring_capacity), rng(0x9E3779B97F4A7C15ull ^ (std::uint64_t(l) << 32) ^
-                                                     reinterpret_cast<std::uintptr_t>(g)) {}
+                                                     reinterpret_cast<std::uintptr_t>(g)) {
+    wake.lane = this;
+    wake.kind = TimerEntry::Kind::Wake;
+  }
 
   GroupImpl* const group;
   const std::uint32_t lane;
@@ -113,6 +134,22 @@ struct alignas(64) GroupLane : TimerEntry {
   std::int64_t retry_delay_ns = 0;      // backoff before the pending retry (0 = at once)
   std::int64_t first_failure_ns = 0;    // first failed attempt of the head message (0 = none yet)
   std::uint64_t rng;                    // xorshift state for backoff jitter
+
+  // key_parallel_retry (owner-only): messages in backoff and the later
+  // messages of their keys, in lane order; capacity reserved at creation
+  // (GroupOptions::key_parallel_limit), so parking never allocates.
+  std::vector<Parked> parked;
+  std::atomic<std::uint64_t> parked_count{0};  // gauge for stats (set_aside)
+  WakeEntry wake;                              // timer entry: schedule the lane when a parked message is due
+
+  // Watchdog (attempt_timeout): the handler call in progress, if any.
+  std::atomic<std::int64_t> running_since_ns{0};  // steady clock; 0 = no call running
+  std::atomic<std::uint64_t> call_seq{0};         // bumped per call
+  std::atomic<std::uint64_t> running_offset{0};   // durable queues: the claim being handled
+  std::atomic<std::uint32_t> running_attempt{0};
+  std::atomic<bool> claim_lost{false};            // the watchdog expired that claim
+  std::uint64_t stuck_seen_seq = 0;               // watchdog-owned: last call counted as stuck
+  std::atomic<std::uint64_t> stuck{0};
 
   // Counters (see LaneCounters). Single-writer ones use bump().
   std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0}, timed_out{0},
@@ -135,6 +172,10 @@ struct alignas(64) GroupLane : TimerEntry {
   bool positioned = false;                  // read_pos loaded from the store
   std::vector<StoredMessage> buffer;        // read but not yet handled
   std::size_t buffer_index = 0;
+  // Durable topic poison bookkeeping (DlqStore::TopicMark).
+  std::uint64_t careful_to = 0;             // deliver one message at a time below this offset
+  std::uint32_t head_crashes = 0;           // crashes of the message at read_pos (careful mode)
+  std::atomic<std::uint32_t> commits_in_flight{0};  // durable queue batch commits not yet completed
 };
 
 /// One subscription's slot in its group's consumer table.
@@ -179,6 +220,10 @@ struct GroupImpl {
 class BusCore;
 
 Result<std::string> user_key_public(std::string_view table, std::string_view key);
+/// Transactional consume (txconsume.cpp): Conflict when a value the handler
+/// read changed (nothing written); the handler's writes and outbox.
+Status validate_reads(StoreTxn& t, const TxnState& tx, std::string_view topic);
+Status write_effects(StoreTxn& t, const TxnState& tx);
 std::int64_t now_ns_public() noexcept;
 
 /// A transactional handler's reads, writes and outbox (see transaction.hpp).
@@ -193,6 +238,9 @@ struct TxnState {
   std::vector<Read> reads;
   std::map<std::string, std::optional<std::string>> writes;  // nullopt = delete
   std::vector<AppendRequest> outbox;
+  /// Writes of earlier messages of the same lane batch, committed before this
+  /// one in the same transaction (reads see them); nullptr = none.
+  const std::map<std::string, std::optional<std::string>>* overlay = nullptr;
   void clear() {
     reads.clear();
     writes.clear();
@@ -257,6 +305,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void schedule(GroupLane* gl) noexcept;
 
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
+  /// Make sure `gl` runs again soon (a batch commit gave messages back).
+  void wake(GroupLane* gl) noexcept { schedule(gl); }
   Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options);
   DlqStore* dlq() const noexcept { return dlq_.get(); }
   DeadLetters* dead_letters() noexcept { return dead_letters_.get(); }
@@ -274,43 +324,58 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void run_lane(GroupLane* gl);
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
+
+  // Delivery core (delivery.cpp, lib/delivery.hpp).
+  Admission admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept;
+  Invocation invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept;
+  /// `durable`: the ack is counted (and a claimed key completed) by the
+  /// runner's commit. `outcomes`: attempts of this message that came back
+  /// with an outcome, this one included (poison classification).
+  Settlement settle(GroupLane* gl, const Parcel& p, const Invocation& inv, AdmitMode mode, bool durable,
+                    std::uint32_t outcomes, std::int64_t* first_failure_ns) noexcept;
+  /// After a plain handler: an ack completes a claimed key, anything else releases it.
+  void finish_key(GroupLane* gl, std::string_view key, bool acked) noexcept;
+  /// A retry outcome for attempt `attempt`: true (and the backoff in
+  /// *delay_ns) if the message should be delivered again.
+  bool plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept;
+
+  // Lane runners.
   bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
   void run_durable_lane(GroupLane* gl);
-  Outcome call_handler(Consumer* c, MessageView& view, GroupLane* gl, TxnState* tx = nullptr) noexcept;
+  bool position_durable_topic(GroupLane* gl);
+  /// Run the lane again: after `delay_ns` via the timer (it stays scheduled), else now.
+  void requeue(GroupLane* gl, std::int64_t delay_ns) noexcept;
+  /// key_parallel_retry: release the lane and have the timer schedule it
+  /// again when its first parked message is due.
+  void park_lane(GroupLane* gl) noexcept;
+  /// Index of the first parked message that may be delivered now, or -1.
+  std::ptrdiff_t due_parked(GroupLane* gl, std::int64_t now) const noexcept;
+  bool key_parked(const GroupLane* gl, std::string_view key) const noexcept;
   /// Commit a transactional handler's effects with the ack (queue) or offset
-  /// commit (topic). Conflict: a value it read changed; nothing was written.
-  Status commit_tx(GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt);
-  /// A retry outcome for attempt `attempt`: true if the message should be
-  /// delivered again (sets gl->retry_delay_ns), false if attempts are used up.
-  bool plan_retry(GroupLane* gl, std::uint32_t attempt) noexcept;
-  /// Run the lane again: after gl->retry_delay_ns via the timer, else now.
-  void requeue(GroupLane* gl) noexcept;
-  /// Idempotency before a handler call: Proceed (claimed, or no key/scope),
-  /// Skip (already done), Later (another consumer holds the key, or a store error).
-  enum class Dedup : std::uint8_t { Proceed, Skip, Later };
-  Dedup dedup_claim(GroupLane* gl, std::string_view idem_key) noexcept;
-  /// After the handler: ack completes the key, anything else releases it.
-  void dedup_finish(GroupLane* gl, std::string_view idem_key, bool acked) noexcept;
-  /// A DLQ entry for the head message of `gl` that failed with `out`.
+  /// commit (topic) inside `t`. Conflict: a value it read changed (nothing of
+  /// it was written).
+  Status apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt);
+  /// A DLQ entry for a message of `gl` that failed with `out`.
   DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
                      std::string_view payload, std::uint64_t offset, const Outcome& out, std::uint32_t attempts,
-                     ErrorClass cls) const;
+                     ErrorClass cls, std::int64_t first_failure_ns) const;
   /// Ephemeral: dead-letter in a transaction of its own (no ack to join).
-  void dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out) noexcept;
-  /// Durable: dead-letter and ack (queue) / commit the offset (topic) in one
+  void dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out, std::uint32_t attempts,
+                             ErrorClass cls, std::int64_t first_failure_ns) noexcept;
+  /// Durable topic: dead-letter and commit the offset past it in one
   /// transaction. False if the DLQ refused it (the message must stay).
-  bool dead_letter_durable(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
-                           ErrorClass cls);
-  void dlq_maintenance() noexcept;
-  /// Give a durable queue claim back (retry, busy key, conflict, DLQ full),
-  /// recording that this attempt came back with an outcome (not a crash).
-  Status release_claim(GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, std::chrono::milliseconds delay);
+  bool dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                         ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to);
+  void maintenance() noexcept;
+  void watchdog_main();
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
   void wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept;
   std::int64_t slots_in_use() const;
+  /// "topic "t" group "g" lane 3 (running for 812 ms), ..." for every handler call running now.
+  std::string running_handlers() const;
 
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<TopicImpl>, std::less<>> topics_ GUARDED_BY(mu_);
@@ -325,6 +390,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::atomic<std::size_t> workers_ready_{0};
 
   std::unique_ptr<RetryTimer> timer_;
+  // Watchdog (attempt_timeout): groups with a budget, appended under mu_.
+  std::vector<GroupImpl*> watched_ GUARDED_BY(mu_);
+  std::thread watchdog_;
+  std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stop_ = false;  // guarded by watchdog_mu_
   std::map<std::string, std::unique_ptr<IdempotencyTable>, std::less<>> idempotency_ GUARDED_BY(mu_);
   std::unique_ptr<DlqStore> dlq_;
   std::unique_ptr<DeadLetters> dead_letters_;

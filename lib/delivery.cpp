@@ -1,9 +1,9 @@
 // lanebus — MIT License.
-// Per-message delivery steps shared by the lane runners: handler calls,
-// retry planning, idempotency, dead-lettering.
+// The delivery core (lib/delivery.hpp): admit, invoke and settle, shared by
+// every lane runner; dead-lettering and DLQ maintenance.
+#include "delivery.hpp"
+
 #include <algorithm>
-#include <bit>
-#include <cassert>
 #include <exception>
 #include <string>
 
@@ -16,43 +16,98 @@ void BusCore::record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept
   gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
 }
 
-Outcome BusCore::call_handler(Consumer* c, MessageView& view, GroupLane* gl, TxnState* tx) noexcept {
+// ---------------------------------------------------------------- admit
+
+Admission BusCore::admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept {
+  IdempotencyImpl* idem = gl->group->idempotency;
+  if (idem == nullptr || p.idempotency_key.empty()) return Admission::Proceed;
+  try {
+    if (mode == AdmitMode::Check) {
+      // Transactional consume: no in-progress claim. A done key is skipped
+      // here; the commit decides again inside its own transaction.
+      return idem->is_done(p.idempotency_key) ? Admission::Skip : Admission::Proceed;
+    }
+    auto r = idem->claim(p.idempotency_key, false);
+    if (!r.ok()) {
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      // An oversized or empty key can never be claimed: handle it unguarded
+      // rather than wedging the lane. Storage errors: try again later.
+      return (r.code() == Code::PayloadTooLarge || r.code() == Code::InvalidArgument) ? Admission::Proceed
+                                                                                          : Admission::Later;
+    }
+    if (r->state == ClaimState::Done) return Admission::Skip;
+    if (r->state == ClaimState::InProgress) return Admission::Later;
+    return Admission::Proceed;
+  } catch (...) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    return Admission::Later;
+  }
+}
+
+void BusCore::finish_key(GroupLane* gl, std::string_view key, bool acked) noexcept {
+  IdempotencyImpl* idem = gl->group->idempotency;
+  if (idem == nullptr || key.empty()) return;
+  try {
+    Status s = acked ? idem->complete(key, {}) : idem->release(key);
+    if (!s.ok() && s.code() != Code::PayloadTooLarge && s.code() != Code::InvalidArgument &&
+        s.code() != Code::NotFound)
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+  } catch (...) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// ---------------------------------------------------------------- invoke
+
+Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept {
   const GroupOptions& o = gl->group->options;
+  MessageView view(*p.header, p.key, p.idempotency_key, p.payload, p.lane, p.offset);
+  view.set_attempt(p.attempt);
   std::int64_t deadline = 0;
   if (o.attempt_timeout.count() > 0) {
     deadline = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o.attempt_timeout).count();
     view.set_deadline_ns(deadline);
   }
-  Outcome out = Outcome::ack();
+  bump(gl->delivered);
+  // The watchdog (scheduler.cpp) reads these while the call runs.
+  gl->running_offset.store(p.offset, std::memory_order_relaxed);
+  gl->running_attempt.store(p.attempt, std::memory_order_relaxed);
+  gl->claim_lost.store(false, std::memory_order_relaxed);
+  gl->call_seq.fetch_add(1, std::memory_order_relaxed);
+  gl->running_since_ns.store(RetryTimer::now_ns(), std::memory_order_release);
+  Invocation inv;
   tl_running_consumer = c;
   tl_running_bus = this;
   try {
     if (c->tx_handler) {
       if (tx == nullptr) {
-        out = Outcome::reject("transactional handler on a non-durable lane");
+        inv.outcome = Outcome::reject("transactional handler on a non-durable lane");
       } else {
         tx->clear();
         Transaction t(tx);
-        out = c->tx_handler(view, t);
+        inv.outcome = c->tx_handler(view, t);
       }
     } else {
-      out = c->handler(view);
+      inv.outcome = c->handler(view);
     }
   } catch (const std::exception&) {
-    out = Outcome::retry("handler threw an exception");
+    inv.outcome = Outcome::retry("handler threw an exception");
   } catch (...) {
-    out = Outcome::retry("handler threw a non-standard exception");
+    inv.outcome = Outcome::retry("handler threw a non-standard exception");
   }
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;
-  if (deadline != 0 && out.kind() == Outcome::Kind::Retry && now_ns() > deadline) bump(gl->timed_out);
-  return out;
+  gl->running_since_ns.store(0, std::memory_order_release);
+  inv.late = deadline != 0 && now_ns() > deadline;
+  return inv;
 }
 
-bool BusCore::plan_retry(GroupLane* gl, std::uint32_t attempt) noexcept {
+// ---------------------------------------------------------------- settle
+
+bool BusCore::plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept {
   const GroupOptions& o = gl->group->options;
   if (attempt >= o.max_attempts) return false;
-  gl->retry_delay_ns = 0;
+  *delay_ns = 0;
   if (o.backoff_initial.count() > 0) {
     double d = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(o.backoff_initial).count());
     for (std::uint32_t i = 1; i < attempt; ++i) d *= o.backoff_multiplier;
@@ -64,49 +119,53 @@ bool BusCore::plan_retry(GroupLane* gl, std::uint32_t attempt) noexcept {
     gl->rng ^= gl->rng << 17;
     const double u = static_cast<double>(gl->rng >> 11) / 9007199254740992.0;  // [0, 1)
     d *= 1.0 + o.backoff_jitter * (2.0 * u - 1.0);
-    gl->retry_delay_ns = d > 0 ? static_cast<std::int64_t>(d) : 0;
+    *delay_ns = d > 0 ? static_cast<std::int64_t>(d) : 0;
   }
   return true;
 }
 
-BusCore::Dedup BusCore::dedup_claim(GroupLane* gl, std::string_view key) noexcept {
-  IdempotencyImpl* idem = gl->group->idempotency;
-  if (idem == nullptr || key.empty()) return Dedup::Proceed;
-  try {
-    auto r = idem->claim(key, false);
-    if (!r.ok()) {
-      gl->errors.fetch_add(1, std::memory_order_relaxed);
-      // An oversized or empty key can never be claimed: handle it unguarded
-      // rather than wedging the lane. Storage errors: try again later.
-      return (r.code() == Code::PayloadTooLarge || r.code() == Code::InvalidArgument) ? Dedup::Proceed
-                                                                                          : Dedup::Later;
+Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv, AdmitMode mode, bool durable,
+                           std::uint32_t outcomes, std::int64_t* first_failure_ns) noexcept {
+  Settlement st;
+  const Outcome::Kind kind = inv.outcome.kind();
+  // A claimed key: an ack completes it (durable lanes: in the commit that
+  // acks), anything else releases it so a redelivery can claim it again.
+  if (mode == AdmitMode::Claim && !(durable && kind == Outcome::Kind::Ack)) {
+    finish_key(gl, p.idempotency_key, kind == Outcome::Kind::Ack);
+  }
+  if (kind == Outcome::Kind::Ack) {
+    st.acked = true;
+    if (!durable) bump(gl->acked);
+    if (options.metrics) record_latency(gl, p.header->created_at_ns);
+    *first_failure_ns = 0;
+    return st;
+  }
+  if (*first_failure_ns == 0) *first_failure_ns = now_ns();
+  if (kind == Outcome::Kind::Retry) {
+    bump(gl->retried);
+    if (inv.late) bump(gl->timed_out);
+    if (plan_retry(gl, p.attempt, &st.delay_ns)) {
+      st.next = Settlement::Next::Retry;
+      return st;
     }
-    if (r->state == ClaimState::Done) return Dedup::Skip;
-    if (r->state == ClaimState::InProgress) return Dedup::Later;
-    return Dedup::Proceed;
-  } catch (...) {
-    gl->errors.fetch_add(1, std::memory_order_relaxed);
-    return Dedup::Later;
+    bump(gl->failed);
+  } else {
+    bump(gl->rejected);
   }
-}
-
-void BusCore::dedup_finish(GroupLane* gl, std::string_view key, bool acked) noexcept {
-  IdempotencyImpl* idem = gl->group->idempotency;
-  if (idem == nullptr || key.empty()) return;
-  try {
-    Status s = acked ? idem->complete(key, {}) : idem->release(key);
-    if (!s.ok() && s.code() != Code::PayloadTooLarge && s.code() != Code::InvalidArgument)
-      gl->errors.fetch_add(1, std::memory_order_relaxed);
-  } catch (...) {
-    gl->errors.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (options.metrics) record_latency(gl, p.header->created_at_ns);
+  if (!dlq_) return st;  // an in-memory bus: failures are only counted
+  st.next = Settlement::Next::DeadLetter;
+  const std::uint32_t poison_after = durable ? dlq_->options().poison_after_crashes : 0;
+  st.error_class = classify_failure(kind, p.attempt, std::max(outcomes, p.attempt > 0 ? 1u : 0u), inv.late,
+                                    poison_after);
+  return st;
 }
 
 // ---------------------------------------------------------------- dead letters
 
 DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
                             std::string_view payload, std::uint64_t offset, const Outcome& out,
-                            std::uint32_t attempts, ErrorClass cls) const {
+                            std::uint32_t attempts, ErrorClass cls, std::int64_t first_failure_ns) const {
   const GroupImpl* g = gl->group;
   DlqEntry e;
   e.header = h;
@@ -120,7 +179,7 @@ DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_v
   e.error_text = std::string(to_string(cls)) + " failure after " + std::to_string(attempts) + " attempt(s)";
   e.attempts = attempts;
   e.last_failure_ns = now_ns();
-  e.first_failure_ns = gl->first_failure_ns ? gl->first_failure_ns : e.last_failure_ns;
+  e.first_failure_ns = first_failure_ns ? first_failure_ns : e.last_failure_ns;
   e.topic = g->topic->name;
   e.topic_id = g->topic->durable ? g->topic->store_topic.id : 0;
   e.lane = gl->lane;
@@ -129,34 +188,36 @@ DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_v
   return e;
 }
 
-void BusCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out) noexcept {
+void BusCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out, std::uint32_t attempts,
+                                    ErrorClass cls, std::int64_t first_failure_ns) noexcept {
   if (!dlq_) return;  // an in-memory bus: failures are only counted
   try {
-    const ErrorClass cls = classify_failure(out.kind(), gl->attempts, gl->attempts, false, 0);
-    auto r = dlq_->add(dlq_entry(gl, s->header, s->key(), s->idempotency_key(), s->payload(), 0, out, gl->attempts,
-                                 cls));
+    auto r = dlq_->add(dlq_entry(gl, s->header, s->key(), s->idempotency_key(), s->payload(), 0, out, attempts, cls,
+                                 first_failure_ns));
     if (!r.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
   } catch (...) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-bool BusCore::dead_letter_durable(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
-                                  ErrorClass cls) {
+bool BusCore::dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                                ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to) {
   GroupImpl* g = gl->group;
-  const bool queue = g->topic->is_queue;
-  DlqEntry e = dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset, out, attempts, cls);
+  DlqEntry e = dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset, out, attempts, cls,
+                         first_failure_ns);
   Status s = store_->write([&](StoreTxn& t) -> Status {
     return dlq_
         ->add_in(t, e,
                  [&]() -> Status {
-                   if (!queue) return t.commit_offset(g->store_group, gl->lane, m.offset + 1);
-                   Status as = t.ack(g->store_group, gl->lane, m.offset, m.header.attempt);
-                   return as.ok() ? dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset) : as;
+                   return commit_to > gl->committed_sent ? t.commit_offset(g->store_group, gl->lane, commit_to)
+                                                         : Status();
                  })
         .status();
   });
-  if (s.ok() || s.code() == Code::StaleToken) return true;  // StaleToken: already redelivered elsewhere
+  if (s.ok()) {
+    if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
+    return true;
+  }
   gl->errors.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
@@ -174,22 +235,7 @@ Status BusCore::republish(const DlqEntry& e) {
   return t->durable ? t->publish_durable(m, {}) : t->publish(m, true, take_ids(1));
 }
 
-Status BusCore::release_claim(GroupLane* gl, const StoredMessage& m, std::uint32_t attempt,
-                              std::chrono::milliseconds delay) {
-  GroupImpl* g = gl->group;
-  if (dlq_) {
-    // Every deliberate release counts as an attempt that came back with an
-    // outcome: poison detection treats claims without one as consumer crashes.
-    // (A crash between the two commits errs towards "not poison".)
-    Status ns = store_->write([&](StoreTxn& t) -> Status {
-      return dlq_->note_outcome_in(t, g->store_group, gl->lane, m.offset).status();
-    });
-    if (!ns.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
-  }
-  return store_->release(g->store_group, gl->lane, m.offset, attempt, delay);
-}
-
-void BusCore::dlq_maintenance() noexcept {
+void BusCore::maintenance() noexcept {
   if (!dlq_) return;
   try {
     for (int i = 0; i < 16; ++i) {
@@ -199,6 +245,22 @@ void BusCore::dlq_maintenance() noexcept {
     (void)dlq_->replay_due_transient(dlq_->options().transient_cooldown, "auto",
                                      [this](const DlqEntry& e) { return republish(e); });
   } catch (...) {
+  }
+  // Idempotency scopes: the durable tier's retention (tables live as long as
+  // the bus, so the pointers stay valid after the lock is dropped).
+  std::vector<IdempotencyImpl*> scopes;
+  {
+    MutexLock l(&mu_);
+    for (auto& [name, table] : idempotency_) scopes.push_back(table->impl());
+  }
+  for (IdempotencyImpl* idem : scopes) {
+    try {
+      for (int i = 0; i < 16; ++i) {
+        auto r = idem->expire(1024);
+        if (!r.ok() || *r < 1024) break;
+      }
+    } catch (...) {
+    }
   }
 }
 

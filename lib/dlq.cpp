@@ -1013,6 +1013,43 @@ Result<std::uint32_t> DlqStore::outcomes_in(StoreTxn& txn, const GroupRef& group
   return n;
 }
 
+Result<std::optional<DlqStore::TopicMark>> DlqStore::topic_mark_in(StoreTxn& txn, const GroupRef& group,
+                                                                   std::uint32_t lane) {
+  std::string k = "m";
+  put_be(k, group.topic_id, 4);
+  put_be(k, group.group_id, 4);
+  put_be(k, lane, 4);
+  auto v = txn.get(StoreTable::Dlq, k);
+  std::optional<TopicMark> out;
+  if (!v.ok()) {
+    if (v.code() == Code::NotFound) return out;
+    return v.status();
+  }
+  if (v->size() != 28)
+    return Status(Code::Corruption, "dlq: the delivery mark of group " + q(group.name) + " lane " +
+                                        std::to_string(lane) + " is malformed");
+  TopicMark m;
+  std::memcpy(&m.from, v->data(), 8);
+  std::memcpy(&m.to, v->data() + 8, 8);
+  std::memcpy(&m.careful_to, v->data() + 16, 8);
+  std::memcpy(&m.crashes, v->data() + 24, 4);
+  out = m;
+  return out;
+}
+
+Status DlqStore::set_topic_mark_in(StoreTxn& txn, const GroupRef& group, std::uint32_t lane, const TopicMark& m) {
+  std::string k = "m";
+  put_be(k, group.topic_id, 4);
+  put_be(k, group.group_id, 4);
+  put_be(k, lane, 4);
+  char b[28];
+  std::memcpy(b, &m.from, 8);
+  std::memcpy(b + 8, &m.to, 8);
+  std::memcpy(b + 16, &m.careful_to, 8);
+  std::memcpy(b + 24, &m.crashes, 4);
+  return txn.put(StoreTable::Dlq, k, std::string_view(b, sizeof(b)));
+}
+
 Status DlqStore::forget_outcomes_in(StoreTxn& txn, const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
   Status s = txn.del(StoreTable::Dlq, outcome_key(group, lane, offset));
   if (!s.ok() && s.code() != Code::NotFound) return s;

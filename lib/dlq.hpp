@@ -43,7 +43,8 @@ using DlqRepublish = std::function<Status(const DlqEntry&)>;
 ///   Pending entry (so the oldest pending entry and the pending set are one
 ///   cursor seek away); "s" → the stats record (next entry id, next audit
 ///   seq, per-state counts, bytes, arrivals per class, totals); "o"+be32
-///   topic+be32 group+be32 lane+be64 offset → u32 outcomes (poison bookkeeping).
+///   topic+be32 group+be32 lane+be64 offset → u32 outcomes (poison bookkeeping); "m"+be32 topic+be32
+///   group+be32 lane → the lane's TopicMark (durable topic poison bookkeeping).
 /// - `dlq_audit` keys: be64(seq) → record.
 /// - Every change to an entry updates the stats record and, for replay /
 ///   archive / purge / expire, appends an audit record — all in one write
@@ -161,6 +162,25 @@ class DlqStore {
   /// Drop the record (in the transaction that acks or dead-letters the message).
   [[nodiscard]] Status forget_outcomes_in(StoreTxn& txn, const GroupRef& group, std::uint32_t lane,
                                           std::uint64_t offset);
+
+  /// Poison bookkeeping of durable topic groups, whose messages have no
+  /// claim: before a group delivers offsets [from, to) of a lane it records
+  /// this mark (committed before the first handler call). A restart that
+  /// finds the group's committed offset inside [from, to) knows the process
+  /// died while delivering: it then delivers one message at a time up to
+  /// `careful_to`, each under a mark of its own that counts the crashes of
+  /// the message at `from`.
+  struct TopicMark {
+    std::uint64_t from = 0;
+    std::uint64_t to = 0;
+    std::uint64_t careful_to = 0;  ///< one-at-a-time delivery up to here
+    std::uint32_t crashes = 0;     ///< earlier crashes of the message at `from`
+  };
+  /// The lane's mark, nullopt when none was written.
+  [[nodiscard]] Result<std::optional<TopicMark>> topic_mark_in(StoreTxn& txn, const GroupRef& group,
+                                                               std::uint32_t lane);
+  [[nodiscard]] Status set_topic_mark_in(StoreTxn& txn, const GroupRef& group, std::uint32_t lane,
+                                         const TopicMark& mark);
 
  private:
   struct Stats;

@@ -1,17 +1,35 @@
 // lanebus — MIT License.
-// Durable lane runners (topics: read at the group's position and commit
-// offsets; queues: claim and ack), the append listener and the poller.
+// Durable lane runners, both driving the delivery core (delivery.hpp):
+// - topics read a batch at the group's position, deliver it in order and
+//   commit offsets; with poison detection a delivery mark (DlqStore::TopicMark)
+//   is committed before each batch, and after a crash the lane is delivered
+//   one message at a time until the message that crashed is found;
+// - queues claim a batch per commit (consumer-side group commit), deliver it,
+//   and settle every message of the batch — acks, dead letters, releases,
+//   transactional effects — in one asynchronous write that shares its commit
+//   with other lanes and workers.
+// Also the append listener and the poller.
 #include <algorithm>
-#include <bit>
-#include <cassert>
-#include <exception>
+#include <memory>
+#include <set>
 #include <string>
 
 #include "bus_impl.hpp"
 
 namespace lanebus::detail {
 
-// ---------------------------------------------------------------- durable lanes
+namespace {
+
+// Errors a settle step may meet that only concern its message (returned by
+// the store before writing anything); anything else aborts the whole commit.
+bool message_level(Code c) noexcept {
+  return c == Code::NotFound || c == Code::StaleToken || c == Code::Conflict || c == Code::QuotaExceeded ||
+         c == Code::InvalidArgument || c == Code::PayloadTooLarge;
+}
+
+bool poison_on(const DlqStore* dlq) noexcept { return dlq != nullptr && dlq->options().poison_after_crashes > 0; }
+
+}  // namespace
 
 void BusCore::run_durable_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
@@ -22,8 +40,15 @@ void BusCore::run_durable_lane(GroupLane* gl) {
     more = g->topic->is_queue ? run_durable_queue_batch(gl, c) : run_durable_topic_batch(gl, c);
     c->calls.fetch_sub(1, std::memory_order_release);
   }
+  gl->parked_count.store(gl->parked.size(), std::memory_order_relaxed);
   if (more && !abandon_.load(std::memory_order_acquire)) {
-    requeue(gl);
+    const std::int64_t delay = gl->retry_delay_ns;
+    gl->retry_delay_ns = 0;
+    requeue(gl, delay);
+    return;
+  }
+  if (c != nullptr && !gl->parked.empty() && !abandon) {
+    park_lane(gl);
     return;
   }
   // Owner-only state must be read before the lane is released to others.
@@ -40,135 +65,269 @@ void BusCore::run_durable_lane(GroupLane* gl) {
   if (!g->topic->is_queue && gl->known_end.load(std::memory_order_seq_cst) > read_pos) schedule(gl);
 }
 
+// ---------------------------------------------------------------- durable topics
+
+// First run, or a seek happened: load the committed offset, and the delivery
+// mark to learn whether the process died while delivering (poison detection).
+bool BusCore::position_durable_topic(GroupLane* gl) {
+  GroupImpl* g = gl->group;
+  MutexLock l(&g->commit_mu);  // waits for a seek that is still being written
+  auto info = store_->group_info(g->store_group);
+  if (!info.ok() || info->size() <= gl->lane) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  const std::uint64_t committed = (*info)[gl->lane].committed;
+  gl->read_pos = gl->done_pos = gl->committed_sent = committed;
+  gl->buffer.clear();
+  gl->buffer_index = 0;
+  gl->attempts = 0;
+  gl->first_failure_ns = 0;
+  gl->parked.clear();
+  gl->careful_to = 0;
+  gl->head_crashes = 0;
+  if (poison_on(dlq_.get())) {
+    std::optional<DlqStore::TopicMark> mark;
+    Status s = store_->read([&](StoreTxn& t) -> Status {
+      auto m = dlq_->topic_mark_in(t, g->store_group, gl->lane);
+      if (!m.ok()) return m.status();
+      mark = *m;
+      return Status();
+    });
+    if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+    if (mark && committed >= mark->from && committed < std::max(mark->to, mark->careful_to)) {
+      // The process died while delivering [from, to): find the message.
+      gl->careful_to = std::max(mark->to, mark->careful_to);
+      gl->head_crashes = mark->from == committed ? mark->crashes + 1 : 1;
+    }
+  }
+  gl->seen_seek_gen = g->seek_gen.load(std::memory_order_acquire);
+  gl->positioned = true;
+  return true;
+}
+
 // Durable topic group: read a batch at the lane's position, deliver in order,
-// then queue one offset commit. True if the lane should run again at once.
+// then queue one offset commit. True if the lane should run again at once
+// (gl->retry_delay_ns: after that long).
 bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
   TopicImpl* t = g->topic;
   const std::uint64_t gen = g->seek_gen.load(std::memory_order_acquire);
-  if (!gl->positioned || gen != gl->seen_seek_gen) {
-    // First run, or a seek happened: load the committed offset. commit_mu
-    // makes us wait for a seek that is still being written.
-    MutexLock l(&g->commit_mu);
-    auto info = store_->group_info(g->store_group);
-    if (!info.ok() || info->size() <= gl->lane) {
-      gl->errors.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    const std::uint64_t committed = (*info)[gl->lane].committed;
-    gl->read_pos = gl->done_pos = gl->committed_sent = committed;
-    gl->buffer.clear();
-    gl->buffer_index = 0;
-    gl->attempts = 0;
-    gl->seen_seek_gen = g->seek_gen.load(std::memory_order_acquire);
-    gl->positioned = true;
-  }
+  if ((!gl->positioned || gen != gl->seen_seek_gen) && !position_durable_topic(gl)) return false;
+  const bool poison = poison_on(dlq_.get());
+  const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
+  const bool kp = g->options.key_parallel_retry;
+  const std::size_t limit = g->options.key_parallel_limit;
+  const AdmitMode mode = c->tx_handler ? AdmitMode::Check : AdmitMode::Claim;
   std::uint32_t handled = 0;
   bool retry_pending = false;
+  std::uint64_t consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
+  auto done_upto = [&]() {
+    return gl->parked.empty() ? consumed_pos : std::min(consumed_pos, gl->parked.front().stored.offset);
+  };
   while (handled < g->options.batch) {
-    if (gl->buffer_index == gl->buffer.size()) {
-      ReadLimits limits;
-      limits.max_messages = g->options.batch;
-      auto r = store_->read(t->store_topic, gl->lane, gl->read_pos, limits);
-      if (!r.ok()) {
-        gl->errors.fetch_add(1, std::memory_order_relaxed);
-        break;
+    // 1. A parked message whose backoff is over (key_parallel_retry).
+    std::ptrdiff_t pi = -1;
+    if (kp && !gl->parked.empty()) pi = due_parked(gl, RetryTimer::now_ns());
+    StoredMessage* mp = nullptr;
+    std::uint32_t* attempts = &gl->attempts;
+    std::int64_t* first_failure = &gl->first_failure_ns;
+    if (pi >= 0) {
+      Parked& pk = gl->parked[static_cast<std::size_t>(pi)];
+      mp = &pk.stored;
+      attempts = &pk.attempts;
+      first_failure = &pk.first_failure_ns;
+    } else {
+      if (gl->buffer_index == gl->buffer.size()) {
+        const bool careful = gl->read_pos < gl->careful_to || poison_after == 1;
+        ReadLimits limits;
+        limits.max_messages = careful ? 1 : g->options.batch;
+        auto r = store_->read(t->store_topic, gl->lane, gl->read_pos, limits);
+        if (!r.ok()) {
+          gl->errors.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+        if (r->skipped > 0) {
+          gl->skipped.fetch_add(r->skipped, std::memory_order_relaxed);
+          if (consumed_pos < r->first_offset) consumed_pos = r->first_offset;
+          if (gl->read_pos < gl->careful_to && r->first_offset > gl->read_pos) gl->head_crashes = 1;
+        }
+        std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
+        while (r->end_offset > k && !gl->known_end.compare_exchange_weak(k, r->end_offset)) {
+        }
+        if (r->messages.empty()) {
+          gl->read_pos = r->next_offset;
+          break;
+        }
+        if (poison) {
+          // The delivery mark, with the offset commit of what is done, before
+          // the first handler call of the batch.
+          DlqStore::TopicMark mark;
+          mark.from = r->messages.front().offset;
+          mark.to = r->messages.back().offset + 1;
+          mark.careful_to = gl->careful_to;
+          mark.crashes = mark.from < gl->careful_to ? gl->head_crashes : 0;
+          const std::uint64_t commit_to = done_upto();
+          Status ms;
+          {
+            MutexLock l(&g->commit_mu);
+            if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return true;  // reposition
+            ms = store_->write([&](StoreTxn& txn) -> Status {
+              if (commit_to > gl->committed_sent) {
+                Status cs = txn.commit_offset(g->store_group, gl->lane, commit_to);
+                if (!cs.ok()) return cs;
+              }
+              return dlq_->set_topic_mark_in(txn, g->store_group, gl->lane, mark);
+            });
+          }
+          if (!ms.ok()) {
+            gl->errors.fetch_add(1, std::memory_order_relaxed);
+            gl->retry_delay_ns = kHoldBusyKeyNs;
+            retry_pending = true;
+            break;
+          }
+          if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
+        }
+        gl->buffer = std::move(r->messages);
+        gl->buffer_index = 0;
+        gl->read_pos = r->next_offset;
+        consumed_pos = gl->buffer.front().offset;
       }
-      if (r->skipped > 0) {
-        gl->skipped.fetch_add(r->skipped, std::memory_order_relaxed);
-        if (gl->done_pos < r->first_offset) gl->done_pos = r->first_offset;
-      }
-      gl->buffer = std::move(r->messages);
-      gl->buffer_index = 0;
-      gl->read_pos = r->next_offset;
-      std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
-      while (r->end_offset > k && !gl->known_end.compare_exchange_weak(k, r->end_offset)) {
-      }
-      if (gl->buffer.empty()) break;
-    }
-    const StoredMessage& m = gl->buffer[gl->buffer_index];
-    const bool guarded = g->idempotency != nullptr && !m.idempotency_key.empty();
-    if (guarded) {
-      Dedup d = dedup_claim(gl, m.idempotency_key);
-      if (d == Dedup::Later) {
-        gl->retry_delay_ns = kDedupBusyDelayNs;
-        retry_pending = true;
-        break;
-      }
-      if (d == Dedup::Skip) {
-        bump(gl->duplicates_skipped);
-        ++handled;
-        gl->attempts = 0;
-        gl->done_pos = m.offset + 1;
+      mp = &gl->buffer[gl->buffer_index];
+      if (gl->attempts == 0 && poison && mp->offset < gl->careful_to && gl->head_crashes >= poison_after) {
+        // It crashed the process poison_after_crashes times: dead-letter it.
+        const Outcome out = Outcome::reject("poison: the consumer process died while handling it");
+        const std::uint64_t commit_to = gl->parked.empty() ? mp->offset + 1 : done_upto();
+        DlqEntry e = dlq_entry(gl, mp->header, mp->key, mp->idempotency_key, mp->payload, mp->offset, out,
+                               gl->head_crashes, ErrorClass::Poison, now_ns());
+        Status ds = store_->write([&](StoreTxn& txn) -> Status {
+          return dlq_->add_in(txn, e, [&]() -> Status { return txn.commit_offset(g->store_group, gl->lane, commit_to); })
+              .status();
+        });
+        if (!ds.ok()) {
+          gl->errors.fetch_add(1, std::memory_order_relaxed);
+          gl->retry_delay_ns = kHoldDlqFullNs;
+          retry_pending = true;
+          break;
+        }
+        bump(gl->failed);
+        if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
+        consumed_pos = mp->offset + 1;
+        gl->head_crashes = consumed_pos < gl->careful_to ? 1 : 0;
         ++gl->buffer_index;
+        ++handled;
         continue;
       }
-    }
-    ++gl->attempts;
-    bump(gl->delivered);
-    MessageView view(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
-    view.set_attempt(gl->attempts);
-    TxnState tx;
-    TxnState* txp = nullptr;
-    if (c->tx_handler) {
-      tx.store = store_.get();
-      tx.bus = this;
-      txp = &tx;
-    }
-    Outcome out = call_handler(c, view, gl, txp);
-    ++handled;
-    if (txp != nullptr && out.kind() == Outcome::Kind::Ack) {
-      // Effects, dedup record and offset commit in one transaction.
-      Status cs = commit_tx(gl, tx, m, gl->attempts);
-      if (!cs.ok()) {
-        if (guarded) dedup_finish(gl, m.idempotency_key, false);
-        bump(gl->retried);
-        if (cs.code() == Code::Conflict) {
-          --gl->attempts;  // an optimistic-concurrency retry does not use an attempt
-          gl->retry_delay_ns = 0;
-        } else {
-          gl->errors.fetch_add(1, std::memory_order_relaxed);
-          if (!plan_retry(gl, gl->attempts)) gl->retry_delay_ns = kDedupBusyDelayNs;  // storage trouble: keep trying
+      if (kp && key_parked(gl, mp->key)) {
+        // Behind an earlier message of its key: set it aside, in order.
+        if (gl->parked.size() < limit) {
+          gl->parked.push_back(Parked{nullptr, std::move(*mp), 0, 0, 0});
+          ++gl->buffer_index;
+          consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
+          continue;
         }
+        // The limit: wait for the earliest parked message.
+        std::int64_t earliest = 0;
+        for (const Parked& pk : gl->parked)
+          if (pk.due_ns > 0 && (earliest == 0 || pk.due_ns < earliest)) earliest = pk.due_ns;
+        const std::int64_t now = RetryTimer::now_ns();
+        gl->retry_delay_ns = earliest > now ? earliest - now : 0;
         retry_pending = true;
         break;
       }
-      gl->committed_sent = m.offset + 1;
-    } else if (guarded) {
-      dedup_finish(gl, m.idempotency_key, out.kind() == Outcome::Kind::Ack);
     }
-    if (out.kind() != Outcome::Kind::Ack && gl->first_failure_ns == 0) gl->first_failure_ns = now_ns();
-    if (out.kind() == Outcome::Kind::Retry) {
-      bump(gl->retried);
-      if (plan_retry(gl, gl->attempts)) {
-        retry_pending = true;  // the message stays at the head of its lane
-        break;
-      }
-    }
-    if (out.kind() != Outcome::Kind::Ack && dlq_) {
-      // Dead-letter it and commit the offset past it in one transaction.
-      const ErrorClass cls = classify_failure(out.kind(), gl->attempts, gl->attempts, false, 0);
-      if (!dead_letter_durable(gl, m, out, gl->attempts, cls)) {
-        --gl->attempts;
-        gl->retry_delay_ns = 1'000'000'000;  // the DLQ refused it (quota): keep it, try again later
-        retry_pending = true;
-        break;
-      }
-      if (m.offset + 1 > gl->committed_sent) gl->committed_sent = m.offset + 1;
-    }
-    if (out.kind() == Outcome::Kind::Retry) {
-      bump(gl->failed);
-    } else if (out.kind() == Outcome::Kind::Reject) {
-      bump(gl->rejected);
+    const StoredMessage& m = *mp;
+    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *attempts + 1};
+    const Admission a = admit(gl, p, mode);
+    std::int64_t wait_ns = -1;
+    if (a == Admission::Later) {
+      wait_ns = kHoldBusyKeyNs;
+    } else if (a == Admission::Skip) {
+      bump(gl->duplicates_skipped);
+      ++handled;
     } else {
-      bump(gl->acked);
+      ++*attempts;
+      TxnState tx;
+      TxnState* txp = nullptr;
+      if (c->tx_handler) {
+        tx.store = store_.get();
+        tx.bus = this;
+        txp = &tx;
+      }
+      const Invocation inv = invoke(c, gl, p, txp);
+      ++handled;
+      if (txp != nullptr && inv.outcome.kind() == Outcome::Kind::Ack) {
+        // Effects, dedup record and offset commit in one transaction.
+        Status cs;
+        {
+          MutexLock l(&g->commit_mu);
+          if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return true;  // reposition
+          cs = store_->write([&](StoreTxn& txn) -> Status { return apply_tx(txn, gl, tx, m, *attempts); });
+        }
+        if (!cs.ok()) {
+          bump(gl->retried);
+          if (cs.code() == Code::Conflict) {
+            --*attempts;  // an optimistic-concurrency retry does not use an attempt
+            wait_ns = 0;
+          } else {
+            gl->errors.fetch_add(1, std::memory_order_relaxed);
+            wait_ns = kHoldBusyKeyNs;  // storage trouble: keep trying
+          }
+        } else {
+          if (g->idempotency != nullptr && !m.idempotency_key.empty())
+            g->idempotency->remember_done(m.idempotency_key, now_ns());
+          bump(gl->acked);
+          if (options.metrics) record_latency(gl, m.header.created_at_ns);
+          *first_failure = 0;
+        }
+      } else {
+        // Crashes are counted by the delivery mark; every in-memory attempt came back.
+        const Settlement st = settle(gl, p, inv, mode, false, *attempts, first_failure);
+        if (st.next == Settlement::Next::Retry) {
+          wait_ns = st.delay_ns;
+        } else if (st.next == Settlement::Next::DeadLetter) {
+          // Commit the offset past it, but never past a parked message.
+          std::uint64_t commit_to = m.offset + 1;
+          for (std::size_t i = 0; i < gl->parked.size(); ++i)
+            if (static_cast<std::ptrdiff_t>(i) != pi) commit_to = std::min(commit_to, gl->parked[i].stored.offset);
+          if (pi >= 0) commit_to = std::min(commit_to, consumed_pos);
+          if (!dead_letter_topic(gl, m, inv.outcome, *attempts, st.error_class, *first_failure, commit_to)) {
+            --*attempts;
+            wait_ns = kHoldDlqFullNs;  // the DLQ refused it (quota): keep it, try again later
+          }
+        }
+      }
     }
-    gl->first_failure_ns = 0;
-    gl->attempts = 0;
-    gl->done_pos = m.offset + 1;
-    if (options.metrics) record_latency(gl, m.header.created_at_ns);
-    ++gl->buffer_index;
+    if (wait_ns >= 0) {
+      if (pi >= 0) {
+        gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
+        continue;
+      }
+      if (kp && gl->parked.size() < limit) {
+        gl->parked.push_back(Parked{nullptr, std::move(gl->buffer[gl->buffer_index]), gl->attempts,
+                                    RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1), gl->first_failure_ns});
+        gl->attempts = 0;
+        gl->first_failure_ns = 0;
+        ++gl->buffer_index;
+        consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
+        continue;
+      }
+      gl->retry_delay_ns = wait_ns;  // the message stays at the head of its lane
+      retry_pending = true;
+      break;
+    }
+    if (pi >= 0) {
+      gl->parked.erase(gl->parked.begin() + pi);
+    } else {
+      gl->attempts = 0;
+      gl->first_failure_ns = 0;
+      ++gl->buffer_index;
+      consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
+      if (gl->read_pos <= gl->careful_to || consumed_pos < gl->careful_to)
+        gl->head_crashes = consumed_pos < gl->careful_to ? 1 : 0;
+    }
   }
+  gl->done_pos = done_upto();
   if (gl->done_pos > gl->committed_sent) {
     MutexLock l(&g->commit_mu);
     if (g->seek_gen.load(std::memory_order_acquire) == gl->seen_seek_gen) {
@@ -183,166 +342,346 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
       }
     }
   }
-  gl->lag.store(gl->known_end.load(std::memory_order_relaxed) > gl->done_pos
-                    ? gl->known_end.load(std::memory_order_relaxed) - gl->done_pos
-                    : 0,
-                std::memory_order_relaxed);
-  return retry_pending || gl->buffer_index < gl->buffer.size() || handled == g->options.batch;
+  const std::uint64_t end = gl->known_end.load(std::memory_order_relaxed);
+  gl->lag.store(end > gl->done_pos ? end - gl->done_pos : 0, std::memory_order_relaxed);
+  if (retry_pending) return true;
+  if (gl->buffer_index < gl->buffer.size() || handled == g->options.batch) return true;
+  if (kp && !gl->parked.empty() && due_parked(gl, RetryTimer::now_ns()) >= 0) return true;
+  return false;
 }
 
-// Durable queue: claim (attempt persisted before delivery), deliver, ack or
-// release. True if the lane should run again at once.
+// ---------------------------------------------------------------- durable queues
+
+namespace {
+
+// One message's part of a queue lane's batch commit.
+struct QueueSettle {
+  enum class Kind : std::uint8_t { Ack, Duplicate, DeadLetter, Release, Unclaim };
+  Kind kind = Kind::Ack;
+  std::size_t index = 0;            // into QueueBatch::claims
+  std::int64_t delay_ns = 0;        // Release
+  bool complete_key = false;        // Ack: mark the idempotency key done in the same transaction
+  std::unique_ptr<TxnState> tx;     // Ack of a transactional handler: its effects
+  std::unique_ptr<DlqEntry> entry;  // DeadLetter
+};
+
+enum class SettleResult : std::uint8_t {
+  Pending, Acked, Duplicate, DeadLettered, Released, Unclaimed, Conflict, Lost, DlqFull
+};
+
+// A claimed batch of one queue lane and what its delivery decided. Shared
+// between the worker (which builds it) and the writer thread (which commits
+// it and runs the completion).
+struct QueueBatch {
+  GroupLane* gl = nullptr;
+  std::vector<ClaimedMessage> claims;
+  std::vector<QueueSettle> ops;
+  std::vector<SettleResult> results;
+  std::map<std::string, std::optional<std::string>> overlay;  // transactional writes of earlier messages
+  std::int64_t committed_at = 0;
+};
+
+}  // namespace
+
+// Durable queue: claim a batch (attempts persisted before delivery), deliver
+// it in order, then settle the whole batch in one asynchronous write. True if
+// the lane should run again at once.
 bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
+  const bool poison = poison_on(dlq_.get());
+  const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
   ClaimOptions claim_options;
   claim_options.visibility = g->options.visibility;
   claim_options.ordered = true;
-  std::uint32_t handled = 0;
-  while (handled < g->options.batch) {
-    auto r = store_->claim(g->store_group, gl->lane, claim_options);
-    if (!r.ok()) {
-      gl->errors.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    if (!r->has_value()) return false;  // nothing deliverable now
-    const ClaimedMessage& cm = **r;
-    if (dlq_ && cm.attempt > 1 && dlq_->options().poison_after_crashes > 0) {
-      // Poison: earlier attempts were claimed (persisted) but never came back
-      // with an outcome — the consumer process died with it in flight.
-      std::uint32_t outcomes = 0;
-      Status rs = store_->read([&](StoreTxn& t) -> Status {
-        auto o = dlq_->outcomes_in(t, g->store_group, gl->lane, cm.message.offset);
-        if (!o.ok()) return o.status();
-        outcomes = *o;
-        return Status();
-      });
-      if (rs.ok() && classify_failure(Outcome::Kind::Retry, cm.attempt - 1, outcomes, false,
-                                      dlq_->options().poison_after_crashes) == ErrorClass::Poison) {
-        Outcome poison = Outcome::reject("poison: the consumer died with it in flight");
-        if (dead_letter_durable(gl, cm.message, poison, cm.attempt - 1, ErrorClass::Poison)) {
-          bump(gl->failed);
-          ++handled;
-          continue;
-        }
-      }
-    }
-    const bool guarded = g->idempotency != nullptr && !cm.message.idempotency_key.empty();
-    if (guarded) {
-      Dedup d = dedup_claim(gl, cm.message.idempotency_key);
-      if (d != Dedup::Proceed) {
-        Status s;
-        if (d == Dedup::Skip) {
-          bump(gl->duplicates_skipped);
-          s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
-        } else {
-          s = release_claim(gl, cm.message, cm.attempt, std::chrono::milliseconds(kDedupBusyDelayNs / 1'000'000));
-        }
-        if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
-        ++handled;
-        if (d == Dedup::Later) return false;
-        continue;
-      }
-    }
-    bump(gl->delivered);
-    MessageView view(cm.message.header, cm.message.key, cm.message.idempotency_key, cm.message.payload, gl->lane,
-                     cm.message.offset);
-    view.set_attempt(cm.attempt);
-    TxnState tx;
-    TxnState* txp = nullptr;
-    if (c->tx_handler) {
-      tx.store = store_.get();
-      tx.bus = this;
-      txp = &tx;
-    }
-    Outcome out = call_handler(c, view, gl, txp);
-    ++handled;
-    if (txp != nullptr && out.kind() == Outcome::Kind::Ack) {
-      Status cs = commit_tx(gl, tx, cm.message, cm.attempt);
-      if (cs.ok()) {
-        bump(gl->acked);
-        if (options.metrics) record_latency(gl, cm.message.header.created_at_ns);
-        continue;
-      }
-      if (guarded) dedup_finish(gl, cm.message.idempotency_key, false);
-      bump(gl->retried);
-      if (cs.code() != Code::Conflict && cs.code() != Code::StaleToken)
-        gl->errors.fetch_add(1, std::memory_order_relaxed);
-      // Nothing was written; hand the message back for another delivery.
-      Status rs = release_claim(gl, cm.message, cm.attempt, std::chrono::milliseconds(0));
-      if (!rs.ok() && rs.code() != Code::StaleToken && rs.code() != Code::NotFound)
-        gl->errors.fetch_add(1, std::memory_order_relaxed);
-      return true;
-    }
-    Status s;
-    const bool acked = out.kind() == Outcome::Kind::Ack;
-    if (guarded && !acked) dedup_finish(gl, cm.message.idempotency_key, false);
-    if (out.kind() == Outcome::Kind::Retry && plan_retry(gl, cm.attempt)) {
-      bump(gl->retried);
-      // The store keeps the message claimed until the backoff ends (the
-      // claim, not this process, holds the delay: it survives a crash).
-      auto delay = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(gl->retry_delay_ns));
-      gl->retry_delay_ns = 0;
-      s = release_claim(gl, cm.message, cm.attempt, delay);
-      if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
-      return delay.count() == 0;  // at once: run again after other lanes; else the poller wakes it
-    }
-    if (!acked && dlq_) {
-      std::uint32_t outcomes = 1;
-      (void)store_->read([&](StoreTxn& t) -> Status {
-        auto o = dlq_->outcomes_in(t, g->store_group, gl->lane, cm.message.offset);
-        if (o.ok()) outcomes = *o + 1;
-        return Status();
-      });
-      const bool late = g->options.attempt_timeout.count() > 0 && view.deadline_ns() != 0 && now_ns() > view.deadline_ns();
-      const ErrorClass cls =
-          classify_failure(out.kind(), cm.attempt, outcomes, late, dlq_->options().poison_after_crashes);
-      if (!dead_letter_durable(gl, cm.message, out, cm.attempt, cls)) {
-        // The DLQ refused it (quota): keep the message, try again later.
-        Status rs = release_claim(gl, cm.message, cm.attempt, std::chrono::seconds(1));
-        if (!rs.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
-        return false;
-      }
-      if (out.kind() == Outcome::Kind::Retry) {
-        bump(gl->retried);
-        bump(gl->failed);
-      } else {
-        bump(gl->rejected);
-      }
+  const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
+  auto r = store_->claim_batch(g->store_group, gl->lane, max, claim_options);
+  if (!r.ok()) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (r->empty()) return false;  // nothing deliverable now
+  auto batch = std::make_shared<QueueBatch>();
+  batch->gl = gl;
+  batch->claims = std::move(*r);
+  batch->ops.reserve(batch->claims.size());
+  const AdmitMode mode = c->tx_handler ? AdmitMode::Check : AdmitMode::Claim;
+  IdempotencyImpl* idem = g->idempotency;
+  std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
+  bool broken = false;                   // the rest of the batch goes back unhandled
+  bool again = true;                     // run the lane again at once
+  auto push = [&](QueueSettle::Kind kind, std::size_t i) -> QueueSettle& {
+    QueueSettle op;
+    op.kind = kind;
+    op.index = i;
+    batch->ops.push_back(std::move(op));
+    return batch->ops.back();
+  };
+  for (std::size_t i = 0; i < batch->claims.size(); ++i) {
+    if (broken || abandon_.load(std::memory_order_acquire)) {
+      push(QueueSettle::Kind::Unclaim, i);
       continue;
     }
-    if (out.kind() == Outcome::Kind::Retry) {
+    const ClaimedMessage& cm = batch->claims[i];
+    const StoredMessage& m = cm.message;
+    std::uint32_t outcomes = cm.attempt;  // attempts that came back with an outcome (incl. this one)
+    if (cm.attempt > 1 && dlq_) {
+      // A redelivery (claimed alone): earlier attempts that never came back
+      // with an outcome were consumer crashes.
+      std::uint32_t noted = 0;
+      Status rs = store_->read([&](StoreTxn& t) -> Status {
+        auto o = dlq_->outcomes_in(t, g->store_group, gl->lane, m.offset);
+        if (!o.ok()) return o.status();
+        noted = *o;
+        return Status();
+      });
+      outcomes = noted + 1;
+      if (rs.ok() && poison &&
+          classify_failure(Outcome::Kind::Retry, cm.attempt - 1, noted, false, poison_after) == ErrorClass::Poison) {
+        QueueSettle& op = push(QueueSettle::Kind::DeadLetter, i);
+        op.entry = std::make_unique<DlqEntry>(
+            dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
+                      Outcome::reject("poison: the consumer process died while handling it"), cm.attempt - 1,
+                      ErrorClass::Poison, now_ns()));
+        bump(gl->failed);
+        continue;
+      }
+    }
+    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt};
+    Admission a = Admission::Proceed;
+    if (mode == AdmitMode::Check && !m.idempotency_key.empty() && keys_done.count(m.idempotency_key) > 0) {
+      a = Admission::Skip;  // a duplicate of a message acked earlier in this batch
+    } else {
+      a = admit(gl, p, mode);
+    }
+    if (a == Admission::Later) {
+      // The key is busy elsewhere: not a crash and not a failure; the lane
+      // waits for it (a deliberate release records an outcome).
+      push(QueueSettle::Kind::Release, i).delay_ns = kHoldBusyKeyNs;
+      broken = true;
+      again = false;
+      continue;
+    }
+    if (a == Admission::Skip) {
+      push(QueueSettle::Kind::Duplicate, i);
+      continue;
+    }
+    std::unique_ptr<TxnState> tx;
+    if (c->tx_handler) {
+      tx = std::make_unique<TxnState>();
+      tx->store = store_.get();
+      tx->bus = this;
+      tx->overlay = &batch->overlay;
+    }
+    const Invocation inv = invoke(c, gl, p, tx.get());
+    if (gl->claim_lost.load(std::memory_order_relaxed)) {
+      // The watchdog ended this claim (attempt_timeout): the message may be
+      // with another consumer now. Hand back the rest of the batch.
       bump(gl->retried);
-      bump(gl->failed);
-    } else if (out.kind() == Outcome::Kind::Reject) {
-      bump(gl->rejected);
-    } else {
-      bump(gl->acked);
+      if (mode == AdmitMode::Claim) finish_key(gl, m.idempotency_key, false);
+      broken = true;
+      continue;
     }
-    if (acked && dlq_ && cm.attempt > 1 && !guarded) {
-      // The ack and dropping the message's outcome record, together.
-      s = store_->write([&](StoreTxn& t) -> Status {
-        Status as = t.ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
-        return as.ok() ? dlq_->forget_outcomes_in(t, g->store_group, gl->lane, cm.message.offset) : as;
-      });
-    } else if (guarded && acked) {
-      // The dedup record and the ack commit in one transaction.
-      IdempotencyImpl* idem = g->idempotency;
-      const std::string_view key = cm.message.idempotency_key;
-      std::int64_t at = 0;
-      s = store_->write([&](StoreTxn& txn) -> Status {
-        at = txn.now_ns();
-        Status cs = idem->complete_in(txn, key, {});
-        if (!cs.ok() && cs.code() != Code::NotFound) return cs;
-        return txn.ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
-      });
-      if (s.ok()) idem->remember_done(key, at);
-    } else {
-      s = store_->ack(g->store_group, gl->lane, cm.message.offset, cm.attempt);
+    std::int64_t first_failure = 0;
+    const Settlement st = settle(gl, p, inv, mode, true, outcomes, &first_failure);
+    if (st.next == Settlement::Next::Retry) {
+      // The store keeps the message claimed until the backoff ends (the
+      // claim, not this process, holds the delay: it survives a crash).
+      push(QueueSettle::Kind::Release, i).delay_ns = st.delay_ns;
+      broken = true;
+      again = st.delay_ns == 0;
+      continue;
     }
-    if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
-    if (options.metrics) record_latency(gl, cm.message.header.created_at_ns);
+    if (st.next == Settlement::Next::DeadLetter) {
+      QueueSettle& op = push(QueueSettle::Kind::DeadLetter, i);
+      op.entry = std::make_unique<DlqEntry>(dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
+                                                      inv.outcome, cm.attempt, st.error_class, first_failure));
+      continue;
+    }
+    QueueSettle& op = push(QueueSettle::Kind::Ack, i);
+    if (st.acked) {
+      op.complete_key = idem != nullptr && !m.idempotency_key.empty();
+      if (tx) {
+        for (const auto& [k, v] : tx->writes) batch->overlay[k] = v;
+        op.tx = std::move(tx);
+      }
+      if (op.complete_key) keys_done.insert(m.idempotency_key);
+    }
   }
-  return true;
+  batch->results.assign(batch->ops.size(), SettleResult::Pending);
+  gl->commits_in_flight.fetch_add(1, std::memory_order_relaxed);
+  GroupRef group = g->store_group;
+  const std::string topic = g->topic->name;
+  DlqStore* dlq = dlq_.get();
+  Status s = store_->write_async(
+      [batch, group, idem, dlq, this](StoreTxn& t) -> Status {
+        GroupLane* gl = batch->gl;
+        std::fill(batch->results.begin(), batch->results.end(), SettleResult::Pending);
+        batch->committed_at = t.now_ns();
+        bool broken = false;  // a message could not be settled: hand back the rest
+        for (std::size_t k = 0; k < batch->ops.size(); ++k) {
+          QueueSettle& op = batch->ops[k];
+          const ClaimedMessage& cm = batch->claims[op.index];
+          const StoredMessage& m = cm.message;
+          SettleResult& res = batch->results[k];
+          auto give_back = [&]() -> Status {
+            Status us = t.unclaim(group, gl->lane, m.offset, cm.attempt);
+            if (!us.ok() && !message_level(us.code())) return us;
+            res = SettleResult::Unclaimed;
+            return Status();
+          };
+          if (broken || op.kind == QueueSettle::Kind::Unclaim) {
+            if (Status gs = give_back(); !gs.ok()) return gs;
+            continue;
+          }
+          switch (op.kind) {
+            case QueueSettle::Kind::Ack:
+            case QueueSettle::Kind::Duplicate: {
+              bool duplicate = op.kind == QueueSettle::Kind::Duplicate;
+              if (op.tx) {
+                Status vs = validate_reads(t, *op.tx, m.header.id ? std::string_view() : std::string_view());
+                if (!vs.ok()) {
+                  if (!message_level(vs.code())) return vs;
+                  // A value it read changed: this message and the rest go
+                  // back (a conflict does not use an attempt).
+                  if (Status gs = give_back(); !gs.ok()) return gs;
+                  res = SettleResult::Conflict;
+                  broken = true;
+                  continue;
+                }
+              }
+              if (op.complete_key && op.tx && idem != nullptr) {
+                // Exactly-once effects: the key decides inside this transaction.
+                auto rec = idem->claim_in(t, m.idempotency_key, false);
+                if (rec.ok() && rec->state == ClaimState::Done) duplicate = true;
+                else if (!rec.ok() && !message_level(rec.code())) return rec.status();
+              }
+              Status as = t.ack(group, gl->lane, m.offset, cm.attempt);
+              if (!as.ok()) {
+                if (!message_level(as.code())) return as;
+                res = SettleResult::Lost;  // redelivered elsewhere (its claim expired)
+                broken = true;
+                continue;
+              }
+              if (dlq != nullptr && cm.attempt > 1) {
+                Status fs = dlq->forget_outcomes_in(t, group, gl->lane, m.offset);
+                if (!fs.ok() && fs.code() != Code::NotFound) return fs;
+              }
+              if (!duplicate) {
+                if (op.complete_key) {
+                  Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
+                  if (!cs.ok() && !message_level(cs.code())) return cs;
+                }
+                if (op.tx) {
+                  if (Status ws = write_effects(t, *op.tx); !ws.ok()) return ws;
+                }
+              }
+              res = duplicate ? SettleResult::Duplicate : SettleResult::Acked;
+              break;
+            }
+            case QueueSettle::Kind::DeadLetter: {
+              auto added = dlq->add_in(t, *op.entry, [&]() -> Status {
+                Status as = t.ack(group, gl->lane, m.offset, cm.attempt);
+                if (!as.ok()) return as;
+                Status fs = dlq->forget_outcomes_in(t, group, gl->lane, m.offset);
+                return (fs.ok() || fs.code() == Code::NotFound) ? Status() : fs;
+              });
+              if (added.ok()) {
+                res = SettleResult::DeadLettered;
+                break;
+              }
+              if (!message_level(added.code())) return added.status();
+              if (added.code() == Code::QuotaExceeded) {
+                // The DLQ refused it: keep the message, try again later.
+                Status rs = t.release(group, gl->lane, m.offset, cm.attempt, kHoldDlqFullNs);
+                if (!rs.ok() && !message_level(rs.code())) return rs;
+                if (rs.ok()) {
+                  auto n = dlq->note_outcome_in(t, group, gl->lane, m.offset);
+                  if (!n.ok() && !message_level(n.code())) return n.status();
+                }
+                res = SettleResult::DlqFull;
+              } else {
+                res = SettleResult::Lost;
+              }
+              broken = true;
+              break;
+            }
+            case QueueSettle::Kind::Release: {
+              Status rs = t.release(group, gl->lane, m.offset, cm.attempt, op.delay_ns);
+              if (!rs.ok()) {
+                if (!message_level(rs.code())) return rs;
+                res = SettleResult::Lost;
+                break;
+              }
+              if (dlq != nullptr) {
+                // A deliberate release is an attempt that came back with an
+                // outcome: poison detection counts only real crashes.
+                auto n = dlq->note_outcome_in(t, group, gl->lane, m.offset);
+                if (!n.ok() && !message_level(n.code())) return n.status();
+              }
+              res = SettleResult::Released;
+              break;
+            }
+            case QueueSettle::Kind::Unclaim:
+              break;
+          }
+        }
+        return Status();
+      },
+      [batch, idem, this](const Status& st) {
+        GroupLane* gl = batch->gl;
+        bool wake_lane = false;
+        if (!st.ok()) {
+          // Nothing was committed: the claims expire after `visibility`.
+          gl->errors.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          std::uint64_t acked = 0, dups = 0;
+          for (std::size_t k = 0; k < batch->ops.size(); ++k) {
+            const QueueSettle& op = batch->ops[k];
+            switch (batch->results[k]) {
+              case SettleResult::Acked:
+                ++acked;
+                if (op.complete_key) idem->remember_done(batch->claims[op.index].message.idempotency_key,
+                                                         batch->committed_at);
+                break;
+              case SettleResult::Duplicate:
+                if (op.kind == QueueSettle::Kind::Duplicate) {
+                  ++dups;
+                } else {
+                  ++dups;  // done elsewhere first: its effects were not applied
+                  if (op.complete_key) idem->remember_done(batch->claims[op.index].message.idempotency_key,
+                                                           batch->committed_at);
+                }
+                break;
+              case SettleResult::Conflict:
+                gl->retried.fetch_add(1, std::memory_order_relaxed);
+                wake_lane = true;
+                break;
+              case SettleResult::Lost:
+              case SettleResult::DlqFull:
+                gl->errors.fetch_add(1, std::memory_order_relaxed);
+                wake_lane = true;
+                break;
+              case SettleResult::Unclaimed:
+                wake_lane = true;
+                break;
+              default:
+                break;
+            }
+          }
+          // After the commit (Sync: its fsync): only now are they acked.
+          if (acked) gl->acked.fetch_add(acked, std::memory_order_relaxed);
+          if (dups) gl->duplicates_skipped.fetch_add(dups, std::memory_order_relaxed);
+        }
+        gl->commits_in_flight.fetch_sub(1, std::memory_order_release);
+        if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
+      });
+  if (!s.ok()) {
+    gl->commits_in_flight.fetch_sub(1, std::memory_order_relaxed);
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  (void)topic;
+  return again;
 }
 
 void BusCore::wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept {
@@ -383,7 +722,7 @@ void BusCore::poller_main() {
       if (poller_cv_.wait_for(l, options.durable_poll, [&] { return poller_stop_; })) return;
     }
     if (++polls % std::max<std::int64_t>(1, 1000 / std::max<std::int64_t>(1, options.durable_poll.count())) == 0)
-      dlq_maintenance();
+      maintenance();
     topics.clear();
     {
       MutexLock l(&durable_mu_);

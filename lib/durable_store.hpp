@@ -242,6 +242,17 @@ class StoreTxn {
   Status commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
   /// As DurableStore::ack (same errors).
   Status ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt);
+  /// As DurableStore::release, with the delay in ns from this transaction's clock.
+  Status release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
+                 std::int64_t delay_ns);
+  /// Give back a claim whose message was never handled to completion (the
+  /// rest of a claimed batch after a retry, a conflict, a lost claim): the
+  /// claim is undone — its attempt is not counted — and the message is
+  /// deliverable at once. Errors as ack.
+  Status unclaim(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt);
+  /// End a claim now, keeping its attempt (a handler overran its
+  /// attempt_timeout: another consumer may take the message). Errors as ack.
+  Status expire_claim(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt);
 
  private:
   friend class DurableStore;
@@ -374,6 +385,15 @@ class DurableStore {
   /// Errors: InvalidArgument, Corruption, ShutDown, storage codes.
   [[nodiscard]] Result<std::optional<ClaimedMessage>> claim(const GroupRef& group, std::uint32_t lane,
                                                             const ClaimOptions& options = {});
+  /// Consumer-side group commit: claim up to `max` deliverable messages of
+  /// the lane in one transaction (each attempt committed — Sync: fsynced —
+  /// before this returns). Ordered claims take a run of never-delivered
+  /// messages from the lane's head, or a redelivered message alone (so a
+  /// crash charges only the message it happened on). Empty when nothing is
+  /// deliverable now. Blocks for one commit. Errors as claim; InvalidArgument
+  /// when max is 0.
+  [[nodiscard]] Result<std::vector<ClaimedMessage>> claim_batch(const GroupRef& group, std::uint32_t lane,
+                                                                std::uint32_t max, const ClaimOptions& options = {});
   /// Acknowledge a claimed message: it is done for the group. Blocks for one commit.
   /// Errors: NotFound (not in flight: already acked, or never claimed),
   /// StaleToken (`attempt` is not the current claim: the message was
@@ -415,6 +435,12 @@ class DurableStore {
   /// batch's storage error. Errors: ShutDown, Busy (on the writer thread),
   /// read-only store (InvalidArgument), storage codes, and whatever fn returns.
   [[nodiscard]] Status write(const std::function<Status(StoreTxn&)>& fn);
+  /// As write, without waiting: `fn` runs in the writer's next transaction
+  /// and `done` after its commit (Sync: after the fsync), on the writer thread
+  /// (same rules as AppendCallback). `fn` is kept until then. Returns an error,
+  /// and never calls `done`, when refused up front (ShutDown, read-only).
+  /// Blocks only while max_pending operations are queued.
+  [[nodiscard]] Status write_async(std::function<Status(StoreTxn&)> fn, StatusCallback done);
   /// Run `fn` in a short read transaction (never blocks on writers).
   [[nodiscard]] Status read(const std::function<Status(StoreTxn&)>& fn);
 
@@ -451,6 +477,10 @@ class DurableStore {
   Status commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
   Status ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                 std::uint32_t attempt);
+  Status release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                    std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt);
+  Status claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
+                  const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out);
   Status enqueue(WriteOp op, bool may_block) EXCLUDES(queue_mutex_);
   // Runs `apply` inside a write transaction of the writer and waits.
   Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);

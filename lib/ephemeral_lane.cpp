@@ -1,14 +1,50 @@
 // lanebus — MIT License.
-// The ephemeral lane runner: take slots from the lane ring and deliver them.
+// The ephemeral lane runner: take slots from the lane ring and drive each
+// through the delivery core (delivery.hpp); key_parallel_retry's parking.
 #include <algorithm>
-#include <bit>
-#include <cassert>
-#include <exception>
 #include <string>
 
 #include "bus_impl.hpp"
 
 namespace lanebus::detail {
+
+// ---------------------------------------------------------------- parking (key_parallel_retry)
+
+std::ptrdiff_t BusCore::due_parked(GroupLane* gl, std::int64_t now) const noexcept {
+  const auto& pk = gl->parked;
+  for (std::size_t i = 0; i < pk.size(); ++i) {
+    if (pk[i].due_ns > now) continue;
+    // Only the first parked message of its key may go (per-key order).
+    bool first = true;
+    for (std::size_t j = 0; j < i && first; ++j) first = pk[j].key() != pk[i].key();
+    if (first) return static_cast<std::ptrdiff_t>(i);
+  }
+  return -1;
+}
+
+bool BusCore::key_parked(const GroupLane* gl, std::string_view key) const noexcept {
+  for (const Parked& p : gl->parked)
+    if (p.key() == key) return true;
+  return false;
+}
+
+void BusCore::park_lane(GroupLane* gl) noexcept {
+  // Owner-only state is read before the lane is released.
+  std::int64_t earliest = 0;
+  for (const Parked& p : gl->parked)
+    if (p.due_ns > 0 && (earliest == 0 || p.due_ns < earliest)) earliest = p.due_ns;
+  const bool durable = gl->group->topic->durable;
+  const std::uint64_t read_pos = gl->read_pos;
+  if (earliest != 0 && timer_) timer_->arm(&gl->wake, earliest);
+  gl->scheduled.store(false, std::memory_order_seq_cst);
+  // The wake may have fired before the flag was cleared (schedule() then saw
+  // the lane scheduled and did nothing): check the time ourselves.
+  const bool due = earliest != 0 && RetryTimer::now_ns() >= earliest;
+  const bool fresh = durable ? gl->known_end.load(std::memory_order_seq_cst) > read_pos : gl->ring.ready();
+  if (due || fresh) schedule(gl);
+}
+
+// ---------------------------------------------------------------- the runner
 
 void BusCore::run_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
@@ -23,7 +59,7 @@ void BusCore::run_lane(GroupLane* gl) {
   if (c == nullptr && g->persistent && !abandon) {
     // A queue with no consumer: messages wait. Unschedule; attach() reschedules
     // lanes once a consumer exists (Dekker on enabled / scheduled).
-    const bool holding = gl->current != nullptr;  // owner-only: read before releasing the lane
+    const bool holding = gl->current != nullptr || !gl->parked.empty();  // owner-only: read before releasing
     gl->scheduled.store(false, std::memory_order_seq_cst);
     if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) schedule(gl);
     return;
@@ -34,94 +70,140 @@ void BusCore::run_lane(GroupLane* gl) {
   auto take = [&](std::uint32_t& idx) { return single ? gl->ring.try_dequeue_single(idx) : gl->ring.try_dequeue(idx); };
   FreeChain frees(pool);
   const bool metrics = options.metrics;
+  const bool kp = g->options.key_parallel_retry;
+  const std::size_t limit = g->options.key_parallel_limit;
   std::uint32_t handled = 0;
-  bool yield_for_retry = false;
+  std::int64_t hold_ns = -1;  // >= 0: the head message waits this long, the lane with it
   while (handled < g->options.batch) {
-    if (gl->current == nullptr) {
-      std::uint32_t idx;
-      if (!take(idx)) {
-        // The lane is empty. If no other lane waits, linger briefly: a
-        // producer in a burst is likely to publish again within the spin,
-        // which saves a trip through the run queue per message.
-        if (c == nullptr || runq_.size_approx() != 0) break;
-        frees.flush();
-        bool got = false;
-        for (int spin = 0; spin < 64 && !got; ++spin) {
-          cpu_relax();
-          got = take(idx);
+    // 1. A parked message whose backoff is over (key_parallel_retry).
+    std::ptrdiff_t pi = -1;
+    if (kp && !gl->parked.empty() && c != nullptr) pi = due_parked(gl, RetryTimer::now_ns());
+    Slot* s = nullptr;
+    std::uint32_t* attempts = &gl->attempts;
+    std::int64_t* first_failure = &gl->first_failure_ns;
+    if (pi >= 0) {
+      Parked& pk = gl->parked[static_cast<std::size_t>(pi)];
+      s = pk.slot;
+      attempts = &pk.attempts;
+      first_failure = &pk.first_failure_ns;
+    } else {
+      // 2. The lane's head: the message held from an earlier run, or the next one.
+      if (gl->current == nullptr) {
+        std::uint32_t idx;
+        if (!take(idx)) {
+          // The lane is empty. If no other lane waits, linger briefly: a
+          // producer in a burst is likely to publish again within the spin,
+          // which saves a trip through the run queue per message.
+          if (c == nullptr || runq_.size_approx() != 0 || !gl->parked.empty()) break;
+          frees.flush();
+          bool got = false;
+          for (int spin = 0; spin < 64 && !got; ++spin) {
+            cpu_relax();
+            got = take(idx);
+          }
+          if (!got) break;
         }
-        if (!got) break;
+        gl->current = pool.at(idx);
+        gl->attempts = 0;
+        gl->first_failure_ns = 0;
+        if (metrics && gl->parked.empty())
+          gl->oldest_ns.store(gl->current->header.created_at_ns, std::memory_order_relaxed);
+        if (kp && c != nullptr && key_parked(gl, gl->current->key())) {
+          // Behind an earlier message of its key: set it aside, in order.
+          if (gl->parked.size() < limit) {
+            gl->parked.push_back(Parked{gl->current, {}, 0, 0, 0});
+            gl->current = nullptr;
+            continue;
+          }
+          hold_ns = 0;  // the limit: the lane waits for its parked messages
+          break;
+        }
       }
-      gl->current = pool.at(idx);
-      gl->attempts = 0;
-      if (metrics) gl->oldest_ns.store(gl->current->header.created_at_ns, std::memory_order_relaxed);
+      s = gl->current;
     }
-    Slot* s = gl->current;
     if (c == nullptr) {
       // No consumer (the group was left, or shutdown abandons): discard.
       gl->dropped.fetch_add(1, std::memory_order_relaxed);
-      gl->current = nullptr;
+      if (pi >= 0) {
+        gl->parked.erase(gl->parked.begin() + pi);
+      } else {
+        gl->current = nullptr;
+      }
       frees.release(s);
       continue;
     }
-    if (g->idempotency != nullptr && s->idem_len != 0) {
-      Dedup d = dedup_claim(gl, s->idempotency_key());
-      if (d == Dedup::Later) {
-        gl->retry_delay_ns = kDedupBusyDelayNs;  // not an attempt: the key is busy elsewhere
-        yield_for_retry = true;
-        break;
+    const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1};
+    const Admission a = admit(gl, p, AdmitMode::Claim);
+    std::int64_t wait_ns = -1;  // the message stays (not an attempt, or a retry) and waits this long
+    if (a == Admission::Later) {
+      wait_ns = kHoldBusyKeyNs;  // the key is busy elsewhere: not an attempt
+    } else if (a == Admission::Skip) {
+      bump(gl->duplicates_skipped);
+      ++handled;
+    } else {
+      ++*attempts;
+      const Invocation inv = invoke(c, gl, p, nullptr);
+      ++handled;
+      const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
+      if (st.next == Settlement::Next::Retry) {
+        wait_ns = st.delay_ns;
+      } else if (st.next == Settlement::Next::DeadLetter) {
+        dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
       }
-      if (d == Dedup::Skip) {
-        bump(gl->duplicates_skipped);
-        ++handled;
-        gl->current = nullptr;
-        frees.release(s);
+    }
+    if (wait_ns >= 0) {
+      if (pi >= 0) {
+        gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
         continue;
       }
+      if (kp && gl->parked.size() < limit) {
+        // Set it aside: later messages of its key queue up behind it, the
+        // other keys of the lane go on.
+        gl->parked.push_back(Parked{s, {}, gl->attempts, RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1),
+                                    gl->first_failure_ns});
+        gl->current = nullptr;
+        continue;
+      }
+      // Keep the message at the head of its lane (later messages of the lane
+      // must not overtake it) and let other lanes run meanwhile.
+      hold_ns = wait_ns;
+      break;
     }
-    ++gl->attempts;
-    bump(gl->delivered);
-    MessageView view(s->header, s->key(), s->idempotency_key(), s->payload(), s->lane);
-    view.set_attempt(gl->attempts);
-    Outcome out = call_handler(c, view, gl);
-    ++handled;
-    if (g->idempotency != nullptr && s->idem_len != 0)
-      dedup_finish(gl, s->idempotency_key(), out.kind() == Outcome::Kind::Ack);
-    if (out.kind() != Outcome::Kind::Ack && gl->first_failure_ns == 0) gl->first_failure_ns = now_ns();
-    switch (out.kind()) {
-      case Outcome::Kind::Ack:
-        bump(gl->acked);
-        break;
-      case Outcome::Kind::Reject:
-        bump(gl->rejected);
-        dead_letter_ephemeral(gl, s, out);
-        break;
-      case Outcome::Kind::Retry:
-        bump(gl->retried);
-        if (plan_retry(gl, gl->attempts)) {
-          // Keep the message at the head of its lane (later messages of the
-          // lane must not overtake it) and let other lanes run first.
-          yield_for_retry = true;
-        } else {
-          bump(gl->failed);
-          dead_letter_ephemeral(gl, s, out);
-        }
-        break;
+    if (pi >= 0) {
+      gl->parked.erase(gl->parked.begin() + pi);
+    } else {
+      gl->current = nullptr;
     }
-    if (yield_for_retry) break;
-    gl->first_failure_ns = 0;
-    if (metrics) record_latency(gl, s->header.created_at_ns);
-    gl->current = nullptr;
     frees.release(s);
   }
   frees.flush();
-  if (metrics && gl->current == nullptr && !gl->ring.ready()) gl->oldest_ns.store(0, std::memory_order_relaxed);
+  gl->parked_count.store(gl->parked.size(), std::memory_order_relaxed);
+  if (metrics && gl->current == nullptr && gl->parked.empty() && !gl->ring.ready())
+    gl->oldest_ns.store(0, std::memory_order_relaxed);
   if (c) c->calls.fetch_sub(1, std::memory_order_release);  // release: handler's effects before close() returns
 
   if (gl->current != nullptr) {
-    // A retry is pending: stay scheduled; run again after the backoff, or at
-    // the back of the run queue.
-    requeue(gl);
+    // The head waits (a retry, a busy key, or the parking limit): stay
+    // scheduled; run again after the wait (the earliest parked message at
+    // the limit), or at the back of the run queue.
+    std::int64_t delay = std::max<std::int64_t>(hold_ns, 0);
+    if (hold_ns == 0 && !gl->parked.empty()) {
+      const std::int64_t now = RetryTimer::now_ns();
+      std::int64_t earliest = 0;
+      for (const Parked& pk : gl->parked)
+        if (pk.due_ns > 0 && (earliest == 0 || pk.due_ns < earliest)) earliest = pk.due_ns;
+      delay = earliest > now ? earliest - now : 0;
+    }
+    requeue(gl, delay);
+    return;
+  }
+  if (!gl->parked.empty()) {
+    if (handled >= g->options.batch || gl->ring.ready() || due_parked(gl, RetryTimer::now_ns()) >= 0 ||
+        c == nullptr) {
+      requeue(gl, 0);
+    } else {
+      park_lane(gl);
+    }
     return;
   }
   gl->scheduled.store(false, std::memory_order_seq_cst);

@@ -171,6 +171,19 @@ Result<ClaimResult> IdempotencyImpl::claim(std::string_view key, bool want_resul
   return out;
 }
 
+bool IdempotencyImpl::is_done(std::string_view key) {
+  if (!check_key(key).ok()) return false;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  std::int64_t written_at = 0;
+  if (hot_.get(key, now, &written_at) == HotTier::State::Done) return true;
+  auto st = status(key);
+  if (!st.ok() || st->state != ClaimState::Done) return false;
+  hot_.put(key, HotTier::State::Done, st->written_at_ns);
+  return true;
+}
+
 Status IdempotencyImpl::complete(std::string_view key, std::string_view result) {
   std::int64_t at = 0;
   Status s = store_->write([&](StoreTxn& txn) -> Status {

@@ -34,6 +34,10 @@ class IdempotencyImpl {
   /// After the caller's transaction committed: teach the hot tier.
   void remember_done(std::string_view key, std::int64_t written_at);
 
+  /// Whether `key` is done (hot tier first, then the durable tier). No claim
+  /// is taken; false for unknown keys, in-progress keys and errors.
+  bool is_done(std::string_view key);
+
   const std::string& scope() const noexcept { return scope_; }
   const IdempotencyOptions& options() const noexcept { return options_; }
 

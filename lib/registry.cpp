@@ -194,6 +194,9 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   if (tx_handler && !t->durable)
     return Status(Code::InvalidArgument, "subscribe to \"" + t->name +
                                              "\": transactional handlers need a durable topic or queue");
+  if (o.key_parallel_limit == 0 || o.key_parallel_limit > 65536)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": key_parallel_limit must be 1..65536, got " +
+                                             std::to_string(o.key_parallel_limit));
   if (o.max_attempts == 0 || o.batch == 0)
     return Status(Code::InvalidArgument,
                   "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
@@ -259,6 +262,25 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
     // The first consumer of a queue sets its delivery options.
     g->options = o;
     g->idempotency = idem;
+  }
+  if (g->consumer_count.load(std::memory_order_relaxed) == 0 || t->is_queue) {
+    // Fixed options of the group (set above for queues; at creation for
+    // topic groups): parking space and the watchdog.
+    if (g->options.key_parallel_retry) {
+      for (auto& gl : g->lanes)
+        if (gl->parked.capacity() < g->options.key_parallel_limit) gl->parked.reserve(g->options.key_parallel_limit);
+    }
+    if (g->options.attempt_timeout.count() > 0 &&
+        std::find(watched_.begin(), watched_.end(), g) == watched_.end()) {
+      watched_.push_back(g);
+      if (!watchdog_.joinable()) {
+        try {
+          watchdog_ = std::thread([this] { watchdog_main(); });
+        } catch (const std::exception& e) {
+          return Status(Code::Internal, "bus \"" + options.name + "\": starting the watchdog: " + e.what());
+        }
+      }
+    }
   }
   c->enabled.store(true, std::memory_order_seq_cst);
   g->consumer_count.fetch_add(1, std::memory_order_seq_cst);

@@ -17,8 +17,11 @@
 namespace lanebus::detail {
 
 /// Embed in anything the timer holds. `due_ns` is steady_clock nanoseconds.
-struct TimerEntry : boost::intrusive::set_base_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>> {
+struct TimerEntry : boost::intrusive::set_base_hook<boost::intrusive::link_mode<boost::intrusive::safe_link>> {
+  /// What firing means to the owner (the timer does not look at it).
+  enum class Kind : std::uint8_t { Requeue, Wake };
   std::int64_t due_ns = 0;
+  Kind kind = Kind::Requeue;
   friend bool operator<(const TimerEntry& a, const TimerEntry& b) noexcept { return a.due_ns < b.due_ns; }
 };
 
@@ -57,6 +60,24 @@ class RetryTimer {
     if (thread_.joinable()) thread_.join();
     std::lock_guard l(mu_);
     set_.clear();
+  }
+
+  /// Fire `e` at `due_ns` or earlier: if `e` is already held for a later
+  /// time it is moved up; if held for an earlier time nothing changes.
+  void arm(TimerEntry* e, std::int64_t due_ns) {
+    bool earliest;
+    {
+      std::lock_guard l(mu_);
+      if (stopping_) return;
+      if (e->is_linked()) {
+        if (e->due_ns <= due_ns) return;
+        set_.erase(set_.iterator_to(*e));
+      }
+      e->due_ns = due_ns;
+      auto it = set_.insert(*e);
+      earliest = it == set_.begin();
+    }
+    if (earliest) cv_.notify_one();
   }
 
   std::size_t size() const {

@@ -46,6 +46,10 @@ Status BusCore::start() {
   }
   try {
     timer_ = std::make_unique<RetryTimer>([this](TimerEntry* e) {
+      if (e->kind == TimerEntry::Kind::Wake) {
+        schedule(static_cast<WakeEntry*>(e)->lane);  // a parked message is due
+        return;
+      }
       GroupLane* gl = static_cast<GroupLane*>(e);
       if (!runq_.try_enqueue(gl)) {
         runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
@@ -95,16 +99,66 @@ Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
   return nullptr;
 }
 
-void BusCore::requeue(GroupLane* gl) noexcept {
-  if (gl->retry_delay_ns > 0 && timer_) {
-    gl->due_ns = RetryTimer::now_ns() + gl->retry_delay_ns;
-    gl->retry_delay_ns = 0;
+void BusCore::requeue(GroupLane* gl, std::int64_t delay_ns) noexcept {
+  if (delay_ns > 0 && timer_) {
+    gl->due_ns = RetryTimer::now_ns() + delay_ns;
     timer_->add(gl);  // the lane stays scheduled while it waits
     return;
   }
   if (!runq_.try_enqueue(gl)) {
     runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
     runq_.enqueue(gl);
+  }
+}
+
+// The watchdog (GroupOptions::attempt_timeout): a handler call still running
+// past its group's budget is counted once as stuck; on a durable queue its
+// claim is ended so another consumer process may take the message. Runs on
+// its own thread, started with the first group that has a budget.
+void BusCore::watchdog_main() {
+  std::vector<GroupImpl*> groups;
+  for (;;) {
+    std::chrono::milliseconds tick{100};
+    {
+      MutexLock l(&mu_);
+      groups = watched_;
+    }
+    for (GroupImpl* g : groups) {
+      const auto budget = g->options.attempt_timeout;
+      if (budget.count() <= 0) continue;
+      tick = std::min(tick, std::max(std::chrono::milliseconds(5), budget / 4));
+      const std::int64_t now = RetryTimer::now_ns();
+      const std::int64_t budget_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count();
+      for (auto& lane : g->lanes) {
+        GroupLane* gl = lane.get();
+        const std::int64_t since = gl->running_since_ns.load(std::memory_order_acquire);
+        if (since == 0 || now - since <= budget_ns) continue;
+        const std::uint64_t seq = gl->call_seq.load(std::memory_order_relaxed);
+        if (seq == gl->stuck_seen_seq) continue;  // this call was counted already
+        gl->stuck_seen_seq = seq;
+        gl->stuck.fetch_add(1, std::memory_order_relaxed);
+        if (g->topic->durable && g->topic->is_queue && store_) {
+          // End the claim now: the message may go to another consumer; this
+          // call's late ack will find the claim gone (the runner unclaims the
+          // rest of its batch instead of acking past it).
+          const std::uint64_t offset = gl->running_offset.load(std::memory_order_relaxed);
+          const std::uint32_t attempt = gl->running_attempt.load(std::memory_order_relaxed);
+          gl->claim_lost.store(true, std::memory_order_relaxed);
+          GroupRef group = g->store_group;
+          const std::uint32_t lane_no = gl->lane;
+          (void)store_->write_async(
+              [group, lane_no, offset, attempt](StoreTxn& t) -> Status {
+                Status es = t.expire_claim(group, lane_no, offset, attempt);
+                return (es.code() == Code::NotFound || es.code() == Code::StaleToken) ? Status() : es;
+              },
+              [gl](const Status& st) {
+                if (!st.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
+              });
+        }
+      }
+    }
+    std::unique_lock l(watchdog_mu_);
+    if (watchdog_cv_.wait_for(l, tick, [&] { return watchdog_stop_; })) return;
   }
 }
 
@@ -155,6 +209,14 @@ void BusCore::release_remaining() noexcept {
           t->pool.release(gl->current);
           gl->current = nullptr;
         }
+        for (Parked& pk : gl->parked) {
+          if (pk.slot != nullptr) {
+            gl->dropped.fetch_add(1, std::memory_order_relaxed);
+            t->pool.release(pk.slot);
+          }
+        }
+        gl->parked.clear();
+        gl->parked_count.store(0, std::memory_order_relaxed);
         std::uint32_t idx;
         while (gl->ring.try_dequeue(idx)) {
           gl->dropped.fetch_add(1, std::memory_order_relaxed);
@@ -164,6 +226,26 @@ void BusCore::release_remaining() noexcept {
       }
     }
   }
+}
+
+std::string BusCore::running_handlers() const {
+  std::string out;
+  const std::int64_t now = RetryTimer::now_ns();
+  MutexLock l(&mu_);
+  for (const auto& [name, t] : topics_) {
+    for (const auto& g : t->owned_groups) {
+      for (const auto& gl : g->lanes) {
+        const std::int64_t since = gl->running_since_ns.load(std::memory_order_acquire);
+        if (since == 0) continue;
+        if (!out.empty()) out += ", ";
+        out += std::string(t->is_queue ? "queue" : "topic") + " \"" + t->name + "\"";
+        if (!t->is_queue) out += " group \"" + g->name + "\"";
+        out += " lane " + std::to_string(gl->lane) + " (running for " + std::to_string((now - since) / 1'000'000) +
+               " ms)";
+      }
+    }
+  }
+  return out;
 }
 
 Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
@@ -185,10 +267,34 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
+  {
+    // A handler cannot be stopped: wait for running calls until the deadline,
+    // then name the ones that held shutdown up (joining waits for them).
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string held = running_handlers();
+    while (!held.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      held = running_handlers();
+    }
+    if (!held.empty()) {
+      std::string msg = "bus \"" + options.name + "\": shutdown held up past " + std::to_string(timeout.count()) +
+                        " ms by a running handler: " + held;
+      if (!result.ok()) msg = std::string(result.message()) + "; " + msg;
+      result = Status(Code::TimedOut, msg);
+    }
+  }
   abandon_.store(true, std::memory_order_release);
   for (std::size_t i = 0; i < workers_.size(); ++i) runq_.enqueue(nullptr);
   for (auto& w : workers_) w.join();
   workers_.clear();
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard l(watchdog_mu_);
+      watchdog_stop_ = true;
+    }
+    watchdog_cv_.notify_all();
+    watchdog_.join();
+  }
   if (timer_) timer_->stop();  // lanes waiting out a backoff are abandoned below
   // Publishers that passed the closing check before it was set may still be
   // pushing into rings; they hold a slot (in_use) until done, so loop.

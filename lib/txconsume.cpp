@@ -55,48 +55,51 @@ Result<std::string> BusCore::table_get(std::string_view table, std::string_view 
   return out;
 }
 
-Status BusCore::commit_tx(GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt) {
+Status validate_reads(StoreTxn& t, const TxnState& tx, std::string_view topic) {
+  for (const TxnState::Read& r : tx.reads) {
+    auto cur = t.get(StoreTable::User, r.key);
+    if (!cur.ok() && cur.code() != Code::NotFound) return cur.status();
+    const bool found = cur.ok();
+    if (found != r.found || (found && *cur != r.value))
+      return Status(Code::Conflict, "transaction of \"" + std::string(topic) + "\": a value it read changed");
+  }
+  return Status();
+}
+
+Status write_effects(StoreTxn& t, const TxnState& tx) {
+  for (const auto& [k, v] : tx.writes) {
+    Status ws = v ? t.put(StoreTable::User, k, *v) : t.del(StoreTable::User, k);
+    if (!ws.ok() && ws.code() != Code::NotFound) return ws;
+  }
+  for (const AppendRequest& req : tx.outbox) {
+    auto r = t.append(req);
+    if (!r.ok()) return r.status();
+  }
+  return Status();
+}
+
+Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt) {
   GroupImpl* g = gl->group;
   const bool queue = g->topic->is_queue;
   IdempotencyImpl* idem = (g->idempotency != nullptr && !m.idempotency_key.empty()) ? g->idempotency : nullptr;
-  std::int64_t at = 0;
-  Status s = store_->write([&](StoreTxn& t) -> Status {
-    at = t.now_ns();
-    // 1. Validate everything the handler read (no write yet: a Conflict
-    //    leaves this batch's other operations untouched).
-    for (const TxnState::Read& r : tx.reads) {
-      auto cur = t.get(StoreTable::User, r.key);
-      if (!cur.ok() && cur.code() != Code::NotFound) return cur.status();
-      const bool found = cur.ok();
-      if (found != r.found || (found && *cur != r.value))
-        return Status(Code::Conflict, "transaction of \"" + g->topic->name + "\": a value it read changed");
-    }
-    // 2. The ack / offset commit validates before it writes (a redelivered
-    //    queue message gives StaleToken here, before anything is written).
-    Status as = queue ? t.ack(g->store_group, gl->lane, m.offset, attempt)
-                      : t.commit_offset(g->store_group, gl->lane, m.offset + 1);
-    if (!as.ok()) return as;
-    // 3. From here on only storage errors can fail (they abort the batch).
-    if (queue && dlq_ && attempt > 1) {
-      Status fs = dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset);
-      if (!fs.ok() && fs.code() != Code::NotFound) return fs;
-    }
-    if (idem != nullptr) {
-      Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
-      if (!cs.ok()) return cs;
-    }
-    for (const auto& [k, v] : tx.writes) {
-      Status ws = v ? t.put(StoreTable::User, k, *v) : t.del(StoreTable::User, k);
-      if (!ws.ok() && ws.code() != Code::NotFound) return ws;
-    }
-    for (const AppendRequest& req : tx.outbox) {
-      auto r = t.append(req);
-      if (!r.ok()) return r.status();
-    }
-    return Status();
-  });
-  if (s.ok() && idem != nullptr) idem->remember_done(m.idempotency_key, at);
-  return s;
+  // 1. Validate everything the handler read (no write yet: a Conflict
+  //    leaves the batch's other operations untouched).
+  if (Status vs = validate_reads(t, tx, g->topic->name); !vs.ok()) return vs;
+  // 2. The ack / offset commit validates before it writes (a redelivered
+  //    queue message gives StaleToken here, before anything is written).
+  Status as = queue ? t.ack(g->store_group, gl->lane, m.offset, attempt)
+                    : t.commit_offset(g->store_group, gl->lane, m.offset + 1);
+  if (!as.ok()) return as;
+  // 3. From here on only storage errors can fail (they abort the batch).
+  if (queue && dlq_ && attempt > 1) {
+    Status fs = dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset);
+    if (!fs.ok() && fs.code() != Code::NotFound) return fs;
+  }
+  if (idem != nullptr) {
+    Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
+    if (!cs.ok()) return cs;
+  }
+  return write_effects(t, tx);
 }
 
 }  // namespace detail
@@ -118,6 +121,18 @@ Result<std::string> Transaction::get(std::string_view table, std::string_view ke
     }
   detail::TxnState::Read read;
   read.key = *k;
+  if (state_->overlay != nullptr) {
+    // Written by an earlier message of the same lane batch, not committed
+    // yet: it commits first, in the same transaction (validation sees it).
+    auto o = state_->overlay->find(*k);
+    if (o != state_->overlay->end()) {
+      read.found = o->second.has_value();
+      if (read.found) read.value = *o->second;
+      state_->reads.push_back(read);
+      if (!read.found) return Status(Code::NotFound, "table \"" + std::string(table) + "\": no such key");
+      return read.value;
+    }
+  }
   Status s = state_->store->read([&](detail::StoreTxn& t) -> Status {
     auto v = t.get(detail::StoreTable::User, read.key);
     if (!v.ok() && v.code() != Code::NotFound) return v.status();
