@@ -3,12 +3,32 @@
 //
 // Durable record, table `idem`:
 //   key   = u16 BE scope length | scope | key bytes
-//   value = u8 state (1 in progress, 2 done) | i64 LE written_at_ns | result bytes
+//   value = u8 state | i64 LE written_at_ns | tail
+//     state 1 (in progress): tail = the owner, ProcessIdentity::encode()
+//       (37 bytes: u8 format 1 | u32 LE pid | u64 LE start time (field 22 of
+//       /proc/<pid>/stat) | u64 LE pid namespace inode | 16 bytes boot id).
+//       An empty tail is a record written before owners were recorded
+//       (9 bytes); it, or a tail of an unknown format, has no known owner
+//       and is only taken over after claim_timeout.
+//     state 2 (done): tail = complete()'s result bytes.
 // Age index, table `idem_age` (for durable_retention of done records):
 //   key   = u16 BE scope length | scope | i64 BE written_at_ns | key bytes, value empty
+//   Written by complete when durable_retention > 0 (done records completed
+//   while retention was 0 have no entry and are kept for ever); consumed in
+//   written_at order by expire().
+//
+// Who may take over an in-progress claim (claim_in):
+//   - its owner is certainly dead (process_is_dead: an earlier boot, no such
+//     pid, a reused pid, a zombie): at once, so a crash never stalls a key;
+//   - otherwise (owner alive, this very process, or unknown): only after
+//     claim_timeout, as before owners were recorded.
 #include "idempotency.hpp"
 
 #include <cstring>
+#include <string>
+#include <vector>
+
+#include "process_identity.hpp"
 
 namespace lanebus::detail {
 
@@ -17,19 +37,25 @@ namespace {
 constexpr std::uint8_t kInProgress = 1;
 constexpr std::uint8_t kDone = 2;
 
-std::string encode(std::uint8_t state, std::int64_t written_at, std::string_view result) {
-  std::string v(9 + result.size(), '\0');
+// `tail`: the owner (in progress) or the result (done); see the top of the file.
+std::string encode(std::uint8_t state, std::int64_t written_at, std::string_view tail) {
+  std::string v(9 + tail.size(), '\0');
   v[0] = static_cast<char>(state);
   std::memcpy(v.data() + 1, &written_at, 8);
-  if (!result.empty()) std::memcpy(v.data() + 9, result.data(), result.size());
+  if (!tail.empty()) std::memcpy(v.data() + 9, tail.data(), tail.size());
   return v;
 }
 
 struct Record {
   std::uint8_t state = 0;
   std::int64_t written_at = 0;
-  std::string_view result;
+  std::string_view result;  // the tail: the result (done) or the owner (in progress)
 };
+
+// The owner of an in-progress record, if it names one in a known format.
+bool owner_of(const Record& r, ProcessIdentity* owner) {
+  return r.state == kInProgress && ProcessIdentity::decode(r.result, owner);
+}
 
 bool decode(std::string_view v, Record* r) {
   if (v.size() < 9) return false;
@@ -45,6 +71,11 @@ void put_be64(std::string& s, std::uint64_t v) {
 
 std::int64_t ms_to_ns(std::chrono::milliseconds ms) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(ms).count();
+}
+
+std::int64_t wall_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -89,6 +120,7 @@ Result<ClaimResult> IdempotencyImpl::claim_in(StoreTxn& txn, std::string_view ke
   if (Status s = check_key(key); !s.ok()) return s;
   const StoreTable idem = StoreTable::Idempotency;
   const std::string rk = record_key(key);
+  const ProcessIdentity self = self_identity();
   auto cur = txn.get(idem, rk);
   ClaimResult out;
   if (cur.ok()) {
@@ -102,16 +134,23 @@ Result<ClaimResult> IdempotencyImpl::claim_in(StoreTxn& txn, std::string_view ke
       if (want_result) out.result.assign(r.result);
       return out;
     }
-    if (txn.now_ns() - r.written_at <= ms_to_ns(options_.claim_timeout)) {
+    // A claim whose owner is certainly dead is void at once. Our own claims
+    // (another thread's) and live or unknown owners hold until claim_timeout.
+    ProcessIdentity owner;
+    const bool owner_dead = owner_of(r, &owner) && !(owner == self) && process_is_dead(owner);
+    if (!owner_dead && txn.now_ns() - r.written_at <= ms_to_ns(options_.claim_timeout)) {
       out.state = ClaimState::InProgress;
       out.written_at_ns = r.written_at;
       return out;
     }
-    // An abandoned claim (its owner presumably died): take it over.
+    // An abandoned claim (its owner died, or presumably died): take it over.
   } else if (cur.code() != Code::NotFound) {
     return cur.status();
   }
-  if (Status s = txn.put(idem, rk, encode(kInProgress, txn.now_ns(), {})); !s.ok()) return s;
+  char owner_bytes[ProcessIdentity::kEncodedBytes];
+  self.encode_to(owner_bytes);
+  if (Status s = txn.put(idem, rk, encode(kInProgress, txn.now_ns(), {owner_bytes, sizeof owner_bytes})); !s.ok())
+    return s;
   out.state = ClaimState::Claimed;
   out.written_at_ns = txn.now_ns();
   return out;
@@ -144,15 +183,13 @@ Status IdempotencyImpl::complete_in(StoreTxn& txn, std::string_view key, std::st
 }
 
 void IdempotencyImpl::remember_done(std::string_view key, std::int64_t written_at) {
-  hot_.put(key, HotTier::State::Done, written_at);
+  hot_.put(key, HotTier::State::Done, written_at, wall_now_ns());
 }
 
 Result<ClaimResult> IdempotencyImpl::claim(std::string_view key, bool want_result) {
   if (Status s = check_key(key); !s.ok()) return s;
   std::int64_t written_at = 0;
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
+  const std::int64_t now = wall_now_ns();
   if (!want_result && hot_.get(key, now, &written_at) == HotTier::State::Done) {
     ClaimResult out;
     out.state = ClaimState::Done;
@@ -167,7 +204,7 @@ Result<ClaimResult> IdempotencyImpl::claim(std::string_view key, bool want_resul
     return Status();
   });
   if (!s.ok()) return s;
-  if (out.state == ClaimState::Done) hot_.put(key, HotTier::State::Done, out.written_at_ns);
+  if (out.state == ClaimState::Done) hot_.put(key, HotTier::State::Done, out.written_at_ns, wall_now_ns());
   return out;
 }
 
@@ -180,7 +217,7 @@ bool IdempotencyImpl::is_done(std::string_view key) {
   if (hot_.get(key, now, &written_at) == HotTier::State::Done) return true;
   auto st = status(key);
   if (!st.ok() || st->state != ClaimState::Done) return false;
-  hot_.put(key, HotTier::State::Done, st->written_at_ns);
+  hot_.put(key, HotTier::State::Done, st->written_at_ns, wall_now_ns());
   return true;
 }
 
@@ -190,7 +227,7 @@ Status IdempotencyImpl::complete(std::string_view key, std::string_view result) 
     at = txn.now_ns();
     return complete_in(txn, key, result);
   });
-  if (s.ok()) hot_.put(key, HotTier::State::Done, at);
+  if (s.ok()) hot_.put(key, HotTier::State::Done, at, wall_now_ns());
   return s;
 }
 
@@ -209,7 +246,12 @@ Result<KeyStatus> IdempotencyImpl::status(std::string_view key) {
     if (!decode(*cur, &r)) return Status(Code::Corruption, "idempotency scope \"" + scope_ + "\": a damaged record");
     out.state = r.state == kDone ? ClaimState::Done : ClaimState::InProgress;
     out.written_at_ns = r.written_at;
-    out.result.assign(r.result);
+    if (r.state == kDone) out.result.assign(r.result);
+    ProcessIdentity owner;
+    if (owner_of(r, &owner)) {
+      out.owner_pid = owner.pid;
+      out.owner_dead = !(owner == self_identity()) && process_is_dead(owner);
+    }
     return Status();
   });
   if (!s.ok()) return s;
@@ -231,48 +273,62 @@ Status IdempotencyImpl::release(std::string_view key) {
     }
     return txn.del(idem, rk);
   });
-  if (s.ok()) hot_.put(key, HotTier::State::Unknown, 0);
+  if (s.ok()) hot_.forget(key);
   return s;
 }
 
 Result<std::uint64_t> IdempotencyImpl::expire(std::uint32_t max_records) {
-  if (options_.durable_retention.count() <= 0) return std::uint64_t{0};
-  std::uint64_t removed = 0;
+  if (options_.durable_retention.count() <= 0 || max_records == 0) return std::uint64_t{0};
+  std::uint64_t consumed = 0;
+  std::vector<std::string> forgotten;  // user keys deleted, to drop from the hot tier after the commit
   Status s = store_->write([&](StoreTxn& txn) -> Status {
-    removed = 0;
+    // This function may run more than once (a retried batch): reset first.
+    consumed = 0;
+    forgotten.clear();
     const std::int64_t cutoff = txn.now_ns() - ms_to_ns(options_.durable_retention);
-    std::string prefix = record_key({});
+    const std::string prefix = record_key({});
+    // Age entries sort by written_at inside the scope: the due ones are a
+    // prefix of the scan, so it stops at the first young entry or at the bound.
     std::vector<std::string> doomed;
     Status ss = txn.scan(StoreTable::IdempotencyAge, prefix, prefix,
                          [&](std::string_view k, std::string_view) {
-                           if (k.size() < prefix.size() + 8) return true;
-                           std::uint64_t at = 0;
-                           for (int i = 0; i < 8; ++i)
-                             at = (at << 8) | static_cast<unsigned char>(k[prefix.size() + i]);
-                           if (static_cast<std::int64_t>(at) >= cutoff || doomed.size() >= max_records) return false;
-                           doomed.emplace_back(k);
+                           if (doomed.size() >= max_records) return false;
+                           if (k.size() >= prefix.size() + 8) {
+                             std::uint64_t at = 0;
+                             for (int i = 0; i < 8; ++i)
+                               at = (at << 8) | static_cast<unsigned char>(k[prefix.size() + i]);
+                             if (static_cast<std::int64_t>(at) >= cutoff) return false;
+                           }
+                           doomed.emplace_back(k);  // due, or too short to be ours (dropped)
                            return true;
                          });
     if (!ss.ok()) return ss;
+    const StoreTable idem = StoreTable::Idempotency;
     for (const std::string& k : doomed) {
-      std::string_view user_key = std::string_view(k).substr(prefix.size() + 8);
-      std::uint64_t at = 0;
-      for (int i = 0; i < 8; ++i) at = (at << 8) | static_cast<unsigned char>(k[prefix.size() + i]);
-      const StoreTable idem = StoreTable::Idempotency;
-      auto cur = txn.get(idem, record_key(user_key));
-      Record r;
-      // Only delete if the record is still the done record this index entry describes.
-      if (cur.ok() && decode(*cur, &r) && r.state == kDone && r.written_at == static_cast<std::int64_t>(at)) {
-        if (Status d = txn.del(idem, record_key(user_key)); !d.ok() && d.code() != Code::NotFound) return d;
-        ++removed;
+      if (k.size() >= prefix.size() + 8) {
+        std::string_view user_key = std::string_view(k).substr(prefix.size() + 8);
+        std::uint64_t at = 0;
+        for (int i = 0; i < 8; ++i) at = (at << 8) | static_cast<unsigned char>(k[prefix.size() + i]);
+        const std::string rk = record_key(user_key);
+        auto cur = txn.get(idem, rk);
+        if (!cur.ok() && cur.code() != Code::NotFound) return cur.status();
+        Record r;
+        // Only delete the done record this entry describes (never a newer
+        // claim or completion of the same key).
+        if (cur.ok() && decode(*cur, &r) && r.state == kDone && r.written_at == static_cast<std::int64_t>(at)) {
+          if (Status d = txn.del(idem, rk); !d.ok() && d.code() != Code::NotFound) return d;
+          forgotten.emplace_back(user_key);
+        }
       }
-      if (Status d = txn.del(StoreTable::IdempotencyAge, k); !d.ok() && d.code() != Code::NotFound)
-        return d;
+      if (Status d = txn.del(StoreTable::IdempotencyAge, k); !d.ok() && d.code() != Code::NotFound) return d;
+      ++consumed;
     }
     return Status();
   });
   if (!s.ok()) return s;
-  return removed;
+  // The hot tier must not answer Done for a key the durable tier forgot.
+  for (const std::string& k : forgotten) hot_.forget(k);
+  return consumed;
 }
 
 }  // namespace lanebus::detail

@@ -22,7 +22,14 @@ class IdempotencyImpl {
   Status complete(std::string_view key, std::string_view result);
   Result<KeyStatus> status(std::string_view key);
   Status release(std::string_view key);
-  /// Delete done records older than durable_retention (bounded batch). Returns how many.
+  /// Retention of done records (durable_retention; 0 = keep, returns 0).
+  /// In one write transaction, consumes up to `max_records` entries of this
+  /// scope's age index that are older than durable_retention, oldest first,
+  /// deleting the done record each describes (and dropping it from the hot
+  /// tier). Returns the number of entries consumed: `max_records` means more
+  /// may be due, so call again; less means the scope is up to date. Bounded:
+  /// touches at most 2 × max_records keys. Blocks for one commit.
+  /// Errors: ShutDown, storage codes.
   Result<std::uint64_t> expire(std::uint32_t max_records);
 
   // Inside a transaction the caller already runs (transactional consume, DLQ
@@ -38,6 +45,8 @@ class IdempotencyImpl {
   /// is taken; false for unknown keys, in-progress keys and errors.
   bool is_done(std::string_view key);
 
+  /// Bytes the hot tier holds now (nodes, key bytes, buckets).
+  std::size_t hot_footprint_bytes() const { return hot_.footprint_bytes(); }
   const std::string& scope() const noexcept { return scope_; }
   const IdempotencyOptions& options() const noexcept { return options_; }
 

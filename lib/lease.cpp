@@ -6,13 +6,12 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "lanebus/lease.hpp"
 #include "lease_table.hpp"
+#include "process_identity.hpp"
 
 namespace lanebus {
 
@@ -38,19 +37,7 @@ Status check_ttl(std::chrono::milliseconds ttl) {
 Result<LeaseOwner> LeaseOwner::generate() {
   LeaseOwner o;
   o.pid = static_cast<std::uint32_t>(getpid());
-  std::ifstream in("/proc/self/stat");
-  std::string stat;
-  std::getline(in, stat);
-  // Field 2 (comm) may contain spaces and parentheses: parse after the last ')'.
-  std::size_t close = stat.rfind(')');
-  if (close == std::string::npos) {
-    return Status(Code::IOError, "LeaseOwner::generate: cannot parse /proc/self/stat");
-  }
-  std::istringstream fields(stat.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
-    if (i == 22) o.start_time = std::strtoull(field.c_str(), nullptr, 10);
-  }
+  o.start_time = detail::read_start_time(static_cast<pid_t>(o.pid));
   if (o.start_time == 0) {
     return Status(Code::IOError, "LeaseOwner::generate: no start time in /proc/self/stat");
   }

@@ -29,10 +29,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <new>
 
 #include "epoch_file.hpp"
+#include "process_identity.hpp"
 
 namespace lanebus::detail {
 namespace {
@@ -55,10 +55,7 @@ std::uint64_t inode_of(const char* path) {
 
 std::string read_boot_id(const LeaseTableOptions& options) {
   if (!options.boot_id_override.empty()) return options.boot_id_override.substr(0, 39);
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id.substr(0, 39);
+  return current_boot_id_text().substr(0, 39);
 }
 
 std::size_t segment_bytes(std::uint32_t capacity) {

@@ -26,18 +26,30 @@ struct IdempotencyOptions {
   /// redelivery window. A miss or an expired entry always falls back to the
   /// durable tier, so a short TTL costs lookups, never duplicates. Default 10 min.
   std::chrono::milliseconds hot_ttl{std::chrono::minutes(10)};
-  /// Keys the hot tier holds (least recently written evicted first). Memory
-  /// is allocated once, at creation. Default 65536.
+  /// The most keys the hot tier holds (least recently written evicted first).
+  /// Memory grows with use up to this bound: the tier starts with 1,024
+  /// entries and doubles when an insert finds every entry in use and within
+  /// hot_ttl, so it follows the keys of one TTL window. Each entry costs
+  /// about max_key_bytes + 56 bytes. With the defaults (max_key_bytes 512) a
+  /// scope holds 581,632 bytes (568 KiB) at creation and at most 37,224,448
+  /// bytes (35.5 MiB) at this bound; lookups never allocate, and neither do
+  /// inserts once the bound (or a stable working set) is reached. Default 65536.
   std::uint32_t hot_capacity = 65536;
 
   // ---- durable tier (LMDB, no TTL) ----
-  /// Done records older than this are deleted by the store's background
-  /// maintenance. 0 = keep for ever (the default): correctness first; set it
+  /// Done records older than this are deleted by the bus's background
+  /// maintenance (about once a second, in bounded batches). Applies to
+  /// records completed while it was set; records completed with 0 are kept.
+  /// 0 = keep for ever (the default): correctness first; set it
   /// explicitly, longer than any redelivery horizon (max attempts × backoff +
   /// topic retention + DLQ retention).
   std::chrono::milliseconds durable_retention{0};
-  /// An in-progress claim older than this may be taken over by another
-  /// claimer (its owner is presumed dead). Default 5 min.
+  /// An in-progress claim records its owner (pid, process start time, boot
+  /// id). A claim whose owner is certainly dead (killed, exited, from an
+  /// earlier boot) is taken over by the next claimer at once. A claim whose
+  /// owner is alive, or cannot be checked (another pid namespace, records
+  /// written by an older lanebus), is taken over only once it is older than
+  /// this. Default 5 min.
   std::chrono::milliseconds claim_timeout{std::chrono::minutes(5)};
 
   // ---- limits ----
@@ -63,6 +75,11 @@ struct KeyStatus {
   ClaimState state = ClaimState::Claimed;  ///< InProgress or Done (Claimed never appears here).
   std::int64_t written_at_ns = 0;          ///< Wall clock of the last claim or completion.
   std::string result{};                      ///< complete()'s result (Done only).
+  /// InProgress only: the pid of the claim's owner (0 = not recorded), and
+  /// whether that owner is certainly dead (then the next claim() takes the
+  /// key over at once).
+  std::uint32_t owner_pid = 0;
+  bool owner_dead = false;
 };
 
 struct ClaimResult {
@@ -90,7 +107,9 @@ class LANEBUS_API IdempotencyTable {
   IdempotencyTable& operator=(const IdempotencyTable&) = delete;
 
   /// Atomic check-and-set: exactly one of concurrent claimers of an unknown
-  /// (or released, or timed-out in-progress) key gets Claimed. A hot-tier hit
+  /// (or released, or timed-out in-progress, or held by a dead process) key
+  /// gets Claimed. A claim held by a live process (this one included: another
+  /// thread) stays InProgress until claim_timeout. A hot-tier hit
   /// for "done" answers without touching LMDB; anything else is decided in an
   /// LMDB write transaction. Blocks for one commit (unless hot "done").
   /// Errors: InvalidArgument (empty key), PayloadTooLarge (key longer than
