@@ -7,11 +7,29 @@
 //   sync_1p   1 producer, Durability::Sync     vs lmdb_fsync, sqlite_full
 //   sync_4p   4 producers, Durability::Sync    vs lmdb_fsync, sqlite_full, sqlite_full_batched
 //   async_4p  4 producers, Durability::Async   vs lmdb_nosync
-//   replay    one group reads a lane from offset 0  vs lmdb_cursor (raw cursor scan)
+//   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read)
+//             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table); median of --repeats
+//   queue_consume_4c  workers = 4 ack a pre-filled Sync durable queue (8 lanes) through
+//             Bus::consume  vs lmdb_batch_ack, sqlite_batch_ack
+//   tx_consume_4c     the same through Bus::consume_tx, one tx.put row per message
+//             vs lmdb_batch_ack_row
+//   e2e_latency_queue publish_async -> handler latency on a Sync durable queue at a paced
+//             10k msg/s (steady-clock stamp in the payload) vs lmdb_commit (latency of
+//             one raw LMDB put + fsynced commit: the floor of any durable hop);
+//             here ratio = lanebus p50 / lmdb_commit p50 (lower is better)
 // Baselines: raw LMDB through lanebus's thin wrapper (lib/lmdb_store.hpp, one
 // write txn per batch with MDB_APPEND; batch = lanebus's average commit in the
 // matching case — the ceiling); SQLite WAL synchronous=FULL, one transaction
 // per message per producer thread (durable on return), and batched like lanebus.
+// Consume baselines (4 threads, thread t owns lanes t and t+4 like a worker):
+// lmdb_batch_ack = per fsynced write txn, 64 messages of one lane: read the log
+// record, put an inflight (claim) record, then delete it and advance the lane's
+// cursor (claim + ack in one txn: the ceiling); _row adds one row put per message.
+// sqlite_batch_ack = WAL, synchronous=FULL: select 64 rows of a lane, delete them,
+// one transaction. The lanebus consume cases are bounded by --seconds; the
+// queue is pre-filled once (Async durability, closed = synced) and copied per
+// repeat. Consume/replay/latency lines print the median of --repeats runs
+// (default 3, smoke 1) and the spread (min..max) before `ratio=`.
 #include <sqlite3.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -24,11 +42,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "durable_store.hpp"
+#include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
 
 #ifndef BENCH_BUILDTYPE
@@ -42,6 +62,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double g_seconds = 2.0;  // per measured case
+int g_repeats = 3;       // consume, replay and latency cases: median of this many runs
+std::uint64_t g_queue_messages = 50000;  // pre-filled queue size (consume cases)
 constexpr int kWindow = 512;
 const std::string kPayload(64, 'p');
 
@@ -281,6 +303,392 @@ Run lmdb_cursor(const std::string& dir) {
   return out;
 }
 
+// ---- repeats ----------------------------------------------------------------
+
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+
+Spread spread(std::vector<double> v) {
+  Spread s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  return s;
+}
+
+// "case=NAME repeats=R msg_per_s=M msg_per_s_spread=a..b BASE=M' BASE_spread=c..d ratio=M/M'"
+void ratio_line(const char* name, const char* unit, const std::vector<double>& x, const char* baseline,
+                const std::vector<double>& y, const char* extra = "") {
+  Spread a = spread(x), b = spread(y);
+  std::printf("bench=durable case=%s repeats=%zu %s%s=%.0f %s_spread=%.0f..%.0f %s=%.0f %s_spread=%.0f..%.0f ratio=%.3f\n",
+              name, x.size(), extra, unit, a.median, unit, a.min, a.max, baseline, b.median, baseline, b.min, b.max,
+              b.median > 0 ? a.median / b.median : 0.0);
+  std::fflush(stdout);
+}
+
+[[noreturn]] void die(const char* what, const lanebus::Status& st) {
+  std::fprintf(stderr, "bench durable: %s: %s\n", what, st.to_string().c_str());
+  std::exit(1);
+}
+
+std::uint64_t steady_ns() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+}
+
+// ---- queue consume through the Bus -----------------------------------------
+
+constexpr std::uint32_t kQueueLanes = 8;
+constexpr int kConsumeThreads = 4;
+constexpr std::uint64_t kAckBatch = 64;
+
+std::uint64_t queue_acked(const lanebus::Bus& bus) {
+  for (const auto& t : bus.stats().topics) {
+    if (t.name == "bench.queue" && !t.groups.empty()) return t.groups[0].total.acked;
+  }
+  return 0;
+}
+
+// Pre-fill `dir` with a durable queue of `n` messages (Async: fast; the Bus's
+// shutdown closes the store, which syncs). Bounded to 60 s.
+std::uint64_t prefill_queue(const std::string& dir, std::uint64_t n) {
+  lanebus::BusOptions o;
+  o.workers = 1;
+  o.store.directory = dir;
+  o.store.durability = lanebus::Durability::Async;
+  o.store.map_size_initial = 256ull << 20;
+  auto bus = lanebus::Bus::open(o);
+  if (!bus.ok()) die("prefill open", bus.status());
+  auto q = (*bus)->create_queue("bench.queue", {.lanes = kQueueLanes, .durable = true});
+  if (!q.ok()) die("prefill create_queue", q.status());
+  std::atomic<std::uint64_t> done{0}, failed{0};
+  auto until = Clock::now() + std::chrono::seconds(60);
+  std::uint64_t sent = 0;
+  for (; sent < n && Clock::now() < until; ++sent) {
+    while (sent - done.load(std::memory_order_acquire) >= 8192) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::string key = "key" + std::to_string(sent % 256);
+    auto st = q->publish_async({.key = key, .payload = kPayload}, [&](const lanebus::Status& s, std::uint64_t) {
+      if (!s.ok()) failed.fetch_add(1, std::memory_order_relaxed);
+      done.fetch_add(1, std::memory_order_release);
+    });
+    if (!st.ok()) die("prefill publish", st);
+  }
+  while (done.load(std::memory_order_acquire) < sent) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (failed.load() != 0) die("prefill", lanebus::Status(lanebus::Code::Internal, "publish failed"));
+  if (auto st = (*bus)->shutdown(lanebus::ShutdownMode::Drain, std::chrono::seconds(30)); !st.ok()) die("prefill shutdown", st);
+  return sent;
+}
+
+// Copy the pre-filled store and consume it with workers = 4 (Sync), for at
+// most g_seconds; msgs = committed acks (Bus stats), not handler calls.
+Run bus_consume(const std::string& tmpl, std::uint64_t n, bool tx, const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(tmpl, dir, std::filesystem::copy_options::recursive);
+  lanebus::BusOptions o;
+  o.workers = kConsumeThreads;
+  o.store.directory = dir;
+  o.store.durability = lanebus::Durability::Sync;
+  o.store.map_size_initial = 256ull << 20;
+  auto bus = lanebus::Bus::open(o);
+  if (!bus.ok()) die("consume open", bus.status());
+  auto q = (*bus)->create_queue("bench.queue", {.lanes = kQueueLanes, .durable = true});
+  if (!q.ok()) die("consume create_queue", q.status());
+  std::atomic<std::uint64_t> calls{0};
+  auto start = Clock::now();
+  auto until = start + std::chrono::duration<double>(g_seconds);
+  lanebus::Result<lanebus::Subscription> sub =
+      tx ? (*bus)->consume_tx(*q,
+                              [&](const lanebus::MessageView& m, lanebus::Transaction& t) {
+                                calls.fetch_add(1, std::memory_order_relaxed);
+                                char k[32];
+                                int len = std::snprintf(k, sizeof k, "%u:%llu", m.lane(),
+                                                        static_cast<unsigned long long>(m.offset()));
+                                if (!t.put("bench_rows", std::string_view(k, static_cast<std::size_t>(len)), m.payload()).ok())
+                                  return lanebus::Outcome::retry("put");
+                                return lanebus::Outcome::ack();
+                              })
+         : (*bus)->consume(*q, [&](const lanebus::MessageView&) {
+             calls.fetch_add(1, std::memory_order_relaxed);
+             return lanebus::Outcome::ack();
+           });
+  if (!sub.ok()) die("consume", sub.status());
+  std::uint64_t acked = 0;
+  while ((acked = queue_acked(**bus)) < n && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  (void)sub->close();
+  (void)(*bus)->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
+  Run r;
+  r.msgs = acked;
+  r.msgs_per_sec = static_cast<double>(acked) / elapsed;
+  return r;
+}
+
+std::string lane_key(std::uint32_t lane, std::uint64_t off) {
+  std::string k(12, '\0');
+  for (int b = 0; b < 4; ++b) k[static_cast<std::size_t>(b)] = static_cast<char>(lane >> (24 - 8 * b));
+  for (int b = 0; b < 8; ++b) k[static_cast<std::size_t>(4 + b)] = static_cast<char>(off >> (56 - 8 * b));
+  return k;
+}
+
+// Raw LMDB queue: see the file comment. `n` messages over kQueueLanes lanes.
+Run lmdb_batch_ack(std::uint64_t n, bool with_row, const std::string& dir) {
+  lanebus::detail::LmdbEnv::Config c;
+  c.path = dir;
+  c.map_size_initial = 1ull << 30;
+  c.map_size_max = 1ull << 30;
+  auto env = lanebus::detail::LmdbEnv::open(c);
+  if (!env.ok()) die("lmdb_batch_ack open", env.status());
+  lanebus::detail::LmdbDbi log = 0, inflight = 0, cursor = 0, rows = 0;
+  const std::uint64_t per_lane = n / kQueueLanes;
+  {
+    auto txn = (*env)->begin_write();
+    auto a = (*env)->open_dbi(*txn, "log", true);
+    auto b = (*env)->open_dbi(*txn, "inflight", true);
+    auto d = (*env)->open_dbi(*txn, "cursor", true);
+    auto e = (*env)->open_dbi(*txn, "rows", true);
+    if (!a.ok() || !b.ok() || !d.ok() || !e.ok()) std::exit(1);
+    log = *a, inflight = *b, cursor = *d, rows = *e;
+    for (std::uint32_t lane = 0; lane < kQueueLanes; ++lane)
+      for (std::uint64_t off = 0; off < per_lane; ++off)
+        if (auto st = txn->put_append(log, lane_key(lane, off), kPayload); !st.ok()) die("lmdb prefill", st);
+    if (auto st = txn->commit(); !st.ok()) die("lmdb prefill commit", st);
+  }
+  std::atomic<std::uint64_t> total{0};
+  auto start = Clock::now();
+  auto until = start + std::chrono::duration<double>(g_seconds);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kConsumeThreads; ++t) {
+    ts.emplace_back([&, t] {
+      std::uint64_t mine = 0;
+      std::string copy, claim(12, 'c');
+      std::vector<std::string> keys;
+      for (std::uint32_t turn = 0; Clock::now() < until; ++turn) {
+        auto txn = (*env)->begin_write();
+        if (!txn.ok()) die("lmdb_batch_ack begin", txn.status());
+        // This thread's lanes: t and t + 4; take the next one with messages left.
+        std::uint32_t lane = 0;
+        std::uint64_t off = per_lane;
+        for (std::uint32_t k = 0; k < 2 && off >= per_lane; ++k) {
+          lane = static_cast<std::uint32_t>(t) + 4 * ((turn + k) % 2);
+          auto cur = txn->get(cursor, lane_key(lane, 0));
+          off = 0;
+          if (cur.ok()) std::memcpy(&off, cur->data(), sizeof off);
+        }
+        if (off >= per_lane) break;  // both lanes drained
+        std::uint64_t cnt = std::min(kAckBatch, per_lane - off);
+        keys.clear();
+        for (std::uint64_t i = 0; i < cnt; ++i) {  // claim
+          keys.push_back(lane_key(lane, off + i));
+          auto v = txn->get(log, keys.back());
+          if (!v.ok()) die("lmdb_batch_ack get", v.status());
+          copy.assign(*v);
+          if (auto st = txn->put(inflight, keys.back(), claim); !st.ok()) die("lmdb_batch_ack claim", st);
+        }
+        for (std::uint64_t i = 0; i < cnt; ++i) {  // ack
+          if (with_row) {
+            if (auto st = txn->put(rows, keys[i], kPayload); !st.ok()) die("lmdb_batch_ack row", st);
+          }
+          if (auto st = txn->del(inflight, keys[i]); !st.ok()) die("lmdb_batch_ack ack", st);
+        }
+        std::uint64_t next = off + cnt;
+        if (auto st = txn->put(cursor, lane_key(lane, 0), std::string_view(reinterpret_cast<const char*>(&next), sizeof next));
+            !st.ok())
+          die("lmdb_batch_ack cursor", st);
+        if (auto st = txn->commit(); !st.ok()) die("lmdb_batch_ack commit", st);
+        mine += cnt;
+      }
+      total.fetch_add(mine);
+    });
+  }
+  for (auto& th : ts) th.join();
+  Run r;
+  r.msgs = total.load();
+  r.msgs_per_sec = static_cast<double>(r.msgs) / std::chrono::duration<double>(Clock::now() - start).count();
+  return r;
+}
+
+// SQLite WAL synchronous=FULL: per transaction select 64 rows of one lane and delete them.
+Run sqlite_batch_ack(std::uint64_t n, const std::string& dir) {
+  const std::string path = dir + "/q.db";
+  {
+    sqlite3* db = nullptr;
+    sqlite3_open(path.c_str(), &db);
+    sqlite3_exec(db,
+                 "PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF;"
+                 "CREATE TABLE q(id INTEGER PRIMARY KEY, lane INTEGER, v BLOB);"
+                 "CREATE INDEX q_lane ON q(lane, id); BEGIN;",
+                 nullptr, nullptr, nullptr);
+    sqlite3_stmt* ins = nullptr;
+    sqlite3_prepare_v2(db, "INSERT INTO q(lane, v) VALUES(?, ?)", -1, &ins, nullptr);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      sqlite3_bind_int(ins, 1, static_cast<int>(i % kQueueLanes));
+      sqlite3_bind_blob(ins, 2, kPayload.data(), static_cast<int>(kPayload.size()), SQLITE_STATIC);
+      sqlite3_step(ins);
+      sqlite3_reset(ins);
+    }
+    sqlite3_finalize(ins);
+    sqlite3_exec(db, "COMMIT; PRAGMA wal_checkpoint(TRUNCATE);", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  }
+  std::atomic<std::uint64_t> total{0};
+  auto start = Clock::now();
+  auto until = start + std::chrono::duration<double>(g_seconds);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kConsumeThreads; ++t) {
+    ts.emplace_back([&, t] {
+      sqlite3* db = nullptr;
+      sqlite3_open(path.c_str(), &db);
+      sqlite3_busy_timeout(db, 10000);
+      sqlite3_exec(db, "PRAGMA synchronous=FULL;", nullptr, nullptr, nullptr);
+      sqlite3_stmt* sel = nullptr;
+      sqlite3_stmt* del = nullptr;
+      sqlite3_prepare_v2(db, "SELECT id, v FROM q WHERE lane = ? ORDER BY id LIMIT 64", -1, &sel, nullptr);
+      sqlite3_prepare_v2(db, "DELETE FROM q WHERE id = ?", -1, &del, nullptr);
+      std::uint64_t mine = 0;
+      bool drained[2] = {false, false};
+      std::string copy;
+      std::vector<sqlite3_int64> ids;
+      for (std::uint32_t turn = 0; Clock::now() < until && !(drained[0] && drained[1]); ++turn) {
+        std::uint32_t which = turn % 2;
+        if (drained[which]) which ^= 1;
+        if (sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) continue;
+        sqlite3_bind_int(sel, 1, t + 4 * static_cast<int>(which));
+        ids.clear();
+        while (sqlite3_step(sel) == SQLITE_ROW) {
+          ids.push_back(sqlite3_column_int64(sel, 0));
+          copy.assign(static_cast<const char*>(sqlite3_column_blob(sel, 1)),
+                      static_cast<std::size_t>(sqlite3_column_bytes(sel, 1)));
+        }
+        sqlite3_reset(sel);
+        for (auto id : ids) {
+          sqlite3_bind_int64(del, 1, id);
+          sqlite3_step(del);
+          sqlite3_reset(del);
+        }
+        if (ids.empty()) drained[which] = true;
+        if (sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK) mine += ids.size();
+      }
+      sqlite3_finalize(sel);
+      sqlite3_finalize(del);
+      sqlite3_close(db);
+      total.fetch_add(mine);
+    });
+  }
+  for (auto& th : ts) th.join();
+  Run r;
+  r.msgs = total.load();
+  r.msgs_per_sec = static_cast<double>(r.msgs) / std::chrono::duration<double>(Clock::now() - start).count();
+  return r;
+}
+
+// ---- end-to-end latency on a Sync durable queue ------------------------------
+
+struct Latency {
+  double p50_us = 0, p99_us = 0, p999_us = 0, msgs_per_sec = 0;
+  std::uint64_t sent = 0, handled = 0;
+};
+
+Latency percentiles(std::vector<std::uint64_t>& v) {
+  Latency l;
+  l.p50_us = static_cast<double>(pct(v, 0.50)) / 1e3;
+  l.p99_us = static_cast<double>(pct(v, 0.99)) / 1e3;
+  l.p999_us = static_cast<double>(pct(v, 0.999)) / 1e3;
+  return l;
+}
+
+// One producer paced at `rate` msg/s with publish_async for g_seconds; the
+// handler reads the steady-clock stamp at the head of the payload.
+Latency e2e_queue(double rate, const std::string& dir) {
+  lanebus::BusOptions o;
+  o.workers = 2;
+  o.store.directory = dir;
+  o.store.durability = lanebus::Durability::Sync;
+  o.store.map_size_initial = 256ull << 20;
+  auto bus = lanebus::Bus::open(o);
+  if (!bus.ok()) die("e2e open", bus.status());
+  auto q = (*bus)->create_queue("bench.latency", {.lanes = kQueueLanes, .durable = true});
+  if (!q.ok()) die("e2e create_queue", q.status());
+  const std::size_t cap = static_cast<std::size_t>(rate * g_seconds * 1.5) + 1024;
+  std::vector<std::uint64_t> lat(cap);
+  std::atomic<std::size_t> slot{0}, handled{0};
+  auto sub = (*bus)->consume(*q, [&](const lanebus::MessageView& m) {
+    std::uint64_t t0 = 0;
+    std::memcpy(&t0, m.payload().data(), sizeof t0);
+    std::uint64_t d = steady_ns() - t0;
+    // Relaxed: each handler call owns its slot; `lat` is read after close() joins the calls.
+    std::size_t i = slot.fetch_add(1, std::memory_order_relaxed);
+    if (i < cap) lat[i] = d;
+    handled.fetch_add(1, std::memory_order_release);
+    return lanebus::Outcome::ack();
+  });
+  if (!sub.ok()) die("e2e consume", sub.status());
+  std::atomic<std::uint64_t> failed{0};
+  std::string payload = kPayload;
+  auto start = Clock::now();
+  auto until = start + std::chrono::duration<double>(g_seconds);
+  const auto gap = std::chrono::nanoseconds(static_cast<std::int64_t>(1e9 / rate));
+  std::uint64_t sent = 0;
+  for (auto next = start; next < until; next += gap, ++sent) {
+    std::this_thread::sleep_until(next);
+    std::uint64_t now = steady_ns();
+    std::memcpy(payload.data(), &now, sizeof now);
+    std::string key = "key" + std::to_string(sent % 256);
+    auto st = q->publish_async({.key = key, .payload = payload}, [&](const lanebus::Status& s, std::uint64_t) {
+      if (!s.ok()) failed.fetch_add(1, std::memory_order_relaxed);
+    });
+    if (!st.ok()) die("e2e publish", st);
+  }
+  auto send_elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  // Bounded: a consumer slower than the offered rate leaves messages unhandled
+  // (printed as handled < sent; the percentiles then cover the handled ones only).
+  auto drain_until = Clock::now() + std::chrono::duration<double>(std::max(1.0, g_seconds));
+  while (handled.load(std::memory_order_acquire) < sent && Clock::now() < drain_until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  (void)sub->close();
+  (void)(*bus)->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
+  std::size_t n = std::min(handled.load(), cap);
+  lat.resize(n);
+  Latency l = percentiles(lat);
+  l.sent = sent;
+  l.handled = handled.load();
+  l.msgs_per_sec = static_cast<double>(sent) / send_elapsed;
+  if (failed.load() != 0) std::fprintf(stderr, "e2e: %llu publishes failed\n", static_cast<unsigned long long>(failed.load()));
+  return l;
+}
+
+// The floor of a durable hop: one put + fsynced commit, back to back, for g_seconds / 2.
+Latency lmdb_commit_latency(const std::string& dir) {
+  lanebus::detail::LmdbEnv::Config c;
+  c.path = dir;
+  c.map_size_initial = 256ull << 20;
+  c.map_size_max = 256ull << 20;
+  auto env = lanebus::detail::LmdbEnv::open(c);
+  if (!env.ok()) die("lmdb_commit open", env.status());
+  lanebus::detail::LmdbDbi dbi = 0;
+  {
+    auto txn = (*env)->begin_write();
+    auto d = (*env)->open_dbi(*txn, "log", true);
+    if (!d.ok() || !txn->commit().ok()) std::exit(1);
+    dbi = *d;
+  }
+  std::vector<std::uint64_t> lat;
+  auto until = Clock::now() + std::chrono::duration<double>(g_seconds / 2);
+  for (std::uint64_t i = 0; Clock::now() < until; ++i) {
+    std::uint64_t t0 = steady_ns();
+    auto txn = (*env)->begin_write();
+    if (!txn.ok()) die("lmdb_commit begin", txn.status());
+    if (auto st = txn->put_append(dbi, lane_key(0, i), kPayload); !st.ok()) die("lmdb_commit put", st);
+    if (auto st = txn->commit(); !st.ok()) die("lmdb_commit commit", st);
+    lat.push_back(steady_ns() - t0);
+  }
+  Latency l = percentiles(lat);
+  l.handled = l.sent = lat.size();
+  return l;
+}
+
 void line(const char* name, const Run& x, const char* baseline, const Run& y, bool latency) {
   std::printf("bench=durable case=%s lanebus_msgs_per_sec=%.0f baseline=%s baseline_msgs_per_sec=%.0f ratio=%.2f", name,
               x.msgs_per_sec, baseline, y.msgs_per_sec, y.msgs_per_sec > 0 ? x.msgs_per_sec / y.msgs_per_sec : 0.0);
@@ -322,9 +730,20 @@ void banner() {
 int main(int argc, char** argv) {
   std::string only;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--smoke") == 0) g_seconds = 0.15;
+    if (std::strcmp(argv[i], "--smoke") == 0) {
+      g_seconds = 0.15;
+      g_repeats = 1;
+      g_queue_messages = 512;
+    }
     if (std::strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) g_seconds = std::atof(argv[++i]);
+    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) g_repeats = std::max(1, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--messages") == 0 && i + 1 < argc) g_queue_messages = std::strtoull(argv[++i], nullptr, 10);
     if (std::strcmp(argv[i], "--run") == 0 && i + 1 < argc) only = argv[++i];
+    if (std::strcmp(argv[i], "--help") == 0) {
+      std::printf("usage: durable [--smoke] [--seconds S] [--repeats R] [--messages N] [--run CASE]\n"
+                  "cases: sync_1p sync_4p async_4p replay queue_consume_4c tx_consume_4c e2e_latency_queue\n");
+      return 0;
+    }
   }
   banner();
   auto want = [&](const char* c) { return only.empty() || only == c; };
@@ -348,12 +767,66 @@ int main(int argc, char** argv) {
       line("sync_4p", x, "sqlite_full", sqlite_full(4, 1, fresh_dir("sqlite_full_4")), true);
       line("sync_4p", x, "sqlite_full_batched", sqlite_full(4, b, fresh_dir("sqlite_batched_4")), true);
     }
-    if (want("replay")) line("replay", lanebus_replay(sync4_dir), "lmdb_cursor", lmdb_cursor(lmdb_dir), false);
+    if (want("replay")) {
+      std::vector<double> x, y;
+      for (int r = 0; r < g_repeats; ++r) {
+        x.push_back(lanebus_replay(sync4_dir).msgs_per_sec);
+        y.push_back(lmdb_cursor(lmdb_dir).msgs_per_sec);
+      }
+      ratio_line("replay", "msg_per_s", x, "lmdb_cursor", y);
+    }
   }
   if (want("async_4p")) {
     Run x = lanebus_publish(4, lanebus::Durability::Async, fresh_dir("async_4p"));
     auto b = static_cast<std::uint64_t>(std::max(1.0, x.avg_batch + 0.5));
     line("async_4p", x, "lmdb_nosync", lmdb_raw(true, b, fresh_dir("lmdb_nosync")), false);
+  }
+  if (want("queue_consume_4c") || want("tx_consume_4c")) {
+    const std::string tmpl = fresh_dir("queue_template");
+    const std::uint64_t n = prefill_queue(tmpl, g_queue_messages);
+    std::printf("bench=durable note=\"consume cases: %llu pre-filled messages, %u lanes, 4 workers (oversubscribed on %u cpus), "
+                "at most %.2f s each; baselines claim+ack %llu per fsynced txn with 4 threads\"\n",
+                static_cast<unsigned long long>(n), kQueueLanes, std::thread::hardware_concurrency(), g_seconds,
+                static_cast<unsigned long long>(kAckBatch));
+    if (want("queue_consume_4c")) {
+      std::vector<double> x, lm, sq;
+      for (int r = 0; r < g_repeats; ++r) {
+        x.push_back(bus_consume(tmpl, n, false, fresh_dir("queue_consume")).msgs_per_sec);
+        lm.push_back(lmdb_batch_ack(n, false, fresh_dir("lmdb_batch_ack")).msgs_per_sec);
+        sq.push_back(sqlite_batch_ack(n, fresh_dir("sqlite_batch_ack")).msgs_per_sec);
+      }
+      ratio_line("queue_consume_4c", "msg_per_s", x, "lmdb_batch_ack", lm);
+      ratio_line("queue_consume_4c", "msg_per_s", x, "sqlite_batch_ack", sq);
+    }
+    if (want("tx_consume_4c")) {
+      std::vector<double> x, lm;
+      for (int r = 0; r < g_repeats; ++r) {
+        x.push_back(bus_consume(tmpl, n, true, fresh_dir("tx_consume")).msgs_per_sec);
+        lm.push_back(lmdb_batch_ack(n, true, fresh_dir("lmdb_batch_ack_row")).msgs_per_sec);
+      }
+      ratio_line("tx_consume_4c", "msg_per_s", x, "lmdb_batch_ack_row", lm);
+    }
+  }
+  if (want("e2e_latency_queue")) {
+    constexpr double kRate = 10000;
+    std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate;
+    std::uint64_t sent = 0, handled = 0;
+    for (int r = 0; r < g_repeats; ++r) {
+      Latency l = e2e_queue(kRate, fresh_dir("e2e_latency"));
+      Latency f = lmdb_commit_latency(fresh_dir("lmdb_commit"));
+      p50.push_back(l.p50_us), p99.push_back(l.p99_us), p999.push_back(l.p999_us), rate.push_back(l.msgs_per_sec);
+      floor50.push_back(f.p50_us), floor99.push_back(f.p99_us), floor999.push_back(f.p999_us);
+      sent += l.sent, handled += l.handled;
+    }
+    std::printf("bench=durable case=e2e_latency_queue repeats=%d target_rate=%.0f offered_msg_per_s=%.0f sent=%llu handled=%llu "
+                "p50_us=%.1f p50_us_spread=%.1f..%.1f p99_us=%.1f p99_us_spread=%.1f..%.1f p999_us=%.1f p999_us_spread=%.1f..%.1f "
+                "lmdb_commit_p50_us=%.1f lmdb_commit_p99_us=%.1f lmdb_commit_p999_us=%.1f ratio=%.2f\n",
+                g_repeats, kRate, spread(rate).median, static_cast<unsigned long long>(sent),
+                static_cast<unsigned long long>(handled), spread(p50).median, spread(p50).min, spread(p50).max,
+                spread(p99).median, spread(p99).min, spread(p99).max, spread(p999).median, spread(p999).min,
+                spread(p999).max, spread(floor50).median, spread(floor99).median, spread(floor999).median,
+                spread(floor50).median > 0 ? spread(p50).median / spread(floor50).median : 0.0);
+    std::fflush(stdout);
   }
   std::error_code ec;
   std::filesystem::remove_all(std::filesystem::path(fresh_dir("x")).parent_path(), ec);
