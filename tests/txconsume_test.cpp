@@ -207,7 +207,7 @@ TEST_CASE("kill -9 at random moments: every booking is applied exactly once") {
   };
 
   // Each cycle starts a consumer and kills it, at a moment chosen by the seed:
-  //  - random-time: 2..40 ms after the start (anywhere: open, claim, handler, commit);
+  //  - random-time: 2..60 ms after the start (anywhere: open, claim, handler, commit);
   //  - after-entries: as soon as it has entered its k-th handler call (k = 1..8);
   //  - held: its k-th handler call blocks for good, holding its transaction
   //    and idempotency claim; killed while it is inside (in flight by construction).
@@ -219,9 +219,10 @@ TEST_CASE("kill -9 at random moments: every booking is applied exactly once") {
   int mode_kills[3] = {0, 0, 0}, mode_in_flight[3] = {0, 0, 0};
   bool drained_early = false, stalled = false;
   for (std::uint64_t cycle = 0; cycle < cycles; ++cycle) {
-    const int mode = static_cast<int>(rng() % 3);
+    int mode = static_cast<int>(rng() % 3);
+    if (cycle + 1 == cycles && mode_kills[2] == 0) mode = 2;  // at least one held kill per run
     const std::uint32_t k = 1 + static_cast<std::uint32_t>(rng() % 8);
-    const auto random_delay = std::chrono::microseconds(2000 + rng() % 38000);
+    const auto random_delay = std::chrono::microseconds(2000 + rng() % 58000);
     probe.reset();
     if (mode == 2) probe.set(probe.get()->hold_at, k);
     pid_t pid = spawn(child, {store, expected, probe.path()});
@@ -326,7 +327,10 @@ TEST_CASE("kill -9 at random moments: every booking is applied exactly once") {
   }
   CHECK(kills > 0);
   // The point of the loop: kills must land while transactions are in flight,
-  // not only before the first handler call. Held kills guarantee it whenever
-  // the seed picks that mode; the other modes add kills at arbitrary points.
+  // not only before the first handler call (random-time kills mostly hit the
+  // child's start-up). Every run has at least one held kill, inside a handler
+  // by construction and confirmed by the probe; the other modes add kills at
+  // arbitrary points, counted but not judged (that share depends on timing).
+  if (!drained_early && !stalled) REQUIRE(kills_in_handler >= 1);
   REQUIRE(kills_in_flight >= 1);
 }
