@@ -5,12 +5,16 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "lanebus/lanebus.hpp"
 
@@ -78,6 +82,114 @@ TEST_CASE("a message that crashes its consumer N times goes to the DLQ as poison
     CHECK_MESSAGE(bus->table_get("done", "job-" + std::to_string(i)).ok(), "job " << i);
   }
   CHECK(bus->stats().dlq.arrivals[static_cast<int>(ErrorClass::Poison)] == 1);
+  (void)bus->shutdown(ShutdownMode::Drain);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Runs poison_child with `args` (no core dump for its abort()) and returns its
+// wait status.
+int run_child(const char* child, const std::vector<std::string>& args) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    struct rlimit no_core {0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    std::vector<char*> argv{const_cast<char*>(child)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(child, argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return -1;
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("durable topic: a message that crashes its group's consumer N times goes to the DLQ as poison; the group moves on in order") {
+  const char* child = std::getenv("LANEBUS_POISON_CHILD");
+  REQUIRE_MESSAGE(child != nullptr, "LANEBUS_POISON_CHILD is not set (run through meson test)");
+  char tmpl[] = "/tmp/lanebus-poison-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const fs::path dir = tmpl;
+  const std::string store = (dir / "store").string();
+  const std::uint32_t poison_after = DlqOptions{}.poison_after_crashes;  // the child keeps the default
+  REQUIRE(poison_after > 0);
+  // Three keys (2 lanes, so at least two share one); the poison message sits in
+  // the middle of k0's sequence, so finishing k0 means getting past it.
+  const std::vector<std::string> keys = {"k0", "k1", "k2"};
+  constexpr int kPerKey = 6, kPoisonAt = 3;
+  std::map<std::string, std::vector<std::string>> expected;
+  {
+    BusOptions o;
+    o.workers = 1;
+    o.store.directory = store;
+    auto bus = Bus::open(o).value();
+    auto topic = bus->create_topic("work.events", {.lanes = 2, .durable = true}).value();
+    for (int i = 0; i < kPerKey; ++i)
+      for (const std::string& k : keys) {
+        const bool poison = k == "k0" && i == kPoisonAt;
+        const std::string p = poison ? "poison" : k + "-" + std::to_string(i);
+        if (!poison) expected[k].push_back(p);
+        REQUIRE(topic.publish({.key = k, .payload = p}).ok());
+      }
+    REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());
+  }
+  const int want = static_cast<int>(keys.size()) * kPerKey - 1;
+  // Bounded restarts: poison_after crashes, one clean run, and some slack.
+  const int max_runs = static_cast<int>(poison_after) * 3 + 3;
+  int crashes = 0, runs = 0;
+  bool finished = false;
+  while (!finished && runs < max_runs) {
+    ++runs;
+    const int status = run_child(child, {store, "topic", std::to_string(want)});
+    if (WIFSIGNALED(status)) {
+      CHECK(WTERMSIG(status) == SIGABRT);
+      ++crashes;
+    } else {
+      REQUIRE(WIFEXITED(status));
+      REQUIRE_MESSAGE(WEXITSTATUS(status) == 0, "poison_child topic exited with " << WEXITSTATUS(status));
+      finished = true;
+    }
+  }
+  MESSAGE("durable topic: consumer crashes: " << crashes << " in " << runs << " runs (max " << max_runs
+                                              << ", poison_after_crashes " << poison_after << ")");
+  BusOptions o;
+  o.workers = 1;
+  o.store.directory = store;
+  auto bus = Bus::open(o).value();
+  auto dlq = bus->dead_letters().value();
+  auto entries = dlq->list({.topic = "work.events"}).value();
+  for (const std::string& k : keys) {
+    auto seen = bus->table_get("seen", k);
+    MESSAGE(k << ": " << (seen.ok() ? *seen : std::string("0")) << " of " << expected[k].size() << " handled");
+  }
+  MESSAGE("DLQ entries for work.events: " << entries.size());
+  REQUIRE_MESSAGE(finished, "the group never got past the poison message in " << runs << " runs");
+  CHECK(crashes == static_cast<int>(poison_after));
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0].error_class == ErrorClass::Poison);
+  CHECK(entries[0].payload == "poison");
+  CHECK(entries[0].key == "k0");
+  CHECK(entries[0].topic == "work.events");
+  CHECK(entries[0].group == "audit");
+  CHECK(entries[0].attempts == poison_after);
+  CHECK(bus->stats().dlq.arrivals[static_cast<int>(ErrorClass::Poison)] == 1);
+  // Every other message exactly once, in publish order per key.
+  for (const std::string& k : keys) {
+    CHECK(bus->table_get("seen", k).value() == std::to_string(expected[k].size()));
+    for (std::size_t i = 0; i < expected[k].size(); ++i) {
+      char index[24];
+      std::snprintf(index, sizeof index, "%04zu", i);
+      auto v = bus->table_get("log", k + "#" + index);
+      CHECK_MESSAGE((v.ok() && *v == expected[k][i]), k << " #" << i << ": expected " << expected[k][i]);
+    }
+    char past[24];
+    std::snprintf(past, sizeof past, "%04zu", expected[k].size());
+    CHECK(bus->table_get("log", k + "#" + past).code() == Code::NotFound);
+  }
   (void)bus->shutdown(ShutdownMode::Drain);
   fs::remove_all(dir);
 }
