@@ -65,6 +65,7 @@ class TopicImpl;
 struct GroupImpl;
 struct Consumer;
 class BusCore;
+struct QueueBatch;
 
 /// The consumer whose handler this thread is running, if any: lets close() and
 /// shutdown() called from inside a handler return Busy instead of deadlocking
@@ -99,10 +100,11 @@ struct GroupLane;
 /// waiting behind an earlier message of its key (due_ns = 0).
 struct Parked {
   Slot* slot = nullptr;          // ephemeral lanes: the slot (its reference is held)
-  StoredMessage stored;          // durable topics
-  std::uint32_t attempts = 0;    // deliveries so far
+  StoredMessage stored;          // durable lanes (released queue entries: key and offset only)
+  std::uint32_t attempts = 0;    // deliveries so far (durable queues: the claim's attempt)
   std::int64_t due_ns = 0;       // steady clock
   std::int64_t first_failure_ns = 0;
+  bool released = false;         // durable queues: given back to the store until due_ns (its key's head)
   std::string_view key() const noexcept { return slot ? slot->key() : std::string_view(stored.key); }
 };
 
@@ -356,6 +358,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// commit (topic) inside `t`. Conflict: a value it read changed (nothing of
   /// it was written).
   Status apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt);
+  /// Durable queues: settle message `k` of a claimed batch in the writer's
+  /// transaction, and account for it after the commit (durable_lane.cpp).
+  Status apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k);
+  void settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept;
   /// A DLQ entry for a message of `gl` that failed with `out`.
   DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
                      std::string_view payload, std::uint64_t offset, const Outcome& out, std::uint32_t attempts,

@@ -59,6 +59,17 @@ BusStats BusCore::stats() const {
         lc.rejected = gl->rejected.load(std::memory_order_relaxed);
         lc.failed = gl->failed.load(std::memory_order_relaxed);
         lc.timed_out = gl->timed_out.load(std::memory_order_relaxed);
+        lc.stuck = gl->stuck.load(std::memory_order_relaxed);
+        {
+          const std::int64_t since = gl->running_since_ns.load(std::memory_order_acquire);
+          const auto budget = g->options.attempt_timeout;
+          lc.stuck_now = (since != 0 && budget.count() > 0 &&
+                          RetryTimer::now_ns() - since >
+                              std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count())
+                             ? 1
+                             : 0;
+        }
+        lc.set_aside = gl->parked_count.load(std::memory_order_relaxed);
         lc.duplicates_skipped = gl->duplicates_skipped.load(std::memory_order_relaxed);
         lc.dropped = gl->dropped.load(std::memory_order_relaxed);
         lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
@@ -74,6 +85,9 @@ BusStats BusCore::stats() const {
         gs.total.rejected += lc.rejected;
         gs.total.failed += lc.failed;
         gs.total.timed_out += lc.timed_out;
+        gs.total.stuck += lc.stuck;
+        gs.total.stuck_now += lc.stuck_now;
+        gs.total.set_aside += lc.set_aside;
         gs.total.duplicates_skipped += lc.duplicates_skipped;
         gs.total.dropped += lc.dropped;
         gs.total.in_flight += lc.in_flight;

@@ -352,8 +352,6 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
 
 // ---------------------------------------------------------------- durable queues
 
-namespace {
-
 // One message's part of a queue lane's batch commit.
 struct QueueSettle {
   enum class Kind : std::uint8_t { Ack, Duplicate, DeadLetter, Release, Unclaim };
@@ -366,7 +364,7 @@ struct QueueSettle {
 };
 
 enum class SettleResult : std::uint8_t {
-  Pending, Acked, Duplicate, DeadLettered, Released, Unclaimed, Conflict, Lost, DlqFull
+  Pending, Acked, Duplicate, DeadLettered, Released, Unclaimed, GivenBack, Conflict, Lost, DlqFull
 };
 
 // A claimed batch of one queue lane and what its delivery decided. Shared
@@ -381,48 +379,290 @@ struct QueueBatch {
   std::int64_t committed_at = 0;
 };
 
-}  // namespace
+// Settle one message of a claimed queue batch inside the writer's transaction.
+// Ops of a batch are applied in order (the writer runs them FIFO); once one
+// of them could not settle its message (a conflict, a lost claim, a full
+// DLQ), every later op of the batch gives its message back instead, so
+// nothing is acked past a message that stays.
+Status BusCore::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k) {
+  GroupLane* gl = batch.gl;
+  GroupImpl* g = gl->group;
+  const GroupRef& group = g->store_group;
+  IdempotencyImpl* idem = g->idempotency;
+  DlqStore* dlq = dlq_.get();
+  QueueSettle& op = batch.ops[k];
+  const ClaimedMessage& cm = batch.claims[op.index];
+  const StoredMessage& m = cm.message;
+  SettleResult& res = batch.results[k];
+  res = SettleResult::Pending;
+  batch.committed_at = t.now_ns();
+  bool broken = false;
+  for (std::size_t j = 0; j < k; ++j) {
+    const SettleResult r = batch.results[j];
+    if (r == SettleResult::Conflict || r == SettleResult::Lost || r == SettleResult::DlqFull ||
+        r == SettleResult::GivenBack)
+      broken = true;
+  }
+  auto give_back = [&](SettleResult as) -> Status {
+    Status us = t.unclaim(group, gl->lane, m.offset, cm.attempt);
+    if (!us.ok() && !message_level(us.code())) return us;
+    res = as;
+    return Status();
+  };
+  if (broken) return give_back(SettleResult::GivenBack);
+  switch (op.kind) {
+    case QueueSettle::Kind::Unclaim:
+      return give_back(SettleResult::Unclaimed);
+    case QueueSettle::Kind::Ack:
+    case QueueSettle::Kind::Duplicate: {
+      bool duplicate = op.kind == QueueSettle::Kind::Duplicate;
+      if (op.tx) {
+        Status vs = validate_reads(t, *op.tx, g->topic->name);
+        if (!vs.ok()) {
+          if (!message_level(vs.code())) return vs;
+          // A value it read changed: this message and the rest go back (a
+          // conflict does not use an attempt).
+          return give_back(SettleResult::Conflict);
+        }
+        if (op.complete_key && idem != nullptr) {
+          // Exactly-once effects: the key decides inside this transaction.
+          auto rec = idem->status_in(t, m.idempotency_key);
+          if (!rec.ok() && !message_level(rec.code())) return rec.status();
+          if (rec.ok() && rec->state == ClaimState::Done) duplicate = true;
+        }
+      }
+      Status as = t.ack(group, gl->lane, m.offset, cm.attempt);
+      if (!as.ok()) {
+        if (!message_level(as.code())) return as;
+        res = SettleResult::Lost;  // redelivered elsewhere (its claim expired)
+        return Status();
+      }
+      if (dlq != nullptr && cm.attempt > 1) {
+        Status fs = dlq->forget_outcomes_in(t, group, gl->lane, m.offset);
+        if (!fs.ok() && fs.code() != Code::NotFound) return fs;
+      }
+      if (!duplicate) {
+        if (op.complete_key) {
+          Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
+          if (!cs.ok() && !message_level(cs.code())) return cs;
+        }
+        if (op.tx) {
+          if (Status ws = write_effects(t, *op.tx); !ws.ok()) return ws;
+        }
+      }
+      res = duplicate ? SettleResult::Duplicate : SettleResult::Acked;
+      return Status();
+    }
+    case QueueSettle::Kind::DeadLetter: {
+      auto added = dlq->add_in(t, *op.entry, [&]() -> Status {
+        Status as = t.ack(group, gl->lane, m.offset, cm.attempt);
+        if (!as.ok()) return as;
+        Status fs = dlq->forget_outcomes_in(t, group, gl->lane, m.offset);
+        return (fs.ok() || fs.code() == Code::NotFound) ? Status() : fs;
+      });
+      if (added.ok()) {
+        res = SettleResult::DeadLettered;
+        return Status();
+      }
+      if (!message_level(added.code())) return added.status();
+      if (added.code() != Code::QuotaExceeded) {
+        res = SettleResult::Lost;
+        return Status();
+      }
+      // The DLQ refused it (quota): keep the message, try again later.
+      Status rs = t.release(group, gl->lane, m.offset, cm.attempt, kHoldDlqFullNs);
+      if (!rs.ok() && !message_level(rs.code())) return rs;
+      if (rs.ok()) {
+        auto n = dlq->note_outcome_in(t, group, gl->lane, m.offset);
+        if (!n.ok() && !message_level(n.code())) return n.status();
+      }
+      res = SettleResult::DlqFull;
+      return Status();
+    }
+    case QueueSettle::Kind::Release: {
+      Status rs = t.release(group, gl->lane, m.offset, cm.attempt, op.delay_ns);
+      if (!rs.ok()) {
+        if (!message_level(rs.code())) return rs;
+        res = SettleResult::Lost;
+        return Status();
+      }
+      if (dlq != nullptr) {
+        // A deliberate release is an attempt that came back with an outcome:
+        // poison detection counts only real crashes.
+        auto n = dlq->note_outcome_in(t, group, gl->lane, m.offset);
+        if (!n.ok() && !message_level(n.code())) return n.status();
+      }
+      res = SettleResult::Released;
+      return Status();
+    }
+  }
+  return Status();
+}
+
+// After the commit of one settle op (Sync: its fsync), on the writer thread.
+void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept {
+  GroupLane* gl = batch.gl;
+  IdempotencyImpl* idem = gl->group->idempotency;
+  const QueueSettle& op = batch.ops[k];
+  bool wake_lane = false;
+  if (!st.ok()) {
+    // Nothing of it was committed: its claim expires after `visibility`.
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    switch (batch.results[k]) {
+      case SettleResult::Acked:
+        gl->acked.fetch_add(1, std::memory_order_relaxed);  // only now is it acked
+        if (op.complete_key && idem != nullptr)
+          idem->remember_done(batch.claims[op.index].message.idempotency_key, batch.committed_at);
+        break;
+      case SettleResult::Duplicate:
+        gl->duplicates_skipped.fetch_add(1, std::memory_order_relaxed);
+        if (op.complete_key && idem != nullptr)
+          idem->remember_done(batch.claims[op.index].message.idempotency_key, batch.committed_at);
+        break;
+      case SettleResult::Conflict:
+        gl->retried.fetch_add(1, std::memory_order_relaxed);
+        wake_lane = true;
+        break;
+      case SettleResult::Lost:
+      case SettleResult::DlqFull:
+        gl->errors.fetch_add(1, std::memory_order_relaxed);
+        wake_lane = true;
+        break;
+      case SettleResult::GivenBack:
+      case SettleResult::Unclaimed:
+        wake_lane = true;
+        break;
+      default:
+        break;
+    }
+  }
+  gl->commits_in_flight.fetch_sub(1, std::memory_order_release);
+  if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
+}
 
 // Durable queue: claim a batch (attempts persisted before delivery), deliver
-// it in order, then settle the whole batch in one asynchronous write. True if
-// the lane should run again at once.
+// it in order, and settle each message with an asynchronous write as soon as
+// its outcome is known (the writer shares one commit among all of them, and
+// with other lanes and workers; a handler that blocks does not hold back the
+// acks of the messages before it). True if the lane should run again at once.
 bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
   const bool poison = poison_on(dlq_.get());
   const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
+  const bool kp = g->options.key_parallel_retry;
+  const std::size_t limit = g->options.key_parallel_limit;
   ClaimOptions claim_options;
   claim_options.visibility = g->options.visibility;
-  claim_options.ordered = true;
+  // key_parallel_retry claims past the lane's messages in backoff (they are
+  // in flight); this process keeps per-key order with its parked messages.
+  claim_options.ordered = !kp;
   const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
+  auto batch = std::make_shared<QueueBatch>();
+  batch->gl = gl;
+  if (kp) {
+    // Parked messages whose key's head is done go first (they hold claims).
+    for (std::ptrdiff_t i; (i = due_parked(gl, RetryTimer::now_ns())) >= 0;) {
+      Parked& pk = gl->parked[static_cast<std::size_t>(i)];
+      ClaimedMessage cm;
+      cm.message = std::move(pk.stored);
+      cm.attempt = pk.attempts;
+      batch->claims.push_back(std::move(cm));
+      gl->parked.erase(gl->parked.begin() + i);
+    }
+  }
   auto r = store_->claim_batch(g->store_group, gl->lane, max, claim_options);
   if (!r.ok()) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
-    return false;
+    if (batch->claims.empty()) return false;
+  } else {
+    for (ClaimedMessage& cm : *r) {
+      bool keep = true;
+      for (std::size_t j = 0; j < gl->parked.size(); ++j) {
+        Parked& pk = gl->parked[j];
+        if (pk.stored.offset != cm.message.offset) continue;
+        if (pk.released) {
+          gl->parked.erase(gl->parked.begin() + static_cast<std::ptrdiff_t>(j));  // its key's head is back
+        } else {
+          pk.attempts = cm.attempt;  // its claim expired while parked: it holds the new one
+          keep = false;
+        }
+        break;
+      }
+      if (keep) batch->claims.push_back(std::move(cm));
+    }
   }
-  if (r->empty()) return false;  // nothing deliverable now
-  auto batch = std::make_shared<QueueBatch>();
-  batch->gl = gl;
-  batch->claims = std::move(*r);
+  if (kp) {
+    // A head whose backoff is over by the steady clock but not yet by the
+    // store's wall clock: look again shortly rather than spin.
+    // A head that never comes back (its release was not committed, or
+    // another process took it) stops holding its key after visibility.
+    const std::int64_t now = RetryTimer::now_ns();
+    const std::int64_t give_up_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(g->options.visibility).count() + 1'000'000'000;
+    for (std::size_t j = 0; j < gl->parked.size();) {
+      Parked& pk = gl->parked[j];
+      if (pk.released && pk.due_ns <= now) {
+        if (pk.first_failure_ns == 0) pk.first_failure_ns = now;  // overdue since
+        if (now - pk.first_failure_ns > give_up_ns) {
+          gl->parked.erase(gl->parked.begin() + static_cast<std::ptrdiff_t>(j));
+          continue;
+        }
+        pk.due_ns = now + 5'000'000;
+      }
+      ++j;
+    }
+  }
+  if (batch->claims.empty()) return false;  // nothing deliverable now
+  // Sized once: the writer reads earlier entries while the worker appends.
   batch->ops.reserve(batch->claims.size());
+  batch->results.assign(batch->claims.size(), SettleResult::Pending);
   const AdmitMode mode = c->tx_handler ? AdmitMode::Check : AdmitMode::Claim;
   IdempotencyImpl* idem = g->idempotency;
   std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
   bool broken = false;                   // the rest of the batch goes back unhandled
   bool again = true;                     // run the lane again at once
-  auto push = [&](QueueSettle::Kind kind, std::size_t i) -> QueueSettle& {
+  auto submit = [&](QueueSettle::Kind kind, std::size_t i) -> QueueSettle& {
     QueueSettle op;
     op.kind = kind;
     op.index = i;
     batch->ops.push_back(std::move(op));
     return batch->ops.back();
   };
+  auto commit = [&]() {
+    const std::size_t k = batch->ops.size() - 1;
+    gl->commits_in_flight.fetch_add(1, std::memory_order_relaxed);
+    Status s = store_->write_async([batch, k, this](StoreTxn& t) { return apply_queue_settle(t, *batch, k); },
+                                   [batch, k, this](const Status& st) { settled_queue_message(*batch, k, st); });
+    if (!s.ok()) {
+      gl->commits_in_flight.fetch_sub(1, std::memory_order_relaxed);
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      broken = true;  // refused up front (shutting down): the claims expire
+      again = false;
+    }
+  };
   for (std::size_t i = 0; i < batch->claims.size(); ++i) {
     if (broken || abandon_.load(std::memory_order_acquire)) {
-      push(QueueSettle::Kind::Unclaim, i);
+      submit(QueueSettle::Kind::Unclaim, i);
+      commit();
       continue;
     }
     const ClaimedMessage& cm = batch->claims[i];
     const StoredMessage& m = cm.message;
+    if (kp && key_parked(gl, m.key)) {
+      // Behind an earlier message of its key: keep it claimed, set aside in order.
+      if (gl->parked.size() < limit) {
+        Parked pk;
+        pk.stored = m;
+        pk.attempts = cm.attempt;
+        gl->parked.push_back(std::move(pk));
+      } else {
+        submit(QueueSettle::Kind::Unclaim, i);  // the limit: it goes back to the store
+        commit();
+        again = false;
+      }
+      continue;
+    }
     std::uint32_t outcomes = cm.attempt;  // attempts that came back with an outcome (incl. this one)
     if (cm.attempt > 1 && dlq_) {
       // A redelivery (claimed alone): earlier attempts that never came back
@@ -437,12 +677,13 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       outcomes = noted + 1;
       if (rs.ok() && poison &&
           classify_failure(Outcome::Kind::Retry, cm.attempt - 1, noted, false, poison_after) == ErrorClass::Poison) {
-        QueueSettle& op = push(QueueSettle::Kind::DeadLetter, i);
+        QueueSettle& op = submit(QueueSettle::Kind::DeadLetter, i);
         op.entry = std::make_unique<DlqEntry>(
             dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
                       Outcome::reject("poison: the consumer process died while handling it"), cm.attempt - 1,
                       ErrorClass::Poison, now_ns()));
         bump(gl->failed);
+        commit();
         continue;
       }
     }
@@ -453,16 +694,32 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     } else {
       a = admit(gl, p, mode);
     }
+    // Set a key's head aside while it waits in the store (key_parallel_retry).
+    auto hold_key = [&](std::int64_t delay_ns) {
+      Parked pk;
+      pk.stored.key = m.key;
+      pk.stored.offset = m.offset;
+      pk.released = true;
+      pk.due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(delay_ns, 1);
+      gl->parked.push_back(std::move(pk));
+    };
     if (a == Admission::Later) {
       // The key is busy elsewhere: not a crash and not a failure; the lane
-      // waits for it (a deliberate release records an outcome).
-      push(QueueSettle::Kind::Release, i).delay_ns = kHoldBusyKeyNs;
+      // (or with key_parallel_retry its key) waits for it (a deliberate
+      // release records an outcome).
+      submit(QueueSettle::Kind::Release, i).delay_ns = kHoldBusyKeyNs;
+      commit();
+      if (kp && gl->parked.size() < limit) {
+        hold_key(kHoldBusyKeyNs);
+        continue;
+      }
       broken = true;
       again = false;
       continue;
     }
     if (a == Admission::Skip) {
-      push(QueueSettle::Kind::Duplicate, i);
+      submit(QueueSettle::Kind::Duplicate, i);
+      commit();
       continue;
     }
     std::unique_ptr<TxnState> tx;
@@ -486,18 +743,24 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     if (st.next == Settlement::Next::Retry) {
       // The store keeps the message claimed until the backoff ends (the
       // claim, not this process, holds the delay: it survives a crash).
-      push(QueueSettle::Kind::Release, i).delay_ns = st.delay_ns;
+      submit(QueueSettle::Kind::Release, i).delay_ns = st.delay_ns;
+      commit();
+      if (kp && gl->parked.size() < limit) {
+        hold_key(st.delay_ns);
+        continue;
+      }
       broken = true;
       again = st.delay_ns == 0;
       continue;
     }
     if (st.next == Settlement::Next::DeadLetter) {
-      QueueSettle& op = push(QueueSettle::Kind::DeadLetter, i);
+      QueueSettle& op = submit(QueueSettle::Kind::DeadLetter, i);
       op.entry = std::make_unique<DlqEntry>(dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
                                                       inv.outcome, cm.attempt, st.error_class, first_failure));
+      commit();
       continue;
     }
-    QueueSettle& op = push(QueueSettle::Kind::Ack, i);
+    QueueSettle& op = submit(QueueSettle::Kind::Ack, i);
     if (st.acked) {
       op.complete_key = idem != nullptr && !m.idempotency_key.empty();
       if (tx) {
@@ -506,181 +769,8 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       }
       if (op.complete_key) keys_done.insert(m.idempotency_key);
     }
+    commit();
   }
-  batch->results.assign(batch->ops.size(), SettleResult::Pending);
-  gl->commits_in_flight.fetch_add(1, std::memory_order_relaxed);
-  GroupRef group = g->store_group;
-  const std::string topic = g->topic->name;
-  DlqStore* dlq = dlq_.get();
-  Status s = store_->write_async(
-      [batch, group, idem, dlq, this](StoreTxn& t) -> Status {
-        GroupLane* gl = batch->gl;
-        std::fill(batch->results.begin(), batch->results.end(), SettleResult::Pending);
-        batch->committed_at = t.now_ns();
-        bool broken = false;  // a message could not be settled: hand back the rest
-        for (std::size_t k = 0; k < batch->ops.size(); ++k) {
-          QueueSettle& op = batch->ops[k];
-          const ClaimedMessage& cm = batch->claims[op.index];
-          const StoredMessage& m = cm.message;
-          SettleResult& res = batch->results[k];
-          auto give_back = [&]() -> Status {
-            Status us = t.unclaim(group, gl->lane, m.offset, cm.attempt);
-            if (!us.ok() && !message_level(us.code())) return us;
-            res = SettleResult::Unclaimed;
-            return Status();
-          };
-          if (broken || op.kind == QueueSettle::Kind::Unclaim) {
-            if (Status gs = give_back(); !gs.ok()) return gs;
-            continue;
-          }
-          switch (op.kind) {
-            case QueueSettle::Kind::Ack:
-            case QueueSettle::Kind::Duplicate: {
-              bool duplicate = op.kind == QueueSettle::Kind::Duplicate;
-              if (op.tx) {
-                Status vs = validate_reads(t, *op.tx, m.header.id ? std::string_view() : std::string_view());
-                if (!vs.ok()) {
-                  if (!message_level(vs.code())) return vs;
-                  // A value it read changed: this message and the rest go
-                  // back (a conflict does not use an attempt).
-                  if (Status gs = give_back(); !gs.ok()) return gs;
-                  res = SettleResult::Conflict;
-                  broken = true;
-                  continue;
-                }
-              }
-              if (op.complete_key && op.tx && idem != nullptr) {
-                // Exactly-once effects: the key decides inside this transaction.
-                auto rec = idem->claim_in(t, m.idempotency_key, false);
-                if (rec.ok() && rec->state == ClaimState::Done) duplicate = true;
-                else if (!rec.ok() && !message_level(rec.code())) return rec.status();
-              }
-              Status as = t.ack(group, gl->lane, m.offset, cm.attempt);
-              if (!as.ok()) {
-                if (!message_level(as.code())) return as;
-                res = SettleResult::Lost;  // redelivered elsewhere (its claim expired)
-                broken = true;
-                continue;
-              }
-              if (dlq != nullptr && cm.attempt > 1) {
-                Status fs = dlq->forget_outcomes_in(t, group, gl->lane, m.offset);
-                if (!fs.ok() && fs.code() != Code::NotFound) return fs;
-              }
-              if (!duplicate) {
-                if (op.complete_key) {
-                  Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
-                  if (!cs.ok() && !message_level(cs.code())) return cs;
-                }
-                if (op.tx) {
-                  if (Status ws = write_effects(t, *op.tx); !ws.ok()) return ws;
-                }
-              }
-              res = duplicate ? SettleResult::Duplicate : SettleResult::Acked;
-              break;
-            }
-            case QueueSettle::Kind::DeadLetter: {
-              auto added = dlq->add_in(t, *op.entry, [&]() -> Status {
-                Status as = t.ack(group, gl->lane, m.offset, cm.attempt);
-                if (!as.ok()) return as;
-                Status fs = dlq->forget_outcomes_in(t, group, gl->lane, m.offset);
-                return (fs.ok() || fs.code() == Code::NotFound) ? Status() : fs;
-              });
-              if (added.ok()) {
-                res = SettleResult::DeadLettered;
-                break;
-              }
-              if (!message_level(added.code())) return added.status();
-              if (added.code() == Code::QuotaExceeded) {
-                // The DLQ refused it: keep the message, try again later.
-                Status rs = t.release(group, gl->lane, m.offset, cm.attempt, kHoldDlqFullNs);
-                if (!rs.ok() && !message_level(rs.code())) return rs;
-                if (rs.ok()) {
-                  auto n = dlq->note_outcome_in(t, group, gl->lane, m.offset);
-                  if (!n.ok() && !message_level(n.code())) return n.status();
-                }
-                res = SettleResult::DlqFull;
-              } else {
-                res = SettleResult::Lost;
-              }
-              broken = true;
-              break;
-            }
-            case QueueSettle::Kind::Release: {
-              Status rs = t.release(group, gl->lane, m.offset, cm.attempt, op.delay_ns);
-              if (!rs.ok()) {
-                if (!message_level(rs.code())) return rs;
-                res = SettleResult::Lost;
-                break;
-              }
-              if (dlq != nullptr) {
-                // A deliberate release is an attempt that came back with an
-                // outcome: poison detection counts only real crashes.
-                auto n = dlq->note_outcome_in(t, group, gl->lane, m.offset);
-                if (!n.ok() && !message_level(n.code())) return n.status();
-              }
-              res = SettleResult::Released;
-              break;
-            }
-            case QueueSettle::Kind::Unclaim:
-              break;
-          }
-        }
-        return Status();
-      },
-      [batch, idem, this](const Status& st) {
-        GroupLane* gl = batch->gl;
-        bool wake_lane = false;
-        if (!st.ok()) {
-          // Nothing was committed: the claims expire after `visibility`.
-          gl->errors.fetch_add(1, std::memory_order_relaxed);
-        } else {
-          std::uint64_t acked = 0, dups = 0;
-          for (std::size_t k = 0; k < batch->ops.size(); ++k) {
-            const QueueSettle& op = batch->ops[k];
-            switch (batch->results[k]) {
-              case SettleResult::Acked:
-                ++acked;
-                if (op.complete_key) idem->remember_done(batch->claims[op.index].message.idempotency_key,
-                                                         batch->committed_at);
-                break;
-              case SettleResult::Duplicate:
-                if (op.kind == QueueSettle::Kind::Duplicate) {
-                  ++dups;
-                } else {
-                  ++dups;  // done elsewhere first: its effects were not applied
-                  if (op.complete_key) idem->remember_done(batch->claims[op.index].message.idempotency_key,
-                                                           batch->committed_at);
-                }
-                break;
-              case SettleResult::Conflict:
-                gl->retried.fetch_add(1, std::memory_order_relaxed);
-                wake_lane = true;
-                break;
-              case SettleResult::Lost:
-              case SettleResult::DlqFull:
-                gl->errors.fetch_add(1, std::memory_order_relaxed);
-                wake_lane = true;
-                break;
-              case SettleResult::Unclaimed:
-                wake_lane = true;
-                break;
-              default:
-                break;
-            }
-          }
-          // After the commit (Sync: its fsync): only now are they acked.
-          if (acked) gl->acked.fetch_add(acked, std::memory_order_relaxed);
-          if (dups) gl->duplicates_skipped.fetch_add(dups, std::memory_order_relaxed);
-        }
-        gl->commits_in_flight.fetch_sub(1, std::memory_order_release);
-        if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
-      });
-  if (!s.ok()) {
-    gl->commits_in_flight.fetch_sub(1, std::memory_order_relaxed);
-    gl->errors.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  (void)topic;
   return again;
 }
 

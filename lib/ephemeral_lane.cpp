@@ -13,10 +13,14 @@ namespace lanebus::detail {
 std::ptrdiff_t BusCore::due_parked(GroupLane* gl, std::int64_t now) const noexcept {
   const auto& pk = gl->parked;
   for (std::size_t i = 0; i < pk.size(); ++i) {
-    if (pk[i].due_ns > now) continue;
-    // Only the first parked message of its key may go (per-key order).
+    if (pk[i].due_ns > now || pk[i].released) continue;
+    // Only the first parked message of its key may go (per-key order): lane
+    // order is the vector's for slots, the log offset for durable messages.
     bool first = true;
-    for (std::size_t j = 0; j < i && first; ++j) first = pk[j].key() != pk[i].key();
+    for (std::size_t j = 0; j < pk.size() && first; ++j) {
+      if (j == i || pk[j].key() != pk[i].key()) continue;
+      first = pk[i].slot != nullptr ? j > i : pk[j].stored.offset > pk[i].stored.offset;
+    }
     if (first) return static_cast<std::ptrdiff_t>(i);
   }
   return -1;
@@ -34,13 +38,16 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
   for (const Parked& p : gl->parked)
     if (p.due_ns > 0 && (earliest == 0 || p.due_ns < earliest)) earliest = p.due_ns;
   const bool durable = gl->group->topic->durable;
+  const bool queue = gl->group->topic->is_queue;
   const std::uint64_t read_pos = gl->read_pos;
   if (earliest != 0 && timer_) timer_->arm(&gl->wake, earliest);
   gl->scheduled.store(false, std::memory_order_seq_cst);
   // The wake may have fired before the flag was cleared (schedule() then saw
   // the lane scheduled and did nothing): check the time ourselves.
   const bool due = earliest != 0 && RetryTimer::now_ns() >= earliest;
-  const bool fresh = durable ? gl->known_end.load(std::memory_order_seq_cst) > read_pos : gl->ring.ready();
+  // (Durable queues are woken by the poller and the append listener.)
+  const bool fresh = durable ? (!queue && gl->known_end.load(std::memory_order_seq_cst) > read_pos)
+                             : gl->ring.ready();
   if (due || fresh) schedule(gl);
 }
 
@@ -108,16 +115,16 @@ void BusCore::run_lane(GroupLane* gl) {
         gl->first_failure_ns = 0;
         if (metrics && gl->parked.empty())
           gl->oldest_ns.store(gl->current->header.created_at_ns, std::memory_order_relaxed);
-        if (kp && c != nullptr && key_parked(gl, gl->current->key())) {
-          // Behind an earlier message of its key: set it aside, in order.
-          if (gl->parked.size() < limit) {
-            gl->parked.push_back(Parked{gl->current, {}, 0, 0, 0});
-            gl->current = nullptr;
-            continue;
-          }
-          hold_ns = 0;  // the limit: the lane waits for its parked messages
-          break;
+      }
+      if (kp && c != nullptr && gl->attempts == 0 && key_parked(gl, gl->current->key())) {
+        // Behind an earlier message of its key: set it aside, in order.
+        if (gl->parked.size() < limit) {
+          gl->parked.push_back(Parked{gl->current, {}, 0, 0, 0});
+          gl->current = nullptr;
+          continue;
         }
+        hold_ns = 0;  // the limit: the lane waits for its parked messages
+        break;
       }
       s = gl->current;
     }

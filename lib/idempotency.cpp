@@ -231,27 +231,36 @@ Status IdempotencyImpl::complete(std::string_view key, std::string_view result) 
   return s;
 }
 
+Result<KeyStatus> IdempotencyImpl::status_in(StoreTxn& txn, std::string_view key) {
+  if (Status s = check_key(key); !s.ok()) return s;
+  KeyStatus out;
+  auto cur = txn.get(StoreTable::Idempotency, record_key(key));
+  if (!cur.ok()) {
+    if (cur.code() == Code::NotFound)
+      return Status(Code::NotFound, "idempotency scope \"" + scope_ + "\": no record of key \"" +
+                                        std::string(key.substr(0, 64)) + "\"");
+    return cur.status();
+  }
+  Record r;
+  if (!decode(*cur, &r)) return Status(Code::Corruption, "idempotency scope \"" + scope_ + "\": a damaged record");
+  out.state = r.state == kDone ? ClaimState::Done : ClaimState::InProgress;
+  out.written_at_ns = r.written_at;
+  if (r.state == kDone) out.result.assign(r.result);
+  ProcessIdentity owner;
+  if (owner_of(r, &owner)) {
+    out.owner_pid = owner.pid;
+    out.owner_dead = !(owner == self_identity()) && process_is_dead(owner);
+  }
+  return out;
+}
+
 Result<KeyStatus> IdempotencyImpl::status(std::string_view key) {
   if (Status s = check_key(key); !s.ok()) return s;
   KeyStatus out;
   Status s = store_->read([&](StoreTxn& txn) -> Status {
-    auto cur = txn.get(StoreTable::Idempotency, record_key(key));
-    if (!cur.ok()) {
-      if (cur.code() == Code::NotFound)
-        return Status(Code::NotFound, "idempotency scope \"" + scope_ + "\": no record of key \"" +
-                                          std::string(key.substr(0, 64)) + "\"");
-      return cur.status();
-    }
-    Record r;
-    if (!decode(*cur, &r)) return Status(Code::Corruption, "idempotency scope \"" + scope_ + "\": a damaged record");
-    out.state = r.state == kDone ? ClaimState::Done : ClaimState::InProgress;
-    out.written_at_ns = r.written_at;
-    if (r.state == kDone) out.result.assign(r.result);
-    ProcessIdentity owner;
-    if (owner_of(r, &owner)) {
-      out.owner_pid = owner.pid;
-      out.owner_dead = !(owner == self_identity()) && process_is_dead(owner);
-    }
+    auto r = status_in(txn, key);
+    if (!r.ok()) return r.status();
+    out = std::move(*r);
     return Status();
   });
   if (!s.ok()) return s;

@@ -35,6 +35,8 @@ class IdempotencyImpl {
   // Inside a transaction the caller already runs (transactional consume, DLQ
   // replay): the same decisions, committed with the caller's other writes.
   Result<ClaimResult> claim_in(StoreTxn& txn, std::string_view key, bool want_result);
+  /// As status(), inside the caller's transaction (read or write).
+  Result<KeyStatus> status_in(StoreTxn& txn, std::string_view key);
   /// With must_be_claimed = false a key that is not claimed is simply marked
   /// done (never a logic error: for transactions that already wrote).
   Status complete_in(StoreTxn& txn, std::string_view key, std::string_view result, bool must_be_claimed = true);

@@ -255,8 +255,9 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   if (stopped_.load()) return Status();
   closing_.store(true, std::memory_order_seq_cst);
   Status result;
+  const auto drain_deadline = std::chrono::steady_clock::now() + timeout;
   if (mode == ShutdownMode::Drain) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto deadline = drain_deadline;
     while (slots_in_use() > 0) {
       if (std::chrono::steady_clock::now() >= deadline) {
         result = Status(Code::TimedOut, "bus \"" + options.name + "\": drain did not finish within " +
@@ -267,10 +268,12 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
+  // From here on workers start no handler call.
+  abandon_.store(true, std::memory_order_release);
   {
     // A handler cannot be stopped: wait for running calls until the deadline,
     // then name the ones that held shutdown up (joining waits for them).
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto deadline = drain_deadline;
     std::string held = running_handlers();
     while (!held.empty() && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -149,12 +149,12 @@ TEST_CASE("competing workers of a Sync durable queue share fsyncs: fewer syncs t
   SUBCASE("one consume() subscription, workers = 4") {
     Burst b = consume_burst(4, 1, false);
     report("consume workers=4", b);
-    CHECK(b.syncs < b.acks);
+    CHECK(b.syncs * 4 <= b.acks);  // group commit: many acks share one fsync (before it: about 1 per ack)
   }
   SUBCASE("two consume() subscriptions on one bus") {
     Burst b = consume_burst(2, 2, false);
     report("consume 2 consumers", b);
-    CHECK(b.syncs < b.acks);
+    CHECK(b.syncs * 4 <= b.acks);  // group commit: many acks share one fsync (before it: about 1 per ack)
   }
 }
 
@@ -162,11 +162,11 @@ TEST_CASE("transactional consumers of a Sync durable queue share fsyncs: fewer s
   SUBCASE("one consume_tx() subscription, workers = 4, one table row per message") {
     Burst b = consume_burst(4, 1, true);
     report("consume_tx workers=4", b);
-    CHECK(b.syncs < b.acks);
+    CHECK(b.syncs * 4 <= b.acks);  // group commit: many acks share one fsync (before it: about 1 per ack)
   }
   SUBCASE("two consume_tx() subscriptions on one bus") {
     Burst b = consume_burst(2, 2, true);
     report("consume_tx 2 consumers", b);
-    CHECK(b.syncs < b.acks);
+    CHECK(b.syncs * 4 <= b.acks);  // group commit: many acks share one fsync (before it: about 1 per ack)
   }
 }

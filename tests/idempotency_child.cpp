@@ -2,7 +2,8 @@
 // Helper for idempotency_test. Opens the store at argv[1], scope "race", then:
 //   race KEY BARRIER  waits until the file BARRIER exists (a start barrier),
 //                     claims KEY and prints the outcome ("Claimed",
-//                     "InProgress" or "Done"), then exits.
+//                     "InProgress" or "Done"), then exits once BARRIER.end
+//                     exists (its claim stays owned by a live process).
 //   hold KEY          claims KEY, prints the outcome, then waits to be killed
 //                     (it never completes or releases the claim).
 //   loop PREFIX       for i = 0, 1, ...: claims PREFIX-i, prints
@@ -59,7 +60,13 @@ int main(int argc, char** argv) {
     }
     std::printf("%s\n", name_of(r->state));
     std::fflush(stdout);
-    if (mode == "race") return 0;
+    if (mode == "race") {
+      // Stay alive (holding a claimed key) until every racer has claimed: a
+      // claim of a process that exited is void at once (SPEC §4).
+      const std::string end = std::string(argv[4]) + ".end";
+      while (!std::filesystem::exists(end)) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      return 0;
+    }
     for (;;) ::pause();  // hold the claim until SIGKILL
   }
   if (mode == "loop") {
