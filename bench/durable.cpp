@@ -258,15 +258,17 @@ Run lanebus_replay(const std::string& dir) {
   if (!g.ok()) std::exit(1);
   std::uint64_t n = 0;
   std::size_t bytes = 0;
+  // One ReadBatch reused across reads, as a durable topic group's lane does
+  // (read_into keeps the messages' storage).
+  lanebus::detail::ReadBatch batch;
   auto start = Clock::now();
   for (std::uint32_t lane = 0; lane < t->lanes; ++lane) {
     for (std::uint64_t from = 0;;) {
-      auto b = (*store)->read(*t, lane, from, {1024, 4 << 20});
-      if (!b.ok()) std::exit(1);
-      if (b->messages.empty()) break;
-      for (const auto& m : b->messages) bytes += m.payload.size();
-      n += b->messages.size();
-      from = b->next_offset;
+      if (!(*store)->read_into(*t, lane, from, {1024, 4 << 20}, &batch).ok()) std::exit(1);
+      if (batch.messages.empty()) break;
+      for (const auto& m : batch.messages) bytes += m.payload.size();
+      n += batch.messages.size();
+      from = batch.next_offset;
     }
   }
   Run r;

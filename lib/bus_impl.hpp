@@ -173,6 +173,7 @@ struct alignas(64) GroupLane : TimerEntry {
   std::uint64_t seen_seek_gen = 0;
   bool positioned = false;                  // read_pos loaded from the store
   std::vector<StoredMessage> buffer;        // read but not yet handled
+  std::vector<StoredMessage> buffer_spare;  // storage kept between reads (ReadBatch::spare)
   std::size_t buffer_index = 0;
   // Durable topic poison bookkeeping (DlqStore::TopicMark).
   std::uint64_t careful_to = 0;             // deliver one message at a time below this offset

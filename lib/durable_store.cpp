@@ -118,7 +118,8 @@ std::string group_key(std::uint32_t tid, std::string_view name) {
   return k;
 }
 
-// ---- CRC-32C (Castagnoli), table driven ----
+// ---- CRC-32C (Castagnoli): the SSE4.2 instruction where the CPU has it
+// (about 20x faster than the table on replay), else a table ----
 struct Crc32cTable {
   std::uint32_t t[256];
   Crc32cTable() {
@@ -129,11 +130,37 @@ struct Crc32cTable {
     }
   }
 };
-std::uint32_t crc32c(const char* data, std::size_t n) {
+std::uint32_t crc32c_table(const char* data, std::size_t n) {
   static const Crc32cTable table;
   std::uint32_t c = 0xFFFFFFFFu;
   for (std::size_t i = 0; i < n; ++i) c = table.t[(c ^ static_cast<unsigned char>(data[i])) & 0xFF] ^ (c >> 8);
   return c ^ 0xFFFFFFFFu;
+}
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(const char* data, std::size_t n) {
+  std::uint64_t c = 0xFFFFFFFFu;
+  while (n >= 8) {
+    std::uint64_t v;
+    std::memcpy(&v, data, 8);
+    c = __builtin_ia32_crc32di(c, v);
+    data += 8;
+    n -= 8;
+  }
+  auto c32 = static_cast<std::uint32_t>(c);
+  while (n > 0) {
+    c32 = __builtin_ia32_crc32qi(c32, static_cast<unsigned char>(*data));
+    ++data;
+    --n;
+  }
+  return c32 ^ 0xFFFFFFFFu;
+}
+#endif
+std::uint32_t crc32c(const char* data, std::size_t n) {
+#if defined(__x86_64__)
+  static const bool hw = __builtin_cpu_supports("sse4.2");
+  if (hw) return crc32c_sse42(data, n);
+#endif
+  return crc32c_table(data, n);
 }
 
 std::int64_t wall_now_ns() {
@@ -1240,6 +1267,17 @@ Result<std::uint64_t> DurableStore::reserve_ids(std::uint64_t count) {
 
 Result<ReadBatch> DurableStore::read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
                                      const ReadLimits& limits) {
+  ReadBatch b;
+  Status s = read_into(topic, lane, from, limits, &b);
+  if (!s.ok()) return s;
+  return b;
+}
+
+Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                               const ReadLimits& limits, ReadBatch* out) {
+  ReadBatch& b = *out;
+  // Keep the messages' strings (their capacity is reused); only the count resets.
+  std::size_t used = 0;
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "read " + q(topic.name) + ": lane " + std::to_string(lane) + " out of range");
   }
@@ -1250,7 +1288,7 @@ Result<ReadBatch> DurableStore::read(const TopicRef& topic, std::uint32_t lane, 
   if (!txn.ok()) return txn.status();
   auto ls = read_lane(*txn, dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
-  ReadBatch b;
+  b.skipped = 0;
   b.end_offset = ls->next;
   std::uint64_t start = from;
   if (start < ls->first) {
@@ -1261,29 +1299,47 @@ Result<ReadBatch> DurableStore::read(const TopicRef& topic, std::uint32_t lane, 
   }
   b.first_offset = start;
   b.next_offset = start;
-  if (start >= ls->next || limits.max_messages == 0) return b;
+  if (start >= ls->next || limits.max_messages == 0) {
+    b.messages.clear();
+    return Status();
+  }
   auto c = LmdbCursor::open(*txn, dbi_log_, options_.directory);
   if (!c.ok()) return c.status();
   Key prefix = lane_key(topic.id, lane);
   auto r = c->seek(log_key(topic.id, lane, start).sv());
   std::uint64_t bytes = 0;
   std::uint64_t expect = start;
-  while (r.ok() && *r && b.messages.size() < limits.max_messages && expect < ls->next) {
+  while (r.ok() && *r && used < limits.max_messages && expect < ls->next) {
     auto k = c->key();
     if (k.size() != 16 || k.substr(0, 8) != prefix.sv()) break;
     std::uint64_t off = get_be64(k.data() + 8);
     if (off != expect) {
+      b.messages.clear();
       return Status(Code::Corruption, "read " + q(topic.name) + " lane " + std::to_string(lane) + ": offset " +
                                           std::to_string(expect) + " is missing from the log");
     }
-    if (!b.messages.empty() && bytes + c->value().size() > limits.max_bytes) break;
-    StoredMessage m;
-    s = decode_record(c->value(), topic.name, lane, off, &m);
-    if (!s.ok()) return s;
+    if (used > 0 && bytes + c->value().size() > limits.max_bytes) break;
+    if (used == b.messages.size()) {
+      if (b.spare.empty()) {
+        b.messages.emplace_back();
+      } else {
+        b.messages.push_back(std::move(b.spare.back()));
+        b.spare.pop_back();
+      }
+    }
+    s = decode_record(c->value(), topic.name, lane, off, &b.messages[used]);
+    if (!s.ok()) {
+      b.messages.clear();
+      return s;
+    }
+    ++used;
     bytes += c->value().size();
-    b.messages.push_back(std::move(m));
     ++expect;
     r = c->next();
+  }
+  while (b.messages.size() > used) {  // keep the storage for the next read
+    b.spare.push_back(std::move(b.messages.back()));
+    b.messages.pop_back();
   }
   if (!r.ok()) return r.status();
   if (b.messages.empty() && expect < ls->next) {
@@ -1291,7 +1347,7 @@ Result<ReadBatch> DurableStore::read(const TopicRef& topic, std::uint32_t lane, 
                                         std::to_string(expect) + " is missing from the log");
   }
   b.next_offset = expect;
-  return b;
+  return Status();
 }
 
 Result<LaneInfo> DurableStore::lane_info(const TopicRef& topic, std::uint32_t lane) {

@@ -136,6 +136,8 @@ struct ReadBatch {
   /// deleted by retention before they were read (also added to
   /// StoreCounters::skipped_by_retention).
   std::uint64_t skipped = 0;
+  /// read_into's reserve: message storage kept between reads (not results).
+  std::vector<StoredMessage> spare;
 };
 
 /// One lane's log bounds.
@@ -345,6 +347,11 @@ class DurableStore {
   /// the message names topic, lane and offset), ShutDown, storage codes.
   [[nodiscard]] Result<ReadBatch> read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
                                        const ReadLimits& limits = {});
+  /// As read, into `out`, reusing its messages' storage (a reader that keeps
+  /// one ReadBatch allocates only when a message is larger than before).
+  /// On error `out->messages` is empty.
+  [[nodiscard]] Status read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                                 const ReadLimits& limits, ReadBatch* out);
   /// The lane's end offset (one past the last message): one read txn and one
   /// lookup, cheap enough to poll for new data from any process.
   [[nodiscard]] Result<std::uint64_t> end_offset(const TopicRef& topic, std::uint32_t lane);
