@@ -1478,6 +1478,7 @@ Result<std::vector<GroupLaneInfo>> DurableStore::group_info(const GroupRef& grou
   auto txn = env_->begin_read();
   if (!txn.ok()) return txn.status();
   std::vector<GroupLaneInfo> out(group.lanes);
+  const std::int64_t now = wall_now_ns();
   auto c = LmdbCursor::open(*txn, dbi_inflight_, options_.directory);
   if (!c.ok()) return c.status();
   for (std::uint32_t lane = 0; lane < group.lanes; ++lane) {
@@ -1491,7 +1492,10 @@ Result<std::vector<GroupLaneInfo>> DurableStore::group_info(const GroupRef& grou
     Key prefix = cursor_key(group.topic_id, group.group_id, lane);
     auto r = c->seek(prefix.sv());
     while (r.ok() && *r && c->key().size() == 20 && c->key().substr(0, 12) == prefix.sv()) {
-      if (c->value().size() == 24 && get_le32(c->value().data() + 4) == kInflightClaimed) ++out[lane].in_flight;
+      if (c->value().size() == 24 && get_le32(c->value().data() + 4) == kInflightClaimed) {
+        ++out[lane].in_flight;
+        if (static_cast<std::int64_t>(get_le64(c->value().data() + 8)) <= now) ++out[lane].overdue;
+      }
       r = c->next();
     }
     if (!r.ok()) return r.status();

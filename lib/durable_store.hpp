@@ -153,6 +153,11 @@ struct GroupLaneInfo {
   std::uint64_t committed = 0;  ///< Next offset to consume; everything before it is done.
   std::uint64_t skipped = 0;    ///< Messages this group lost to retention (queues count it here).
   std::uint64_t in_flight = 0;  ///< Queue messages claimed and not acked.
+  /// Of those, claims whose deadline has passed: a consumer that died with
+  /// them, or a handler that overran attempt_timeout (the watchdog ends its
+  /// claim), until they are claimed again. Also a retry waiting out its
+  /// backoff shows here once the backoff is over, until it is redelivered.
+  std::uint64_t overdue = 0;
 };
 
 /// How a queue consumer claims.
