@@ -355,10 +355,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Index of the first parked message that may be delivered now, or -1.
   std::ptrdiff_t due_parked(GroupLane* gl, std::int64_t now) const noexcept;
   bool key_parked(const GroupLane* gl, std::string_view key) const noexcept;
-  /// Commit a transactional handler's effects with the ack (queue) or offset
-  /// commit (topic) inside `t`. Conflict: a value it read changed (nothing of
-  /// it was written).
-  Status apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt);
+  /// Commit a transactional handler's effects with the offset commit
+  /// (topics; queues settle in apply_queue_settle) inside `t`. Conflict: a
+  /// value it read changed (nothing of it was written). *duplicate: the
+  /// message's idempotency key was done already (only the offset moved).
+  Status apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt,
+                  bool* duplicate);
   /// Durable queues: settle message `k` of a claimed batch in the writer's
   /// transaction, and account for it after the commit (durable_lane.cpp).
   Status apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k);

@@ -272,10 +272,11 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
       if (txp != nullptr && inv.outcome.kind() == Outcome::Kind::Ack) {
         // Effects, dedup record and offset commit in one transaction.
         Status cs;
+        bool duplicate = false;
         {
           MutexLock l(&g->commit_mu);
           if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return true;  // reposition
-          cs = store_->write([&](StoreTxn& txn) -> Status { return apply_tx(txn, gl, tx, m, *attempts); });
+          cs = store_->write([&](StoreTxn& txn) -> Status { return apply_tx(txn, gl, tx, m, *attempts, &duplicate); });
         }
         if (!cs.ok()) {
           bump(gl->retried);
@@ -289,7 +290,7 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
         } else {
           if (g->idempotency != nullptr && !m.idempotency_key.empty())
             g->idempotency->remember_done(m.idempotency_key, now_ns());
-          bump(gl->acked);
+          bump(duplicate ? gl->duplicates_skipped : gl->acked);
           if (options.metrics) record_latency(gl, m.header.created_at_ns);
           *first_failure = 0;
         }

@@ -78,13 +78,24 @@ Status write_effects(StoreTxn& t, const TxnState& tx) {
   return Status();
 }
 
-Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt) {
+Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt,
+                         bool* duplicate) {
   GroupImpl* g = gl->group;
   const bool queue = g->topic->is_queue;
   IdempotencyImpl* idem = (g->idempotency != nullptr && !m.idempotency_key.empty()) ? g->idempotency : nullptr;
+  *duplicate = false;
   // 1. Validate everything the handler read (no write yet: a Conflict
   //    leaves the batch's other operations untouched).
   if (Status vs = validate_reads(t, tx, g->topic->name); !vs.ok()) return vs;
+  // The idempotency key decides here, in the same transaction as the
+  // effects: a key done meanwhile (a duplicate in another lane) writes nothing.
+  if (idem != nullptr) {
+    auto rec = idem->status_in(t, m.idempotency_key);
+    if (!rec.ok() && rec.code() != Code::NotFound && rec.code() != Code::PayloadTooLarge &&
+        rec.code() != Code::InvalidArgument)
+      return rec.status();
+    *duplicate = rec.ok() && rec->state == ClaimState::Done;
+  }
   // 2. The ack / offset commit validates before it writes (a redelivered
   //    queue message gives StaleToken here, before anything is written).
   Status as = queue ? t.ack(g->store_group, gl->lane, m.offset, attempt)
@@ -95,9 +106,10 @@ Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredM
     Status fs = dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset);
     if (!fs.ok() && fs.code() != Code::NotFound) return fs;
   }
+  if (*duplicate) return Status();
   if (idem != nullptr) {
     Status cs = idem->complete_in(t, m.idempotency_key, {}, false);
-    if (!cs.ok()) return cs;
+    if (!cs.ok() && cs.code() != Code::PayloadTooLarge && cs.code() != Code::InvalidArgument) return cs;
   }
   return write_effects(t, tx);
 }
