@@ -227,7 +227,6 @@ Result<std::string> user_key_public(std::string_view table, std::string_view key
 /// read changed (nothing written); the handler's writes and outbox.
 Status validate_reads(StoreTxn& t, const TxnState& tx, std::string_view topic);
 Status write_effects(StoreTxn& t, const TxnState& tx);
-std::int64_t now_ns_public() noexcept;
 
 /// A transactional handler's reads, writes and outbox (see transaction.hpp).
 struct TxnState {
@@ -257,6 +256,8 @@ class TopicImpl {
 
   Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
+  /// The store append for `m` (durable topics; also the outbox of transactions).
+  AppendRequest append_request(const OutgoingMessage& m) const;
 
   BusCore* const bus;
   const std::string name;

@@ -159,9 +159,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   return Status();
 }
 
-Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
-  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
-  if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
   AppendRequest req;
   req.topic_id = store_topic.id;
   req.lane = lane_for_key(m.key, options.lanes);
@@ -174,6 +172,13 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   req.key.assign(m.key);
   req.idempotency_key.assign(m.idempotency_key);
   req.payload.assign(m.payload);
+  return req;
+}
+
+Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
+  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+  AppendRequest req = append_request(m);
   const std::uint32_t lane = req.lane;
   if (!done) {
     auto r = bus->store()->append(std::move(req));

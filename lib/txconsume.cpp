@@ -33,7 +33,6 @@ Result<std::string> user_key(std::string_view table, std::string_view key) {
 }  // namespace
 
 Result<std::string> user_key_public(std::string_view table, std::string_view key) { return user_key(table, key); }
-std::int64_t now_ns_public() noexcept { return now_ns(); }
 
 Result<std::string> BusCore::table_get(std::string_view table, std::string_view key) const {
   auto k = user_key(table, key);
@@ -176,18 +175,7 @@ Status Transaction::publish(const Topic& topic, const OutgoingMessage& m) {
   if (topic.impl_ == nullptr || topic.impl_->bus != state_->bus || !topic.impl_->durable)
     return Status(Code::InvalidArgument, "outbox publish: the topic must be a durable topic or queue of this bus");
   if (m.payload.empty()) return Status(Code::InvalidArgument, "outbox publish: the payload is empty");
-  detail::AppendRequest req;
-  req.topic_id = topic.impl_->store_topic.id;
-  req.lane = lane_for_key(m.key, topic.impl_->options.lanes);
-  req.header.created_at_ns = detail::now_ns_public();
-  req.header.correlation_id = m.correlation_id;
-  req.header.fencing_token = m.fencing_token;
-  req.header.content_type = m.content_type;
-  req.header.schema_version = m.schema_version;
-  req.key.assign(m.key);
-  req.idempotency_key.assign(m.idempotency_key);
-  req.payload.assign(m.payload);
-  state_->outbox.push_back(std::move(req));
+  state_->outbox.push_back(topic.impl_->append_request(m));
   return Status();
 }
 }  // namespace lanebus
