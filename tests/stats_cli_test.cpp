@@ -1,21 +1,29 @@
 // lanebus — MIT License.
 // `lanebus stats` on a live store (held open read-write by this process): lag,
 // committed offsets and oldest unprocessed age in every output format, rates
-// from --watch readings, a clean exit on SIGINT, and clear errors.
+// from --watch readings, a clean exit on SIGINT, clear errors, and the overdue
+// claim of a queue handler stuck past attempt_timeout (`stats` and `stat`).
 #include <doctest/doctest.h>
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "durable_store.hpp"
 #include "exposition_check.hpp"
+#include "lanebus/lanebus.hpp"
 #include "process.hpp"
+#include "scratch_dir.hpp"
 #include "temp_dir.hpp"
+#include "wait.hpp"
 
 using namespace lanebus;
+using namespace std::chrono_literals;
 using lanebus::test::Json;
 
 namespace {
@@ -187,4 +195,164 @@ TEST_CASE("lanebus stats on something that is not a store fails with a clear mes
   CHECK(run(tool + " stats " + dir.path() + " --json --prom", &out) == 2);
   CHECK(run(tool + " stats --help", &out) == 0);
   CHECK(out.find("usage: lanebus stats") != std::string::npos);
+}
+
+namespace {
+
+/// A flag the stuck handler waits on; opened by the test, or on any exit path
+/// by GateOpener, so a failed check never leaves the handler blocked while the
+/// Subscription and the Bus wait for it.
+struct Gate {
+  std::atomic<bool> open{false};
+  void wait() const { (void)lanebus::test::wait_until([&] { return open.load(); }, 120s); }
+};
+struct GateOpener {
+  Gate& gate;
+  ~GateOpener() { gate.open = true; }
+};
+
+/// The bus's counters of the queue's consumers in `lane` (nullopt until they show up).
+std::optional<LaneCounters> queue_lane(Bus& bus, const std::string& queue, std::uint32_t lane) {
+  BusStats s = bus.stats();
+  for (const auto& t : s.topics) {
+    if (t.name != queue) continue;
+    for (const auto& g : t.groups)
+      if (g.name.empty() && lane < g.lanes.size()) return g.lanes[lane];
+  }
+  return std::nullopt;
+}
+
+/// What `lanebus stats DIR --json` says about the queue's only group ("queue"
+/// in the store); found = false when the CLI failed or the group is missing.
+struct QueueReading {
+  bool found = false;
+  double lag = -1;
+  std::vector<double> in_flight, overdue;  // by lane
+};
+QueueReading read_queue(const std::string& tool, const std::string& store_dir, const std::string& queue) {
+  QueueReading r;
+  std::string out, error;
+  if (run(tool + " stats " + store_dir + " --json", &out) != 0) return r;
+  auto j = lanebus::test::parse_json(out, &error);
+  if (!j) return r;
+  for (const Json& t : std::get<Json::Array>((*j)["topics"].v)) {
+    if (t["name"].str() != queue) continue;
+    const Json* g = group(t, "queue");
+    if (g == nullptr) return r;
+    r.found = true;
+    r.lag = (*g)["lag"].num();
+    for (const Json& l : std::get<Json::Array>((*g)["lanes"].v)) {
+      r.in_flight.push_back(l["in_flight"].num());
+      r.overdue.push_back(l["overdue"].num());
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuck past attempt_timeout") {
+  const std::string tool = lanebus::test::helper_path("LANEBUS_TOOL");
+  if (tool.empty()) {
+    MESSAGE("LANEBUS_TOOL not set (built without tools): skipped");
+    return;
+  }
+  constexpr std::uint32_t kLanes = 2;
+  const std::string kQueue = "jobs";
+  lanebus::test::ScratchDir dir;
+  BusOptions o = lanebus::test::store_bus(dir.path);
+  o.name = "stats-cli-test";
+  o.store.durability = Durability::Async;
+  const std::string store_dir = o.store.directory;
+  auto bus = Bus::open(o).value();
+  Topic q = bus->create_queue(kQueue, {.lanes = kLanes, .durable = true}).value();
+  const std::uint32_t lane = lane_for_key("a", kLanes);
+  const std::uint32_t other = 1 - lane;
+  CAPTURE(lane);
+
+  // The first call blocks until the test opens the gate; its redelivery acks.
+  Gate gate;
+  std::atomic<int> calls{0};
+  auto sub = bus->consume(
+                    q,
+                    [&](const MessageView&) {
+                      if (calls.fetch_add(1) == 0) gate.wait();
+                      return Outcome::ack();
+                    },
+                    {.attempt_timeout = 100ms})
+                 .value();
+  GateOpener opener{gate};
+  REQUIRE(q.publish({.key = "a", .payload = "block"}).ok());
+
+  // The watchdog sees the call past 100 ms and ends its claim (an async write,
+  // so the store may show it a moment after the counter).
+  REQUIRE(lanebus::test::wait_until(
+      [&] {
+        auto c = queue_lane(*bus, kQueue, lane);
+        return c && c->stuck_now == 1;
+      },
+      10s));
+  QueueReading r;
+  const bool shown = lanebus::test::wait_until(
+      [&] {
+        r = read_queue(tool, store_dir, kQueue);
+        return r.found && r.overdue.size() == kLanes && r.overdue[lane] == 1;
+      },
+      10s);
+  REQUIRE_MESSAGE(r.found, "no group \"queue\" on " << kQueue << " in lanebus stats --json");
+  REQUIRE(r.overdue.size() == kLanes);
+  CHECK_MESSAGE(shown, "overdue=" << r.overdue[lane]);
+  CHECK(r.in_flight[lane] == 1);
+  CHECK(r.overdue[lane] == 1);
+  CHECK(r.in_flight[other] == 0);
+  CHECK(r.overdue[other] == 0);
+  CHECK(calls.load() == 1);  // still the stuck call: nothing redelivered it in this process
+
+  // The table: the lane's row has in_flight 1, overdue 1 and the mark; the
+  // other lane's row has no mark.
+  std::string out;
+  REQUIRE(run(tool + " stats " + store_dir, &out) == 0);
+  CAPTURE(out);
+  CHECK(out.find("queue " + kQueue + "  lanes=2") != std::string::npos);
+  CHECK(out.find("in_flight    overdue") != std::string::npos);
+  const std::size_t mark = out.find("overdue: stuck or dead consumer");
+  REQUIRE(mark != std::string::npos);
+  CHECK(out.find("overdue: stuck or dead consumer", mark + 1) == std::string::npos);  // one lane only
+  const std::size_t row = out.rfind('\n', mark) + 1;
+  const std::string line = out.substr(row, mark - row);
+  CHECK(line.rfind("    " + std::to_string(lane) + " ", 0) == 0);
+  CHECK(line.find("          1          1") != std::string::npos);  // in_flight, overdue
+
+  // Prometheus: one gauge per queue lane, and the document passes the checker.
+  REQUIRE(run(tool + " stats " + store_dir + " --prom", &out) == 0);
+  const auto d = lanebus::test::parse_prometheus(out);
+  for (const auto& e : d.errors) FAIL_CHECK(e);
+  CHECK(d.type.count("lanebus_overdue_claims") == 1);
+  CHECK(d.type.at("lanebus_overdue_claims") == "gauge");
+  auto stuck = d.find("lanebus_overdue_claims", {{"topic", kQueue}, {"group", "queue"}, {"lane", std::to_string(lane)}});
+  REQUIRE(stuck.size() == 1);
+  CHECK(stuck[0]->value == 1);
+  auto calm = d.find("lanebus_overdue_claims", {{"topic", kQueue}, {"group", "queue"}, {"lane", std::to_string(other)}});
+  REQUIRE(calm.size() == 1);
+  CHECK(calm[0]->value == 0);
+
+  // `lanebus stat` marks the same lane.
+  REQUIRE(run(tool + " stat " + store_dir, &out) == 0);
+  CHECK(out.find("in_flight      overdue") != std::string::npos);
+  CHECK(out.find("overdue: stuck or dead consumer") != std::string::npos);
+
+  // Released, the call's late ack finds its claim ended; the message is
+  // delivered again and acked, and the store shows nothing overdue.
+  gate.open = true;
+  const bool settled = lanebus::test::wait_until(
+      [&] {
+        r = read_queue(tool, store_dir, kQueue);
+        return r.found && r.in_flight.size() == kLanes && r.in_flight[lane] == 0 && r.overdue[lane] == 0 &&
+               r.lag == 0;
+      },
+      20s);
+  CHECK(settled);
+  CHECK(calls.load() >= 2);
+  REQUIRE(run(tool + " stats " + store_dir, &out) == 0);
+  CHECK(out.find("overdue: stuck or dead consumer") == std::string::npos);
 }

@@ -1,6 +1,7 @@
 // lanebus — MIT License.
 // `lanebus stat DIR`: topics, lanes, end offsets, groups, committed offsets and
-// lag of a durable store, read through a read-only open (works on a live store).
+// lag of a durable store, and the in-flight and overdue claims of its queues,
+// read through a read-only open (works on a live store).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,7 +18,12 @@ void stat_usage(std::FILE* out) {
                "Prints every durable topic and queue of the store in DIR: lanes with their\n"
                "earliest retained offset, end offset, message count and bytes; every consumer\n"
                "group with its committed offset and lag (messages) per lane, and for queues the\n"
-               "messages in flight. Opens the store read-only; safe while another process uses it.\n");
+               "messages in flight and, of those, the overdue ones: claims whose deadline has passed,\n"
+               "held by a consumer that died with them or by a handler that overran attempt_timeout.\n"
+               "A lane with overdue claims is marked 'overdue: stuck or dead consumer'. The counters\n"
+               "of the processes using the store (stuck handlers, set-aside messages, latency) are\n"
+               "not in the store: the in-process Monitor exports them. Opens the store read-only;\n"
+               "safe while another process uses it.\n");
 }
 
 }  // namespace
@@ -81,15 +87,18 @@ int cmd_stat(int argc, char** argv) {
         total += lanes[lane].end_offset > from ? lanes[lane].end_offset - from : 0;
       }
       std::printf("  group %s lag=%llu\n", g.name.c_str(), total);
-      std::printf("    %-6s %12s %12s %12s%s\n", "lane", "committed", "lag", "skipped", t.is_queue ? "    in_flight" : "");
+      std::printf("    %-6s %12s %12s %12s%s\n", "lane", "committed", "lag", "skipped",
+                  t.is_queue ? "    in_flight      overdue" : "");
       for (std::uint32_t lane = 0; lane < t.lanes; ++lane) {
         const auto& l = (*info)[lane];
         std::uint64_t from = std::max(l.committed, lanes[lane].first_offset);
         std::uint64_t lag = lanes[lane].end_offset > from ? lanes[lane].end_offset - from : 0;
         std::printf("    %-6u %12llu %12llu %12llu", lane, static_cast<unsigned long long>(l.committed),
                     static_cast<unsigned long long>(lag), static_cast<unsigned long long>(l.skipped));
-        if (t.is_queue) std::printf(" %12llu", static_cast<unsigned long long>(l.in_flight));
-        std::printf("\n");
+        if (t.is_queue)
+          std::printf(" %12llu %12llu", static_cast<unsigned long long>(l.in_flight),
+                      static_cast<unsigned long long>(l.overdue));
+        std::printf("%s\n", l.overdue > 0 ? "  overdue: stuck or dead consumer" : "");
       }
     }
   }

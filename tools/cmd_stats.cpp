@@ -1,7 +1,8 @@
 // lanebus — MIT License.
 // `lanebus stats DIR [--json|--prom] [--watch SECONDS] [--sla SECONDS]`: lag, the
 // age of the oldest unprocessed message, rates and drain time of a live durable
-// store, read through a read-only open; --watch redraws every N seconds.
+// store, and the overdue claims of its queues, read through a read-only open;
+// --watch redraws every N seconds.
 #include <signal.h>
 #include <unistd.h>
 
@@ -43,12 +44,18 @@ void stats_usage(std::FILE* out) {
                "                   oldest age + drain time; at_risk needs the condition at two\n"
                "                   consecutive readings (a blip within one interval is not a page)\n"
                "  --page-fraction  fraction of the SLA that is at risk (default 0.75)\n"
+               "For queues, each lane also shows in_flight (claimed, not acked) and overdue: claims\n"
+               "whose deadline has passed, held by a consumer that died with them or by a handler that\n"
+               "overran attempt_timeout (the bus ends such a claim at once). A lane with overdue > 0 is\n"
+               "marked 'overdue: stuck or dead consumer' in the table (\"overdue\" in JSON,\n"
+               "lanebus_overdue_claims in Prometheus).\n"
                "Opens the store read-only; safe while other processes use it. Exit status: 0, or 1 when\n"
                "the store cannot be read, 2 for a usage error.\n"
-               "The store holds offsets, not the counters of the processes using it: handler outcomes,\n"
-               "latency, stuck handlers (attempt_timeout) and messages set aside by key_parallel_retry\n"
-               "are exported by the in-process Monitor (lanebus_stuck_total, lanebus_stuck_handlers,\n"
-               "lanebus_set_aside_messages).\n");
+               "The CLI shows what the store knows (offsets, claims, overdue claims), not the counters\n"
+               "of the processes using it: handler outcomes, latency, stuck handlers (attempt_timeout)\n"
+               "and messages set aside by key_parallel_retry are exported by the in-process Monitor\n"
+               "(lanebus_stuck_total, lanebus_stuck_handlers, lanebus_set_aside_messages; JSON stuck,\n"
+               "stuck_now, set_aside).\n");
 }
 
 volatile sig_atomic_t g_stop = 0;
@@ -69,6 +76,7 @@ struct GroupLaneReading {
   std::uint64_t committed = 0;
   std::uint64_t lag = 0;
   std::uint64_t in_flight = 0;       // queues: claimed, not acked
+  std::uint64_t overdue = 0;         // queues: of those, claims past their deadline
   std::int64_t oldest_created_ns = 0;  // 0 = nothing waits
 };
 struct GroupReading {
@@ -111,6 +119,7 @@ Result<Reading> read_store(detail::DurableStore& store) {
         GroupLaneReading lr;
         lr.committed = gi.committed;
         lr.in_flight = gi.in_flight;
+        lr.overdue = gi.overdue;
         // Retention may have deleted messages the group never read: they are
         // skipped, not waiting.
         const std::uint64_t from = std::max(gi.committed, tr.lanes[lane].first_offset);
@@ -140,7 +149,7 @@ struct LaneView {
   std::optional<double> publish_rate;
 };
 struct GroupLaneView {
-  std::uint64_t committed = 0, lag = 0, in_flight = 0;
+  std::uint64_t committed = 0, lag = 0, in_flight = 0, overdue = 0;
   std::optional<double> oldest_age, consume_rate;
 };
 struct GroupView {
@@ -244,6 +253,7 @@ View derive(const Reading& cur, const Reading* prev, const SlaFlags& sla, std::v
         lv.committed = l.committed;
         lv.lag = l.lag;
         lv.in_flight = l.in_flight;
+        lv.overdue = l.overdue;
         if (l.oldest_created_ns != 0) {
           lv.oldest_age = age_seconds(cur.wall_ns, l.oldest_created_ns);
         } else if (l.lag == 0) {
@@ -349,15 +359,18 @@ void print_table(const std::string& dir, const View& v, const SlaFlags& sla) {
                   fmt_secs(g.oldest_age).c_str(), fmt_rate(g.consume_rate).c_str(), fmt_secs(g.drain, g.stalled).c_str(),
                   g.sla ? to_string(*g.sla) : "");
       std::printf("    %-6s %12s %12s %10s %10s %10s %10s%s\n", "lane", "end", "committed", "lag", "oldest", "pub/s",
-                  "cons/s", t.is_queue ? "  in_flight" : "");
+                  "cons/s", t.is_queue ? "  in_flight    overdue" : "");
       for (std::size_t i = 0; i < g.lanes.size() && i < t.lanes.size(); ++i) {
         const GroupLaneView& l = g.lanes[i];
         std::printf("    %-6zu %12llu %12llu %10llu %10s %10s %10s", i, static_cast<unsigned long long>(t.lanes[i].end),
                     static_cast<unsigned long long>(l.committed), static_cast<unsigned long long>(l.lag),
                     fmt_secs(l.oldest_age).c_str(), fmt_rate(t.lanes[i].publish_rate).c_str(),
                     fmt_rate(l.consume_rate).c_str());
-        if (t.is_queue) std::printf(" %10llu", static_cast<unsigned long long>(l.in_flight));
-        std::printf("%s\n", t.hot_lane && *t.hot_lane == i ? "  <- hot" : "");
+        if (t.is_queue)
+          std::printf(" %10llu %10llu", static_cast<unsigned long long>(l.in_flight),
+                      static_cast<unsigned long long>(l.overdue));
+        std::printf("%s%s\n", t.hot_lane && *t.hot_lane == i ? "  <- hot" : "",
+                    l.overdue > 0 ? "  overdue: stuck or dead consumer" : "");
       }
     }
   }
@@ -445,6 +458,8 @@ std::string to_json_doc(const std::string& dir, const View& v, const SlaFlags& s
         if (t.is_queue) {
           j.key("in_flight");
           j.u64(l.in_flight);
+          j.key("overdue");
+          j.u64(l.overdue);
         }
         j.key("oldest_age_seconds");
         j.number(l.oldest_age);
@@ -496,6 +511,16 @@ std::string to_prom_doc(const View& v, const SlaFlags& sla) {
         l.emplace_back("lane", std::to_string(i));
         w.sample_u64("lanebus_consumer_lag_messages", l, g.lanes[i].lag);
       }
+  w.family("lanebus_overdue_claims", "gauge",
+           "Queue claims past their deadline: a consumer died with them or a handler overran attempt_timeout.");
+  for (const auto& t : v.topics)
+    if (t.is_queue)
+      for (const auto& g : t.groups)
+        for (std::size_t i = 0; i < g.lanes.size(); ++i) {
+          L l = group_l(t, g);
+          l.emplace_back("lane", std::to_string(i));
+          w.sample_u64("lanebus_overdue_claims", l, g.lanes[i].overdue);
+        }
   w.family("lanebus_oldest_unprocessed_age_seconds", "gauge",
            "Age of the oldest message the group has not finished (0 when none waits).");
   for (const auto& t : v.topics)
