@@ -149,7 +149,6 @@ struct alignas(64) GroupLane : TimerEntry {
   std::atomic<std::uint64_t> call_seq{0};         // bumped per call
   std::atomic<std::uint64_t> running_offset{0};   // durable queues: the claim being handled
   std::atomic<std::uint32_t> running_attempt{0};
-  std::atomic<bool> claim_lost{false};            // the watchdog expired that claim
   std::uint64_t stuck_seen_seq = 0;               // watchdog-owned: last call counted as stuck
   std::atomic<std::uint64_t> stuck{0};
 

@@ -72,7 +72,6 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
   // The watchdog (scheduler.cpp) reads these while the call runs.
   gl->running_offset.store(p.offset, std::memory_order_relaxed);
   gl->running_attempt.store(p.attempt, std::memory_order_relaxed);
-  gl->claim_lost.store(false, std::memory_order_relaxed);
   gl->call_seq.fetch_add(1, std::memory_order_relaxed);
   gl->running_since_ns.store(RetryTimer::now_ns(), std::memory_order_release);
   Invocation inv;

@@ -628,6 +628,9 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
   }
   if (batch->claims.empty()) return false;  // nothing deliverable now
+  // A full batch suggests more is waiting: run again at once (after other
+  // lanes); a short one means the lane is drained for now.
+  const bool full = r.ok() && r->size() == max;
   // Sized once: the writer reads earlier entries while the worker appends.
   batch->ops.reserve(batch->claims.size());
   batch->results.assign(batch->claims.size(), SettleResult::Pending);
@@ -635,7 +638,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   IdempotencyImpl* idem = g->idempotency;
   std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
   bool broken = false;                   // the rest of the batch goes back unhandled
-  bool again = true;                     // run the lane again at once
+  bool again = full || kp;               // run the lane again at once
   auto submit = [&](QueueSettle::Kind kind, std::size_t i) -> QueueSettle& {
     QueueSettle op;
     op.kind = kind;
@@ -743,15 +746,11 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       tx->bus = this;
       tx->overlay = &batch->overlay;
     }
+    // If the call overran attempt_timeout, the watchdog ended its claim: its
+    // settle still commits if nobody took the message meanwhile (the claim's
+    // attempt is unchanged), else it finds the claim gone (Lost) and the rest
+    // of the batch goes back.
     const Invocation inv = invoke(c, gl, p, tx.get());
-    if (gl->claim_lost.load(std::memory_order_relaxed)) {
-      // The watchdog ended this claim (attempt_timeout): the message may be
-      // with another consumer now. Hand back the rest of the batch.
-      bump(gl->retried);
-      if (mode == AdmitMode::Claim) finish_key(gl, m.idempotency_key, false);
-      broken = true;
-      continue;
-    }
     std::int64_t first_failure = 0;
     const Settlement st = settle(gl, p, inv, mode, true, outcomes, &first_failure);
     if (st.next == Settlement::Next::Retry) {

@@ -138,12 +138,11 @@ void BusCore::watchdog_main() {
         gl->stuck_seen_seq = seq;
         gl->stuck.fetch_add(1, std::memory_order_relaxed);
         if (g->topic->durable && g->topic->is_queue && store_) {
-          // End the claim now: the message may go to another consumer; this
-          // call's late ack will find the claim gone (the runner unclaims the
-          // rest of its batch instead of acking past it).
+          // End the claim now: the message may go to another consumer. This
+          // call's late settle still commits if nobody took it meanwhile;
+          // else it finds the claim gone and the rest of its batch goes back.
           const std::uint64_t offset = gl->running_offset.load(std::memory_order_relaxed);
           const std::uint32_t attempt = gl->running_attempt.load(std::memory_order_relaxed);
-          gl->claim_lost.store(true, std::memory_order_relaxed);
           GroupRef group = g->store_group;
           const std::uint32_t lane_no = gl->lane;
           (void)store_->write_async(

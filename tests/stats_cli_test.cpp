@@ -341,8 +341,9 @@ TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuc
   CHECK(out.find("in_flight      overdue") != std::string::npos);
   CHECK(out.find("overdue: stuck or dead consumer") != std::string::npos);
 
-  // Released, the call's late ack finds its claim ended; the message is
-  // delivered again and acked, and the store shows nothing overdue.
+  // Released, the call's late ack commits (nobody took the message while its
+  // claim was ended: the claim's attempt is unchanged), and the store shows
+  // nothing overdue.
   gate.open = true;
   const bool settled = lanebus::test::wait_until(
       [&] {
@@ -352,7 +353,7 @@ TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuc
       },
       20s);
   CHECK(settled);
-  CHECK(calls.load() >= 2);
+  CHECK(calls.load() >= 1);
   REQUIRE(run(tool + " stats " + store_dir, &out) == 0);
   CHECK(out.find("overdue: stuck or dead consumer") == std::string::npos);
 }
