@@ -141,7 +141,8 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
   }
   if (*first_failure_ns == 0) *first_failure_ns = now_ns();
   if (kind == Outcome::Kind::Retry) {
-    bump(gl->retried);
+    // fetch_add: a durable queue's commit completion also counts conflicts here.
+    gl->retried.fetch_add(1, std::memory_order_relaxed);
     if (inv.late) bump(gl->timed_out);
     if (plan_retry(gl, p.attempt, &st.delay_ns)) {
       st.next = Settlement::Next::Retry;
