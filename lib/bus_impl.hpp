@@ -177,7 +177,6 @@ struct alignas(64) GroupLane : TimerEntry {
   // Durable topic poison bookkeeping (DlqStore::TopicMark).
   std::uint64_t careful_to = 0;             // deliver one message at a time below this offset
   std::uint32_t head_crashes = 0;           // crashes of the message at read_pos (careful mode)
-  std::atomic<std::uint32_t> commits_in_flight{0};  // durable queue batch commits not yet completed
 };
 
 /// One subscription's slot in its group's consumer table.

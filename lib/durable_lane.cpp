@@ -520,7 +520,9 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
   const QueueSettle& op = batch.ops[k];
   bool wake_lane = false;
   if (!st.ok()) {
-    // Nothing of it was committed: its claim expires after `visibility`.
+    // Nothing of it was committed: its claim expires after `visibility`. The
+    // batch's later settles (applied after this callback) give theirs back.
+    batch.results[k] = SettleResult::Lost;
     gl->errors.fetch_add(1, std::memory_order_relaxed);
   } else {
     switch (batch.results[k]) {
@@ -551,7 +553,6 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
         break;
     }
   }
-  gl->commits_in_flight.fetch_sub(1, std::memory_order_release);
   if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
 }
 
@@ -648,11 +649,9 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   };
   auto commit = [&]() {
     const std::size_t k = batch->ops.size() - 1;
-    gl->commits_in_flight.fetch_add(1, std::memory_order_relaxed);
     Status s = store_->write_async([batch, k, this](StoreTxn& t) { return apply_queue_settle(t, *batch, k); },
                                    [batch, k, this](const Status& st) { settled_queue_message(*batch, k, st); });
     if (!s.ok()) {
-      gl->commits_in_flight.fetch_sub(1, std::memory_order_relaxed);
       gl->errors.fetch_add(1, std::memory_order_relaxed);
       broken = true;  // refused up front (shutting down): the claims expire
       again = false;
