@@ -73,6 +73,10 @@ struct QueueBatch;
 extern thread_local Consumer* tl_running_consumer;
 extern thread_local BusCore* tl_running_bus;
 
+/// GroupLane::running_since_ns of a call in a group without attempt_timeout
+/// (its start time is not read: no clock read on the hot path).
+inline constexpr std::int64_t kRunningUntimed = 1;
+
 /// Wall clock, ns since the epoch (message timestamps, DLQ times).
 inline std::int64_t now_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -145,7 +149,7 @@ struct alignas(64) GroupLane : TimerEntry {
   WakeEntry wake;                              // timer entry: schedule the lane when a parked message is due
 
   // Watchdog (attempt_timeout): the handler call in progress, if any.
-  std::atomic<std::int64_t> running_since_ns{0};  // steady clock; 0 = no call running
+  std::atomic<std::int64_t> running_since_ns{0};  // steady clock; 0 = no call, kRunningUntimed = untimed call
   std::atomic<std::uint64_t> call_seq{0};         // bumped per call
   std::atomic<std::uint64_t> running_offset{0};   // durable queues: the claim being handled
   std::atomic<std::uint32_t> running_attempt{0};

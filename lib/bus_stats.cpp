@@ -63,7 +63,7 @@ BusStats BusCore::stats() const {
         {
           const std::int64_t since = gl->running_since_ns.load(std::memory_order_acquire);
           const auto budget = g->options.attempt_timeout;
-          lc.stuck_now = (since != 0 && budget.count() > 0 &&
+          lc.stuck_now = (since > kRunningUntimed && budget.count() > 0 &&
                           RetryTimer::now_ns() - since >
                               std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count())
                              ? 1

@@ -64,16 +64,21 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
   MessageView view(*p.header, p.key, p.idempotency_key, p.payload, p.lane, p.offset);
   view.set_attempt(p.attempt);
   std::int64_t deadline = 0;
+  bump(gl->delivered);
   if (o.attempt_timeout.count() > 0) {
     deadline = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o.attempt_timeout).count();
     view.set_deadline_ns(deadline);
+    // The watchdog (scheduler.cpp) reads these while the call runs; the
+    // owner is the only writer, so plain stores (no read-modify-write).
+    gl->running_offset.store(p.offset, std::memory_order_relaxed);
+    gl->running_attempt.store(p.attempt, std::memory_order_relaxed);
+    gl->call_seq.store(gl->call_seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    gl->running_since_ns.store(RetryTimer::now_ns(), std::memory_order_release);
+  } else {
+    // No budget, no watchdog: only mark the call as running (for shutdown's
+    // report), without a clock read on the hot path.
+    gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
   }
-  bump(gl->delivered);
-  // The watchdog (scheduler.cpp) reads these while the call runs.
-  gl->running_offset.store(p.offset, std::memory_order_relaxed);
-  gl->running_attempt.store(p.attempt, std::memory_order_relaxed);
-  gl->call_seq.fetch_add(1, std::memory_order_relaxed);
-  gl->running_since_ns.store(RetryTimer::now_ns(), std::memory_order_release);
   Invocation inv;
   tl_running_consumer = c;
   tl_running_bus = this;

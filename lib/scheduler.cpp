@@ -132,7 +132,7 @@ void BusCore::watchdog_main() {
       for (auto& lane : g->lanes) {
         GroupLane* gl = lane.get();
         const std::int64_t since = gl->running_since_ns.load(std::memory_order_acquire);
-        if (since == 0 || now - since <= budget_ns) continue;
+        if (since <= kRunningUntimed || now - since <= budget_ns) continue;
         const std::uint64_t seq = gl->call_seq.load(std::memory_order_relaxed);
         if (seq == gl->stuck_seen_seq) continue;  // this call was counted already
         gl->stuck_seen_seq = seq;
@@ -239,8 +239,8 @@ std::string BusCore::running_handlers() const {
         if (!out.empty()) out += ", ";
         out += std::string(t->is_queue ? "queue" : "topic") + " \"" + t->name + "\"";
         if (!t->is_queue) out += " group \"" + g->name + "\"";
-        out += " lane " + std::to_string(gl->lane) + " (running for " + std::to_string((now - since) / 1'000'000) +
-               " ms)";
+        out += " lane " + std::to_string(gl->lane);
+        if (since != kRunningUntimed) out += " (running for " + std::to_string((now - since) / 1'000'000) + " ms)";
       }
     }
   }
