@@ -61,8 +61,11 @@ void BusCore::run_durable_lane(GroupLane* gl) {
     if (g->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
     return;
   }
-  // (`more` was false, so nothing is left in the buffer.)
-  if (!g->topic->is_queue && gl->known_end.load(std::memory_order_seq_cst) > read_pos) schedule(gl);
+  // (`more` was false, so nothing is left in the buffer.) An append that came
+  // while the lane was running found it scheduled and did not queue it: look
+  // again (Dekker with wake_durable_group: seq_cst on both sides). Queues
+  // keep in read_pos the end they had seen when they claimed.
+  if (gl->known_end.load(std::memory_order_seq_cst) > read_pos) schedule(gl);
 }
 
 // ---------------------------------------------------------------- durable topics
@@ -563,6 +566,9 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
 // acks of the messages before it). True if the lane should run again at once.
 bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
+  // The end offset this claim will see (at least): appends after it wake the
+  // lane again when it is released (run_durable_lane).
+  gl->read_pos = gl->known_end.load(std::memory_order_seq_cst);
   const bool poison = poison_on(dlq_.get());
   const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
   const bool kp = g->options.key_parallel_retry;
