@@ -95,10 +95,11 @@ struct GroupOptions {
   ///   shown while it runs (`stuck_now`), in the exports and `lanebus stats`,
   ///   and named by the SLA report; the other lanes keep flowing on the other
   ///   workers;
-  /// - on a durable queue the visibility deadline of its claim is set to the
-  ///   attempt's deadline (when shorter than `visibility`), so once it
-  ///   passes another consumer process may take the message: the stuck
-  ///   handler's late ack then fails (the message counts as redelivered);
+  /// - on a durable queue the watchdog then ends the call's claim, so
+  ///   another consumer process may take the message (`lanebus stats` shows
+  ///   the claim as overdue until then); if nobody took it by the time the
+  ///   call returns, its outcome still commits, else the late ack finds the
+  ///   claim gone and the rest of its claimed batch goes back to the queue;
   /// - a call that overruns it and then returns retry (or throws) is counted
   ///   as timed_out; an ack or reject after the deadline is honoured on
   ///   ephemeral lanes and durable topics (the work was done);
