@@ -121,6 +121,7 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
   const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
   const bool kp = g->options.key_parallel_retry;
   const std::size_t limit = g->options.key_parallel_limit;
+  if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // owner-only, once
   const AdmitMode mode = c->tx_handler ? AdmitMode::Check : AdmitMode::Claim;
   std::uint32_t handled = 0;
   bool retry_pending = false;
@@ -389,6 +390,9 @@ enum class SettleResult : std::uint8_t {
 // it and runs the completion).
 struct QueueBatch {
   GroupLane* gl = nullptr;
+  // The group's scope while the batch was delivered (a queue's options change
+  // when a new first consumer attaches; the writer must not read them).
+  IdempotencyImpl* idem = nullptr;
   std::vector<ClaimedMessage> claims;
   std::vector<QueueSettle> ops;
   std::vector<SettleResult> results;
@@ -405,7 +409,7 @@ Status BusCore::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k
   GroupLane* gl = batch.gl;
   GroupImpl* g = gl->group;
   const GroupRef& group = g->store_group;
-  IdempotencyImpl* idem = g->idempotency;
+  IdempotencyImpl* idem = batch.idem;  // as when the batch was claimed (a later consumer may change it)
   DlqStore* dlq = dlq_.get();
   QueueSettle& op = batch.ops[k];
   const ClaimedMessage& cm = batch.claims[op.index];
@@ -519,7 +523,7 @@ Status BusCore::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k
 // After the commit of one settle op (Sync: its fsync), on the writer thread.
 void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept {
   GroupLane* gl = batch.gl;
-  IdempotencyImpl* idem = gl->group->idempotency;
+  IdempotencyImpl* idem = batch.idem;
   const QueueSettle& op = batch.ops[k];
   bool wake_lane = false;
   if (!st.ok()) {
@@ -573,6 +577,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
   const bool kp = g->options.key_parallel_retry;
   const std::size_t limit = g->options.key_parallel_limit;
+  if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // owner-only, once
   ClaimOptions claim_options;
   claim_options.visibility = g->options.visibility;
   // key_parallel_retry claims past the lane's messages in backoff (they are
@@ -581,6 +586,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
   auto batch = std::make_shared<QueueBatch>();
   batch->gl = gl;
+  batch->idem = g->idempotency;
   if (kp) {
     // Parked messages whose key's head is done go first (they hold claims).
     for (std::ptrdiff_t i; (i = due_parked(gl, RetryTimer::now_ns())) >= 0;) {

@@ -79,6 +79,7 @@ void BusCore::run_lane(GroupLane* gl) {
   const bool metrics = options.metrics;
   const bool kp = g->options.key_parallel_retry;
   const std::size_t limit = g->options.key_parallel_limit;
+  if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // once: parking never allocates after
   std::uint32_t handled = 0;
   std::int64_t hold_ns = -1;  // >= 0: the head message waits this long, the lane with it
   while (handled < g->options.batch) {

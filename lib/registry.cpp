@@ -265,11 +265,8 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   }
   if (g->consumer_count.load(std::memory_order_relaxed) == 0 || t->is_queue) {
     // Fixed options of the group (set above for queues; at creation for
-    // topic groups): parking space and the watchdog.
-    if (g->options.key_parallel_retry) {
-      for (auto& gl : g->lanes)
-        if (gl->parked.capacity() < g->options.key_parallel_limit) gl->parked.reserve(g->options.key_parallel_limit);
-    }
+    // topic groups): the watchdog. (Parking space is reserved by the lane's
+    // owner on its first run with key_parallel_retry.)
     if (g->options.attempt_timeout.count() > 0 &&
         std::find(watched_.begin(), watched_.end(), g) == watched_.end()) {
       watched_.push_back(g);

@@ -116,15 +116,17 @@ void BusCore::requeue(GroupLane* gl, std::int64_t delay_ns) noexcept {
 // claim is ended so another consumer process may take the message. Runs on
 // its own thread, started with the first group that has a budget.
 void BusCore::watchdog_main() {
-  std::vector<GroupImpl*> groups;
+  std::vector<std::pair<GroupImpl*, std::chrono::milliseconds>> groups;
   for (;;) {
     std::chrono::milliseconds tick{100};
     {
+      // A queue's options are rewritten under mu_ when a new first consumer
+      // attaches: read the budget here, not later.
       MutexLock l(&mu_);
-      groups = watched_;
+      groups.clear();
+      for (GroupImpl* g : watched_) groups.emplace_back(g, g->options.attempt_timeout);
     }
-    for (GroupImpl* g : groups) {
-      const auto budget = g->options.attempt_timeout;
+    for (auto [g, budget] : groups) {
       if (budget.count() <= 0) continue;
       tick = std::min(tick, std::max(std::chrono::milliseconds(5), budget / 4));
       const std::int64_t now = RetryTimer::now_ns();
