@@ -10,7 +10,12 @@ mode="${1:-plain}"
 case "$mode" in
   plain) dir=build;      extra=() ;;
   asan)  dir=build-asan; extra=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
-  tsan)  dir=build-tsan; extra=(-Db_sanitize=thread -Db_lundef=false) ;;
+  # -Wno-tsan: GCC 12 warns that TSan does not instrument std::atomic_thread_fence
+  # (used by moodycamel's queue and by lib/lease_table.cpp's cross-process undo
+  # log), which -Dwerror=true (CI) turns into a build error. The warning is
+  # about TSan's coverage, not the code; what it means for TSan's reports is
+  # handled in tests/tsan.supp.
+  tsan)  dir=build-tsan; extra=(-Db_sanitize=thread -Db_lundef=false -Dcpp_args=-Wno-tsan) ;;
   *) echo "usage: $0 [plain|asan|tsan]" >&2; exit 2 ;;
 esac
 werror=()
@@ -20,11 +25,14 @@ if [ ! -f "$dir/build.ninja" ]; then
 fi
 meson compile -C "$dir"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
-meson test -C "$dir" --print-errorlogs --num-processes 2
-if [ "$mode" = plain ]; then
+# Every suppression in tests/tsan.supp says why (STYLE §6).
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
+# A failing suite still gets its closing line below; the script then exits non-zero.
+rc=0
+meson test -C "$dir" --print-errorlogs --num-processes 2 || rc=$?
+if [ "$mode" = plain ] && [ "$rc" -eq 0 ]; then
   # Consumer test: install to a temporary prefix, build examples/tour against lanebus.pc.
-  scripts/consumer_check.sh "$dir"
+  scripts/consumer_check.sh "$dir" || rc=$?
 fi
 # One plain closing line for readers (and CI): N passed, N failed.
 python3 - "$dir/meson-logs/testlog.json" <<'PY'
@@ -35,3 +43,4 @@ failed = sum(r in ("FAIL", "TIMEOUT", "UNEXPECTEDPASS", "ERROR") for r in result
 skipped = sum(r == "SKIP" for r in results)
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 PY
+exit "$rc"
