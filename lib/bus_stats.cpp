@@ -10,6 +10,27 @@
 
 namespace lanebus::detail {
 
+namespace {
+
+// A group's totals: the sum of its lanes' counters, field by field.
+void add_counters(LaneCounters& into, const LaneCounters& c) noexcept {
+  into.delivered += c.delivered;
+  into.acked += c.acked;
+  into.retried += c.retried;
+  into.rejected += c.rejected;
+  into.failed += c.failed;
+  into.timed_out += c.timed_out;
+  into.stuck += c.stuck;
+  into.stuck_now += c.stuck_now;
+  into.set_aside += c.set_aside;
+  into.duplicates_skipped += c.duplicates_skipped;
+  into.dropped += c.dropped;
+  into.in_flight += c.in_flight;
+  into.skipped += c.skipped;
+}
+
+}  // namespace
+
 BusStats BusCore::stats() const {
   BusStats out;
   out.name = options.name;
@@ -79,19 +100,7 @@ BusStats BusCore::stats() const {
           lc.in_flight = ends[gl->lane] > pi.committed ? ends[gl->lane] - pi.committed : 0;
           lc.skipped += pi.skipped;
         }
-        gs.total.delivered += lc.delivered;
-        gs.total.acked += lc.acked;
-        gs.total.retried += lc.retried;
-        gs.total.rejected += lc.rejected;
-        gs.total.failed += lc.failed;
-        gs.total.timed_out += lc.timed_out;
-        gs.total.stuck += lc.stuck;
-        gs.total.stuck_now += lc.stuck_now;
-        gs.total.set_aside += lc.set_aside;
-        gs.total.duplicates_skipped += lc.duplicates_skipped;
-        gs.total.dropped += lc.dropped;
-        gs.total.in_flight += lc.in_flight;
-        gs.total.skipped += lc.skipped;
+        add_counters(gs.total, lc);
         gs.lanes.push_back(lc);
         gl->latency.add_to(gs.latency);
         std::int64_t oldest = gl->oldest_ns.load(std::memory_order_relaxed);
