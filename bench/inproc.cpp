@@ -3,7 +3,8 @@
 // ZeroMQ inproc PUSH/PULL, on the same work (64-byte payload), in one process.
 //
 // Usage: inproc [--smoke] [--run NAME] [--msgs N] [--repeats N] [--workers N] [--list]
-//   --smoke    tiny counts (the bench-smoke test suite); checks that every case runs
+//   --smoke    tiny counts, one run per case (the bench-smoke test suite); checks
+//              that every case runs and loses nothing
 //   --run      one scenario: 1to1, 2to2, fanout1to4, metrics_overhead, latency1to1
 //   --msgs     messages published per run (throughput cases; latency uses N/10)
 //   --workers  override the lanebus worker count of every case
@@ -218,7 +219,12 @@ double lanebus_throughput(int producers, int groups, int workers, std::uint64_t 
 using McQueue = moodycamel::ConcurrentQueue<Msg>;
 
 /// Spinning consumer of one queue: `n` messages, then record the time.
-void mc_consume(McQueue& q, GroupDone& gd, std::uint64_t n, bool pure_spin) {
+///   `pure_spin`: never give the core away (one consumer per core).
+///   `sleepy`: after an idle stretch, sleep 50 µs instead of yielding. The
+///   smoke run uses it: on a sanitizer build with more spinning threads than
+///   cores, yield alone let the fan-out baseline crawl past its time limit
+///   (the smoke checks that every case runs, not the numbers).
+void mc_consume(McQueue& q, GroupDone& gd, std::uint64_t n, bool pure_spin, bool sleepy) {
   moodycamel::ConsumerToken ctok(q);
   Msg m;
   std::uint64_t got = 0;
@@ -231,7 +237,12 @@ void mc_consume(McQueue& q, GroupDone& gd, std::uint64_t n, bool pure_spin) {
     } else {
       cpu_relax();
       // Oversubscribed cases: let the producer have the core now and then.
-      if (!pure_spin && (++idle & 63) == 0) std::this_thread::yield();
+      if (!pure_spin && (++idle & 63) == 0) {
+        if (sleepy)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        else
+          std::this_thread::yield();
+      }
     }
   }
   gd.count.store(got, std::memory_order_relaxed);
@@ -271,7 +282,7 @@ double mc_throughput(int producers, int groups, std::uint64_t n, const Config& c
   const std::uint64_t per = n / producers;
   std::vector<std::thread> consumers;
   for (int g = 0; g < groups; ++g)
-    consumers.emplace_back([&, g] { mc_consume(*queues[g], *done[g], per * producers, false); });
+    consumers.emplace_back([&, g] { mc_consume(*queues[g], *done[g], per * producers, false, cfg.smoke); });
   Gate gate;
   std::vector<std::thread> threads;
   for (int p = 0; p < producers; ++p) {
@@ -657,9 +668,15 @@ int main(int argc, char** argv) {
     }
   }
   if (cfg.smoke) {
-    bool msgs_given = false;
-    for (int i = 1; i < argc; ++i) msgs_given |= std::string_view(argv[i]) == "--msgs";
+    bool msgs_given = false, repeats_given = false;
+    for (int i = 1; i < argc; ++i) {
+      msgs_given |= std::string_view(argv[i]) == "--msgs";
+      repeats_given |= std::string_view(argv[i]) == "--repeats";
+    }
     if (!msgs_given) cfg.msgs = 20'000;
+    // One run per case: the smoke checks that every case runs and loses
+    // nothing; under TSan a repeat of the spinning baselines costs seconds.
+    if (!repeats_given) cfg.repeats = 1;
     cfg.wait_limit_ns = 20'000'000'000;
   }
   if (cfg.msgs < 4 || cfg.repeats < 1) usage(2);
