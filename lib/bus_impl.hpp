@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "access.hpp"
 #include "delivery.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
@@ -226,22 +227,36 @@ class BusCore;
 
 Result<std::string> user_key_public(std::string_view table, std::string_view key);
 /// Transactional consume (txconsume.cpp): Conflict when a value the handler
-/// read changed (nothing written); the handler's writes and outbox.
+/// read (or a fence record it checked) changed, nothing written; the
+/// handler's writes, fence advances and outbox.
 Status validate_reads(StoreTxn& t, const TxnState& tx, std::string_view topic);
 Status write_effects(StoreTxn& t, const TxnState& tx);
 
-/// A transactional handler's reads, writes and outbox (see transaction.hpp).
+/// A transactional handler's reads, writes, fences and outbox (see transaction.hpp).
 struct TxnState {
   struct Read {
     std::string key;  // table '\0' key
     bool found = false;
     std::string value;
   };
+  /// A Transaction::fence that passed (fence.cpp): the `fence` table record
+  /// as it was read (validated at commit like a Read) and, for a barrier, the
+  /// record that moves the HWM.
+  struct Fence {
+    std::string key;  // resource_fence_key(resource)
+    bool found = false;
+    std::string seen;
+    std::optional<std::string> advance;  // the new record; nullopt = current generation
+  };
   DurableStore* store = nullptr;
   BusCore* bus = nullptr;
   std::vector<Read> reads;
   std::map<std::string, std::optional<std::string>> writes;  // nullopt = delete
   std::vector<AppendRequest> outbox;
+  std::vector<Fence> fences;
+  /// Set by a refused Transaction::fence: the transaction is void (nothing of
+  /// it is written; every later call returns this).
+  Status refused;
   /// Writes of earlier messages of the same lane batch, committed before this
   /// one in the same transaction (reads see them); nullptr = none.
   const std::map<std::string, std::optional<std::string>>* overlay = nullptr;
@@ -249,7 +264,11 @@ struct TxnState {
     reads.clear();
     writes.clear();
     outbox.clear();
+    fences.clear();
+    refused = Status();
   }
+  /// Nothing to write: the transaction was refused by a fence.
+  bool is_void() const noexcept { return !refused.ok(); }
 };
 
 class TopicImpl {

@@ -62,12 +62,12 @@ void BusCore::finish_key(GroupLane* gl, std::string_view key, bool acked) noexce
 Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept {
   const GroupOptions& o = gl->group->options;
   MessageView view(*p.header, p.key, p.idempotency_key, p.payload, p.lane, p.offset);
-  view.set_attempt(p.attempt);
+  Access::set_attempt(view, p.attempt);
   std::int64_t deadline = 0;
   bump(gl->delivered);
   if (o.attempt_timeout.count() > 0) {
     deadline = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o.attempt_timeout).count();
-    view.set_deadline_ns(deadline);
+    Access::set_deadline_ns(view, deadline);
     // The watchdog (scheduler.cpp) reads these while the call runs; the
     // owner is the only writer, so plain stores (no read-modify-write).
     gl->running_offset.store(p.offset, std::memory_order_relaxed);
@@ -88,7 +88,7 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
         inv.outcome = Outcome::reject("transactional handler on a non-durable lane");
       } else {
         tx->clear();
-        Transaction t(tx);
+        Transaction t = Access::transaction(tx);
         inv.outcome = c->tx_handler(view, t);
       }
     } else {
@@ -256,7 +256,7 @@ void BusCore::maintenance() noexcept {
   std::vector<IdempotencyImpl*> scopes;
   {
     MutexLock l(&mu_);
-    for (auto& [name, table] : idempotency_) scopes.push_back(table->impl());
+    for (auto& [name, table] : idempotency_) scopes.push_back(Access::impl(*table));
   }
   for (IdempotencyImpl* idem : scopes) {
     try {

@@ -4,11 +4,14 @@
 // high-water marks in the store's `fence` table.
 #include "lanebus/fence.hpp"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "bus_impl.hpp"
 #include "durable_store.hpp"
 #include "fence_lane.hpp"
+#include "fence_resource.hpp"
 #include "lanebus/lease.hpp"
 #include "lease_table.hpp"
 #include "names.hpp"
@@ -272,15 +275,22 @@ void DurableStore::set_fence_check_for_testing(bool on) noexcept { fences_.set_c
 }  // namespace lanebus::detail
 
 // ======================================================================
-// FencedResource
+// FencedResource: one decision (decide) on the parsed `R` record, used by the
+// StoreTxn-level check (fence_check, fence_write: lib/ and tests) and by
+// Transaction::fence (buffered, validated again at commit: txconsume.cpp).
 
 namespace lanebus {
 
+using detail::Access;
 using detail::DurableStore;
 using detail::StoreTable;
 using detail::StoreTxn;
 
 namespace {
+
+/// How many times FencedResource::write runs fence + fn when the commit finds
+/// a value it read changed (Conflict) before giving up with Conflict.
+constexpr int kMaxWriteRuns = 16;
 
 struct ResourceState {
   std::uint64_t hwm = 0;
@@ -289,17 +299,30 @@ struct ResourceState {
 
 std::string what_of(std::string_view resource) { return "fenced resource " + detail::q(resource); }
 
-Result<ResourceState> read_resource(StoreTxn& txn, std::string_view resource) {
-  ResourceState st;
+/// The `R` record's value, or nullopt when the resource was never written.
+Result<std::optional<std::string>> read_record(StoreTxn& txn, std::string_view resource) {
   auto v = txn.get(StoreTable::Fence, detail::resource_fence_key(resource));
   if (!v.ok()) {
-    if (v.code() == Code::NotFound) return st;
+    if (v.code() == Code::NotFound) return std::optional<std::string>();
     return v.status();
   }
-  if (v->size() < 9) return Status(Code::Corruption, what_of(resource) + ": the fence record is malformed");
-  st.hwm = detail::get_le64(v->data());
-  st.lease.assign(v->data() + 8, v->size() - 8);
+  return std::optional<std::string>(std::string(*v));
+}
+
+Result<ResourceState> parse_record(const std::optional<std::string>& raw, std::string_view resource) {
+  ResourceState st;
+  if (!raw) return st;
+  if (raw->size() < 9) return Status(Code::Corruption, what_of(resource) + ": the fence record is malformed");
+  st.hwm = detail::get_le64(raw->data());
+  st.lease.assign(raw->data() + 8, raw->size() - 8);
   return st;
+}
+
+std::string record_of(std::string_view lease, std::uint64_t token) {
+  std::string v;
+  detail::put_le64(v, token);
+  v.append(lease);
+  return v;
 }
 
 Status validate(std::string_view resource, std::string_view lease, std::uint64_t token) {
@@ -315,90 +338,198 @@ Status validate(std::string_view resource, std::string_view lease, std::uint64_t
 
 // The decision, without writing: OK (advance says whether the HWM must move).
 // `pre` is a confirmation obtained outside the transaction for this token, if any.
-Status decide(StoreTxn& txn, const FenceConfirm& confirm, std::string_view resource, std::string_view lease,
-              std::uint64_t token, const Status* pre, bool* advance) {
+Status decide(const ResourceState& st, const FenceConfirm& confirm, std::string_view resource,
+              std::string_view lease, std::uint64_t token, const Status* pre, bool* advance) {
   *advance = false;
-  auto st = read_resource(txn, resource);
-  if (!st.ok()) return st.status();
-  if (!st->lease.empty() && st->lease != lease) {
-    return Status(Code::FenceViolation, what_of(resource) + " is bound to lease " + detail::q(st->lease) +
-                                            ", not " + detail::q(lease) + ": a token of another lease cannot pass its fence");
+  if (!st.lease.empty() && st.lease != lease) {
+    return Status(Code::FenceViolation, what_of(resource) + " is bound to lease " + detail::q(st.lease) + ", not " +
+                                            detail::q(lease) + ": a token of another lease cannot pass its fence");
   }
-  if (token < st->hwm) {
+  if (token < st.hwm) {
     return Status(Code::StaleToken, what_of(resource) + ": fencing token " + std::to_string(token) +
-                                        " is below the high-water " + std::to_string(st->hwm) + " of lease " +
+                                        " is below the high-water " + std::to_string(st.hwm) + " of lease " +
                                         detail::q(lease) + ": a newer lease generation has written");
   }
-  if (token == st->hwm) return Status();
+  if (token == st.hwm) return Status();
   Status answer = pre != nullptr ? *pre : detail::call_confirm(confirm, lease, token);
-  if (!answer.ok()) return detail::refused(what_of(resource), lease, token, st->hwm, answer);
+  if (!answer.ok()) return detail::refused(what_of(resource), lease, token, st.hwm, answer);
   *advance = true;
   return Status();
 }
 
-Status advance_to(StoreTxn& txn, std::string_view resource, std::string_view lease, std::uint64_t token) {
-  std::string v;
-  detail::put_le64(v, token);
-  v.append(lease);
-  return txn.put(StoreTable::Fence, detail::resource_fence_key(resource), v);
+Status decide_in(StoreTxn& txn, const FenceConfirm& confirm, std::string_view resource, std::string_view lease,
+                 std::uint64_t token, const Status* pre, bool* advance) {
+  auto raw = read_record(txn, resource);
+  if (!raw.ok()) return raw.status();
+  auto st = parse_record(*raw, resource);
+  if (!st.ok()) return st.status();
+  return decide(*st, confirm, resource, lease, token, pre, advance);
+}
+
+detail::BusCore* core_with_store(const Bus& bus) {
+  detail::BusCore* core = Access::core(bus);
+  return core != nullptr && core->store() != nullptr ? core : nullptr;
+}
+
+Status no_store(std::string_view resource, const char* call) {
+  return Status(Code::InvalidArgument, std::string(call) + " " + what_of(resource) +
+                                           ": the bus has no store (set BusOptions::store.directory)");
 }
 
 }  // namespace
 
-FencedResource::FencedResource(FenceConfirm confirm, FencedResourceOptions options)
-    : confirm_(std::move(confirm)), options_(options) {}
+// ---------------------------------------------------------------- StoreTxn level (internal)
 
-FencedResource::FencedResource(LeaseTable& table, FencedResourceOptions options)
-    : confirm_([&table](std::string_view lease, std::uint64_t token) { return table.confirm_grant(lease, token); }),
-      options_(options) {}
+namespace detail {
 
-Status FencedResource::check(StoreTxn& txn, std::string_view resource, std::string_view lease,
-                             std::uint64_t token) const {
+Status fence_check(const FencedResource& fence, StoreTxn& txn, std::string_view resource, std::string_view lease,
+                   std::uint64_t token) {
   if (!txn.writable()) {
     return Status(Code::InvalidArgument, what_of(resource) + ": check needs a write transaction");
   }
   Status s = validate(resource, lease, token);
-  if (!s.ok() || !options_.check_enabled) return s;
+  if (!s.ok() || !Access::check_enabled(fence)) return s;
   bool advance = false;
-  s = decide(txn, confirm_, resource, lease, token, nullptr, &advance);
+  s = decide_in(txn, Access::confirm(fence), resource, lease, token, nullptr, &advance);
   if (!s.ok() || !advance) return s;
-  return advance_to(txn, resource, lease, token);
+  return txn.put(StoreTable::Fence, resource_fence_key(resource), record_of(lease, token));
 }
 
-Status FencedResource::write(DurableStore& store, std::string_view resource, std::string_view lease,
-                             std::uint64_t token, const std::function<Status(StoreTxn&)>& fn) const {
+Status fence_write(const FencedResource& fence, DurableStore& store, std::string_view resource,
+                   std::string_view lease, std::uint64_t token, const std::function<Status(StoreTxn&)>& fn) {
   Status s = validate(resource, lease, token);
   if (!s.ok()) return s;
-  if (!options_.check_enabled) return store.write(fn);
+  if (!Access::check_enabled(fence)) return store.write(fn);
   // Confirm a barrier before the transaction (the HWM only rises, so a token
   // above it inside the transaction was above it here too).
-  auto hwm = high_water(store, resource);
+  auto hwm = resource_high_water(store, resource);
   if (!hwm.ok()) return hwm.status();
   Status pre;
   const bool have_pre = token > *hwm;
-  if (have_pre) pre = detail::call_confirm(confirm_, lease, token);
+  if (have_pre) pre = call_confirm(Access::confirm(fence), lease, token);
   return store.write([&](StoreTxn& txn) -> Status {
     bool advance = false;
-    Status d = decide(txn, confirm_, resource, lease, token, have_pre ? &pre : nullptr, &advance);
+    Status d = decide_in(txn, Access::confirm(fence), resource, lease, token, have_pre ? &pre : nullptr, &advance);
     if (!d.ok()) return d;
     d = fn(txn);
     if (!d.ok() || !advance) return d;
-    return advance_to(txn, resource, lease, token);
+    return txn.put(StoreTable::Fence, resource_fence_key(resource), record_of(lease, token));
   });
 }
 
-Result<std::uint64_t> FencedResource::high_water(DurableStore& store, std::string_view resource) {
-  Status s = detail::check_name(resource, "fenced resource");
+Result<std::uint64_t> resource_high_water(DurableStore& store, std::string_view resource) {
+  Status s = check_name(resource, "fenced resource");
   if (!s.ok()) return s;
   std::uint64_t out = 0;
   s = store.read([&](StoreTxn& txn) -> Status {
-    auto st = read_resource(txn, resource);
+    auto raw = read_record(txn, resource);
+    if (!raw.ok()) return raw.status();
+    auto st = parse_record(*raw, resource);
     if (!st.ok()) return st.status();
     out = st->hwm;
     return Status();
   });
   if (!s.ok()) return s;
   return out;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- public API
+
+FencedResource::FencedResource(FenceConfirm confirm) : confirm_(std::move(confirm)) {}
+
+FencedResource::FencedResource(LeaseTable& table)
+    : confirm_([&table](std::string_view lease, std::uint64_t token) { return table.confirm_grant(lease, token); }) {}
+
+Status Transaction::fence(const FencedResource& resource_fence, std::string_view resource, std::string_view lease,
+                          std::uint64_t token) {
+  detail::TxnState& tx = *state_;
+  if (tx.is_void()) return tx.refused;
+  // A refusal voids the transaction: drop what it buffered, refuse the rest.
+  auto refuse = [&tx](Status s) {
+    tx.reads.clear();
+    tx.writes.clear();
+    tx.outbox.clear();
+    tx.fences.clear();
+    tx.refused = s;
+    return s;
+  };
+  Status s = validate(resource, lease, token);
+  if (!s.ok()) return refuse(s);
+  if (!Access::check_enabled(resource_fence)) return Status();
+  const std::string key = detail::resource_fence_key(resource);
+  // The record as this transaction sees it: its own earlier fence of the same
+  // resource (which already validates the stored record), else the store.
+  detail::TxnState::Fence* mine = nullptr;
+  for (detail::TxnState::Fence& f : tx.fences)
+    if (f.key == key) mine = &f;
+  std::optional<std::string> raw;
+  if (mine != nullptr) {
+    if (mine->advance) {
+      raw = *mine->advance;
+    } else if (mine->found) {
+      raw = mine->seen;
+    }
+  } else {
+    s = tx.store->read([&](StoreTxn& txn) -> Status {
+      auto r = read_record(txn, resource);
+      if (!r.ok()) return r.status();
+      raw = std::move(*r);
+      return Status();
+    });
+    if (!s.ok()) return refuse(s);
+  }
+  auto st = parse_record(raw, resource);
+  if (!st.ok()) return refuse(st.status());
+  bool advance = false;
+  // The confirm function runs here, on the caller's thread, outside any
+  // transaction and with no lanebus lock held.
+  s = decide(*st, Access::confirm(resource_fence), resource, lease, token, nullptr, &advance);
+  if (!s.ok()) return refuse(s);
+  if (mine == nullptr) {
+    detail::TxnState::Fence f;
+    f.key = key;
+    f.found = raw.has_value();
+    if (raw) f.seen = *raw;
+    tx.fences.push_back(std::move(f));
+    mine = &tx.fences.back();
+  }
+  if (advance) mine->advance = record_of(lease, token);
+  return Status();
+}
+
+Status FencedResource::write(Bus& bus, std::string_view resource, std::string_view lease, std::uint64_t token,
+                             const std::function<Status(Transaction&)>& fn) const {
+  detail::BusCore* core = core_with_store(bus);
+  if (core == nullptr) return no_store(resource, "write");
+  if (!fn) return Status(Code::InvalidArgument, "write " + what_of(resource) + ": the write function is empty");
+  Status s;
+  for (int run = 1; run <= kMaxWriteRuns; ++run) {
+    detail::TxnState state;
+    state.store = core->store();
+    state.bus = core;
+    Transaction tx = Access::transaction(&state);
+    s = tx.fence(*this, resource, lease, token);
+    if (!s.ok()) return s;
+    s = fn(tx);
+    if (!s.ok()) return s;
+    if (state.is_void()) return state.refused;  // fn fenced something else that refused
+    s = core->store()->write([&](StoreTxn& txn) -> Status {
+      Status v = detail::validate_reads(txn, state, resource);
+      if (!v.ok()) return v;
+      return detail::write_effects(txn, state);
+    });
+    if (s.code() != Code::Conflict) return s;
+  }
+  return Status(Code::Conflict, "write " + what_of(resource) + ": what it read kept changing (" +
+                                    std::to_string(kMaxWriteRuns) + " runs); " + s.to_string());
+}
+
+Result<std::uint64_t> FencedResource::high_water(const Bus& bus, std::string_view resource) {
+  detail::BusCore* core = core_with_store(bus);
+  if (core == nullptr) return no_store(resource, "high_water");
+  return detail::resource_high_water(*core->store(), resource);
 }
 
 }  // namespace lanebus

@@ -53,8 +53,8 @@ std::uint64_t inode_of(const char* path) {
   return st.st_ino;
 }
 
-std::string read_boot_id(const LeaseTableOptions& options) {
-  if (!options.boot_id_override.empty()) return options.boot_id_override.substr(0, 39);
+std::string read_boot_id(const LeaseTableHooks& hooks) {
+  if (!hooks.boot_id_override.empty()) return hooks.boot_id_override.substr(0, 39);
   return current_boot_id_text().substr(0, 39);
 }
 
@@ -354,7 +354,7 @@ Result<std::unique_ptr<LeaseTable>> LeaseTableImpl::open(const std::string& path
       h->creator_uid = geteuid();
       h->time_ns_inode = inode_of("/proc/self/ns/time");
       h->pid_ns_inode = inode_of("/proc/self/ns/pid");
-      std::string boot = read_boot_id(options);
+      std::string boot = read_boot_id(hooks);
       std::memcpy(h->boot_id, boot.data(), boot.size());
       h->epoch = *epoch;
       h->next_token = (*epoch << kSeqBits) | 1;
@@ -463,7 +463,7 @@ Status LeaseTableImpl::attach(int fd, std::size_t size) {
     return Status(Code::Corruption, "lease table " + quoted(path_) + ": segment was never initialised");
   }
   std::uint64_t my_time_ns = inode_of("/proc/self/ns/time");
-  std::string boot = read_boot_id(options_);
+  std::string boot = read_boot_id(hooks_);
 
   LockedTable locked(*this);
   if (!locked.status().ok()) return locked.status();

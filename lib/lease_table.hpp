@@ -110,11 +110,14 @@ static_assert(offsetof(Header, undo_entry) == 144);
 static_assert(sizeof(Header) <= kHeaderBytes);
 
 /// Test seams (never set in production): crash points inside the critical
-/// section, and switching the EOWNERDEAD repair off (negative control).
+/// section, switching the EOWNERDEAD repair off (negative control), and a boot
+/// id to use instead of /proc/sys/kernel/random/boot_id (to simulate a reboot;
+/// "" = the real one).
 struct LeaseTableHooks {
   void (*crash_point)(int point, void* arg) = nullptr;
   void* arg = nullptr;
   bool skip_repair = false;
+  std::string boot_id_override{};
 };
 
 /// Crash points, in the order a mutating operation reaches them.

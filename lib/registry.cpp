@@ -213,7 +213,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   if (!o.idempotency_scope.empty()) {
     auto table = idempotency(o.idempotency_scope, {});  // takes mu_ itself
     if (!table.ok()) return table.status();
-    idem = (*table)->impl();
+    idem = Access::impl(**table);
   }
   GroupRef store_group;
   if (t->durable && !t->is_queue) {

@@ -35,7 +35,7 @@ Status BusCore::start() {
       store_->set_fence_confirm(
           [table](std::string_view lease, std::uint64_t token) { return table->confirm_grant(lease, token); });
     }
-    dead_letters_ = std::make_unique<DeadLetters>(this);
+    dead_letters_ = Access::dead_letters(this);
     store_->set_append_listener(
         [this](std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) { on_append(topic_id, lane, end); });
     try {

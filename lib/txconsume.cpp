@@ -62,10 +62,25 @@ Status validate_reads(StoreTxn& t, const TxnState& tx, std::string_view topic) {
     if (found != r.found || (found && *cur != r.value))
       return Status(Code::Conflict, "transaction of \"" + std::string(topic) + "\": a value it read changed");
   }
+  // A fence it passed: the decision holds only if the record is unchanged
+  // (the HWM only rises, so a changed record may now refuse this token).
+  for (const TxnState::Fence& f : tx.fences) {
+    auto cur = t.get(StoreTable::Fence, f.key);
+    if (!cur.ok() && cur.code() != Code::NotFound) return cur.status();
+    const bool found = cur.ok();
+    if (found != f.found || (found && *cur != f.seen))
+      return Status(Code::Conflict, "transaction of \"" + std::string(topic) + "\": a fence it checked moved");
+  }
   return Status();
 }
 
 Status write_effects(StoreTxn& t, const TxnState& tx) {
+  // A refused fence voided the transaction: its buffers are empty (fence.cpp).
+  for (const TxnState::Fence& f : tx.fences) {
+    if (!f.advance) continue;
+    Status fs = t.put(StoreTable::Fence, f.key, *f.advance);
+    if (!fs.ok()) return fs;
+  }
   for (const auto& [k, v] : tx.writes) {
     Status ws = v ? t.put(StoreTable::User, k, *v) : t.del(StoreTable::User, k);
     if (!ws.ok() && ws.code() != Code::NotFound) return ws;
@@ -118,6 +133,7 @@ Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredM
 // ---------------------------------------------------------------- public API
 
 Result<std::string> Transaction::get(std::string_view table, std::string_view key) {
+  if (state_->is_void()) return state_->refused;
   auto k = detail::user_key_public(table, key);
   if (!k.ok()) return k.status();
   auto w = state_->writes.find(*k);
@@ -158,6 +174,7 @@ Result<std::string> Transaction::get(std::string_view table, std::string_view ke
 }
 
 Status Transaction::put(std::string_view table, std::string_view key, std::string_view value) {
+  if (state_->is_void()) return state_->refused;
   auto k = detail::user_key_public(table, key);
   if (!k.ok()) return k.status();
   state_->writes[*k] = std::string(value);
@@ -165,6 +182,7 @@ Status Transaction::put(std::string_view table, std::string_view key, std::strin
 }
 
 Status Transaction::del(std::string_view table, std::string_view key) {
+  if (state_->is_void()) return state_->refused;
   auto k = detail::user_key_public(table, key);
   if (!k.ok()) return k.status();
   state_->writes[*k] = std::nullopt;
@@ -172,6 +190,7 @@ Status Transaction::del(std::string_view table, std::string_view key) {
 }
 
 Status Transaction::publish(const Topic& topic, const OutgoingMessage& m) {
+  if (state_->is_void()) return state_->refused;
   if (topic.impl_ == nullptr || topic.impl_->bus != state_->bus || !topic.impl_->durable)
     return Status(Code::InvalidArgument, "outbox publish: the topic must be a durable topic or queue of this bus");
   if (m.payload.empty()) return Status(Code::InvalidArgument, "outbox publish: the payload is empty");

@@ -10,16 +10,18 @@
 #include <thread>
 #include <vector>
 
+#include "access.hpp"
 #include "durable_store.hpp"
 #include "fence_lane.hpp"
+#include "fence_resource.hpp"
 #include "fence_support.hpp"
+#include "lease_table.hpp"
 #include "lanebus/fence.hpp"
 #include "lanebus/lease.hpp"
 #include "temp_dir.hpp"
 
 using lanebus::Code;
 using lanebus::FencedResource;
-using lanebus::FencedResourceOptions;
 using lanebus::LeaseOwner;
 using lanebus::LeaseTable;
 using lanebus::Result;
@@ -27,6 +29,9 @@ using lanebus::Status;
 using lanebus::detail::AppendRequest;
 using lanebus::detail::AppendResult;
 using lanebus::detail::DurableStore;
+using lanebus::detail::fence_check;
+using lanebus::detail::fence_write;
+using lanebus::detail::resource_high_water;
 using lanebus::detail::StoreTable;
 using lanebus::detail::StoreTxn;
 using lanebus::detail::TopicRef;
@@ -353,9 +358,10 @@ TEST_CASE("the fence survives close and reopen, and tokens after a simulated lea
   // tokens are higher than every old one, and the new segment confirms them.
   f.store.reset();
   f.table.reset();
-  auto opts = lanebus::test::fence_table_options();
-  opts.boot_id_override = "boot-after-reboot";
-  auto rebooted = LeaseTable::open(f.dir.file("leases"), opts);
+  lanebus::detail::LeaseTableHooks reboot;
+  reboot.boot_id_override = "boot-after-reboot";
+  auto rebooted =
+      lanebus::detail::open_lease_table_with_hooks(f.dir.file("leases"), lanebus::test::fence_table_options(), reboot);
   REQUIRE(rebooted.ok());
   f.table = std::move(*rebooted);
   f.reopen();
@@ -386,7 +392,7 @@ TEST_CASE("FencedResource: barrier, current generation, stale, forged, foreign l
   FencedResource fence(*f.table);
   std::uint64_t t1 = f.grant("ledger-owner", f.a, 20ms);
   auto put = [&](std::uint64_t token, const std::string& value, const std::string& lease = "ledger-owner") {
-    return fence.write(*f.store, "ledger.balance", lease, token,
+    return fence_write(fence, *f.store, "ledger.balance", lease, token,
                        [&](StoreTxn& txn) { return txn.put(StoreTable::User, "balance", value); });
   };
   auto value = [&] {
@@ -399,7 +405,7 @@ TEST_CASE("FencedResource: barrier, current generation, stale, forged, foreign l
     return v;
   };
   REQUIRE(put(t1, "100").ok());
-  CHECK(FencedResource::high_water(*f.store, "ledger.balance").value() == t1);
+  CHECK(resource_high_water(*f.store, "ledger.balance").value() == t1);
   REQUIRE(put(t1, "110").ok());
   std::this_thread::sleep_for(30ms);
   std::uint64_t t2 = f.grant("ledger-owner", f.b);
@@ -411,10 +417,10 @@ TEST_CASE("FencedResource: barrier, current generation, stale, forged, foreign l
   CHECK_CODE(put(other, "x", "other-owner"), Code::FenceViolation, "is bound to lease \"ledger-owner\"");
   CHECK_CODE(put(~std::uint64_t{0}, "x"), Code::FenceViolation, "the fence is unchanged");
   CHECK_CODE(put(0, "x"), Code::InvalidArgument, "fencing token 0");
-  CHECK_CODE(fence.write(*f.store, "Bad Name", "ledger-owner", t2, [](StoreTxn&) { return Status(); }),
+  CHECK_CODE(fence_write(fence, *f.store, "Bad Name", "ledger-owner", t2, [](StoreTxn&) { return Status(); }),
              Code::InvalidName, "fenced resource");
   CHECK_CODE(put(t2, "x", "bad lease!"), Code::InvalidName, "lease name");
-  CHECK(FencedResource::high_water(*f.store, "ledger.balance").value() == t2);
+  CHECK(resource_high_water(*f.store, "ledger.balance").value() == t2);
   CHECK(value() == "200");
   // check() inside the user's own write function.
   std::uint64_t t3 = 0;
@@ -423,19 +429,19 @@ TEST_CASE("FencedResource: barrier, current generation, stale, forged, foreign l
     t3 = f.grant("ledger-owner", f.a);
   }
   Status s = f.store->write([&](StoreTxn& txn) -> Status {
-    Status c = fence.check(txn, "ledger.balance", "ledger-owner", t3);
+    Status c = fence_check(fence, txn, "ledger.balance", "ledger-owner", t3);
     if (!c.ok()) return c;
     return txn.put(StoreTable::User, "balance", "300");
   });
   REQUIRE(s.ok());
   s = f.store->write([&](StoreTxn& txn) -> Status {
-    Status c = fence.check(txn, "ledger.balance", "ledger-owner", t2);
+    Status c = fence_check(fence, txn, "ledger.balance", "ledger-owner", t2);
     if (!c.ok()) return c;
     return txn.put(StoreTable::User, "balance", "stale");
   });
   CHECK_CODE(s, Code::StaleToken, "below the high-water");
   CHECK(value() == "300");
-  Status in_read = f.store->read([&](StoreTxn& txn) { return fence.check(txn, "ledger.balance", "ledger-owner", t3); });
+  Status in_read = f.store->read([&](StoreTxn& txn) { return fence_check(fence, txn, "ledger.balance", "ledger-owner", t3); });
   CHECK_CODE(in_read, Code::InvalidArgument, "write transaction");
 }
 
@@ -443,31 +449,32 @@ TEST_CASE("FencedResource: a failed write function leaves the fence; Busy, no ho
   Fixture f;
   std::uint64_t t1 = f.grant("owner", f.a);
   FencedResource fence(*f.table);
-  Status s = fence.write(*f.store, "res", "owner", t1, [](StoreTxn&) { return Status(Code::NotFound, "no row"); });
+  Status s = fence_write(fence, *f.store, "res", "owner", t1, [](StoreTxn&) { return Status(Code::NotFound, "no row"); });
   CHECK_CODE(s, Code::NotFound, "no row");
-  CHECK(FencedResource::high_water(*f.store, "res").value() == 0);
+  CHECK(resource_high_water(*f.store, "res").value() == 0);
   FencedResource busy([](std::string_view, std::uint64_t) { return Status(Code::Busy, "stalled"); });
-  CHECK_CODE(busy.write(*f.store, "res", "owner", t1, [](StoreTxn&) { return Status(); }), Code::Busy,
+  CHECK_CODE(fence_write(busy, *f.store, "res", "owner", t1, [](StoreTxn&) { return Status(); }), Code::Busy,
              "could not confirm it now");
   FencedResource none(lanebus::FenceConfirm{});
-  CHECK_CODE(none.write(*f.store, "res", "owner", t1, [](StoreTxn&) { return Status(); }), Code::FenceViolation,
+  CHECK_CODE(fence_write(none, *f.store, "res", "owner", t1, [](StoreTxn&) { return Status(); }), Code::FenceViolation,
              "no lease confirmation hook");
-  CHECK(FencedResource::high_water(*f.store, "res").value() == 0);
+  CHECK(resource_high_water(*f.store, "res").value() == 0);
   REQUIRE(f.store->write([](StoreTxn& txn) { return txn.put(StoreTable::Fence, "Rbroken", "xy"); }).ok());
-  CHECK_CODE(FencedResource::high_water(*f.store, "broken"), Code::Corruption, "malformed");
-  CHECK_CODE(fence.write(*f.store, "broken", "owner", t1, [](StoreTxn&) { return Status(); }), Code::Corruption,
+  CHECK_CODE(resource_high_water(*f.store, "broken"), Code::Corruption, "malformed");
+  CHECK_CODE(fence_write(fence, *f.store, "broken", "owner", t1, [](StoreTxn&) { return Status(); }), Code::Corruption,
              "malformed");
 }
 
-TEST_CASE("FencedResource negative control: with check_enabled = false (test-only) a stale write lands") {
+TEST_CASE("FencedResource negative control: with the check off (test hook) a stale write lands") {
   Fixture f;
   std::uint64_t t1 = f.grant("owner", f.a, 20ms);
   std::this_thread::sleep_for(30ms);
   std::uint64_t t2 = f.grant("owner", f.b);
   FencedResource on(*f.table);
-  FencedResource off(*f.table, FencedResourceOptions{false});
+  FencedResource off(*f.table);
+  lanebus::detail::Access::set_check_enabled_for_testing(off, false);
   auto put = [&](const FencedResource& r, std::uint64_t tok, const char* v) {
-    return r.write(*f.store, "res", "owner", tok, [&](StoreTxn& txn) { return txn.put(StoreTable::User, "k", v); });
+    return fence_write(r, *f.store, "res", "owner", tok, [&](StoreTxn& txn) { return txn.put(StoreTable::User, "k", v); });
   };
   REQUIRE(put(on, t2, "new").ok());
   CHECK(put(on, t1, "stale").code() == Code::StaleToken);

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "access.hpp"
 #include "durable_store.hpp"
 #include "hot_tier.hpp"
 #include "idempotency.hpp"
@@ -631,10 +632,10 @@ TEST_CASE("a fresh idempotency scope's hot tier is small") {
   TempDir tmp;
   auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();
   IdempotencyTable* t = bus->idempotency("fresh").value();
-  MESSAGE("hot tier of a fresh default scope: " << t->impl()->hot_footprint_bytes()
+  MESSAGE("hot tier of a fresh default scope: " << lanebus::detail::Access::impl(*t)->hot_footprint_bytes()
                                                 << " bytes; at the default bound: "
                                                 << HotTier::footprint_at(65'536, 512) << " bytes");
-  CHECK(t->impl()->hot_footprint_bytes() <= 600 * 1024);
+  CHECK(lanebus::detail::Access::impl(*t)->hot_footprint_bytes() <= 600 * 1024);
   IdempotencyTable* small = bus->idempotency("small", {.hot_capacity = 100, .max_key_bytes = 64}).value();
-  CHECK(small->impl()->hot_footprint_bytes() == HotTier::footprint_at(100, 64));
+  CHECK(lanebus::detail::Access::impl(*small)->hot_footprint_bytes() == HotTier::footprint_at(100, 64));
 }

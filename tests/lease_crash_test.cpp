@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "access.hpp"
 #include "lanebus/lease.hpp"
 #include "lease_table.hpp"
 #include "process.hpp"
@@ -67,18 +68,18 @@ TEST_CASE("kill -9 at every crash point of acquire, renew and release leaves the
           REQUIRE(l.ok());
           REQUIRE(wait_until([&] { return !table->inspect(name)->held; }));
         }
-        std::uint64_t counter_before = table->impl().next_token_for_test();
-        std::uint64_t repairs_before = table->impl().repairs_for_test();
+        std::uint64_t counter_before = lanebus::detail::Access::impl(*table).next_token_for_test();
+        std::uint64_t repairs_before = lanebus::detail::Access::impl(*table).repairs_for_test();
         Child c({helper(), "crash-point", path, op, std::to_string(point), name});
         std::string line = c.read_line();
         REQUIRE(line == "at " + std::to_string(point));
         c.signal(SIGKILL);
         CHECK(c.wait() == 128 + SIGKILL);
         // The next locker repairs (EOWNERDEAD) and the invariants hold.
-        auto st = table->impl().check_consistency();
+        auto st = lanebus::detail::Access::impl(*table).check_consistency();
         CHECK_MESSAGE(st.ok(), st.to_string());
-        CHECK(table->impl().repairs_for_test() == repairs_before + 1);
-        CHECK(table->impl().next_token_for_test() >= counter_before);
+        CHECK(lanebus::detail::Access::impl(*table).repairs_for_test() == repairs_before + 1);
+        CHECK(lanebus::detail::Access::impl(*table).next_token_for_test() >= counter_before);
         // No stuck slot: whatever the dead process held expires (ttl 200 ms).
         lanebus::Result<lanebus::Lease> mine(Code::Internal, "");
         REQUIRE(wait_until([&] {
@@ -103,7 +104,7 @@ TEST_CASE("negative control: with the EOWNERDEAD repair off, a kill mid-update l
   REQUIRE(c.read_line() == "at " + std::to_string(lanebus::detail::kMidUpdate));
   c.signal(SIGKILL);
   CHECK(c.wait() == 128 + SIGKILL);
-  auto st = table->impl().check_consistency();
+  auto st = lanebus::detail::Access::impl(*table).check_consistency();
   CHECK(st.code() == Code::Corruption);
   CHECK(st.message().find("torn grant") != std::string_view::npos);
   MESSAGE(st.to_string());
@@ -126,7 +127,7 @@ TEST_CASE("a participant stopped inside an operation makes others Busy, not hung
   CHECK(c.wait() == 128 + SIGKILL);
   auto ok = table->acquire("other", me, 1s);
   CHECK_MESSAGE(ok.ok(), ok.status().to_string());
-  CHECK(table->impl().check_consistency().ok());
+  CHECK(lanebus::detail::Access::impl(*table).check_consistency().ok());
   CHECK(table->inspect("stall").code() == Code::NotFound);  // the half-done placement was rolled back
 }
 
@@ -149,9 +150,9 @@ TEST_CASE("kill -9 at random moments, many cycles: the table stays consistent an
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
     c.signal(SIGKILL);
     REQUIRE(c.wait() == 128 + SIGKILL);
-    auto st = table->impl().check_consistency();
+    auto st = lanebus::detail::Access::impl(*table).check_consistency();
     REQUIRE_MESSAGE(st.ok(), st.to_string());
-    std::uint64_t counter = table->impl().next_token_for_test();
+    std::uint64_t counter = lanebus::detail::Access::impl(*table).next_token_for_test();
     CHECK(counter >= last_counter);
     last_counter = counter;
     auto l = table->acquire("parent", me, 10s);
@@ -160,7 +161,7 @@ TEST_CASE("kill -9 at random moments, many cycles: the table stays consistent an
     ++cycles;
   }
   std::printf("kill loop: cycles=%d repairs=%llu\n", cycles,
-              static_cast<unsigned long long>(table->impl().repairs_for_test()));
+              static_cast<unsigned long long>(lanebus::detail::Access::impl(*table).repairs_for_test()));
   // Every leftover lease of the dead helpers becomes acquirable (no stuck slots).
   for (int i = 0; i < 4; ++i) {
     std::string name = "h" + std::to_string(i);

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "access.hpp"
 #include "lanebus/lease.hpp"
 #include "lease_table.hpp"
 #include "seed.hpp"
@@ -43,8 +44,9 @@ LeaseTableOptions test_options() {
   return o;
 }
 
-std::unique_ptr<LeaseTable> open_table(const std::string& path, LeaseTableOptions o = test_options()) {
-  auto t = LeaseTable::open(path, o);
+std::unique_ptr<LeaseTable> open_table(const std::string& path, LeaseTableOptions o = test_options(),
+                                       const lanebus::detail::LeaseTableHooks& hooks = {}) {
+  auto t = lanebus::detail::open_lease_table_with_hooks(path, o, hooks);
   REQUIRE_MESSAGE(t.ok(), t.status().to_string());
   return std::move(*t);
 }
@@ -110,7 +112,7 @@ TEST_CASE("acquire grants a token; a held lease is Busy for everyone") {
   CHECK(info->owner == a);
   CHECK(info->token == la->token);
   CHECK(info->time_left() > 0ns);
-  CHECK(sv(t->impl().check_consistency()).code() == Code::Ok);
+  CHECK(sv(lanebus::detail::Access::impl(*t).check_consistency()).code() == Code::Ok);
 }
 
 TEST_CASE("tokens rise strictly across all names and acquisitions") {
@@ -273,7 +275,7 @@ TEST_CASE("a full table is QuotaExceeded until an entry is released or expires")
   CHECK(lc->token > lb->token);
   CHECK(t->inspect("a").code() == Code::NotFound);  // its entry went to "c"
   CHECK(t->inspect("b")->held);
-  CHECK(sv(t->impl().check_consistency()).code() == Code::Ok);
+  CHECK(sv(lanebus::detail::Access::impl(*t).check_consistency()).code() == Code::Ok);
   auto all = t->list();
   REQUIRE(all.ok());
   CHECK(all->size() == 2);
@@ -301,20 +303,20 @@ TEST_CASE("restart keeps tokens rising") {
 
 TEST_CASE("a reboot (new boot id) expires every lease, advances the epoch and keeps tokens rising") {
   TempDir dir;
-  LeaseTableOptions before = test_options();
+  lanebus::detail::LeaseTableHooks before;
   before.boot_id_override = "boot-one";
   LeaseOwner a = new_owner(), b = new_owner();
   std::uint64_t old_token = 0, old_epoch = 0;
   {
-    auto t = open_table(dir.file("leases"), before);
+    auto t = open_table(dir.file("leases"), test_options(), before);
     auto l = t->acquire("task", a, 60s);
     REQUIRE(l.ok());
     old_token = l->token;
     old_epoch = t->epoch();
   }
-  LeaseTableOptions after = test_options();
+  lanebus::detail::LeaseTableHooks after;
   after.boot_id_override = "boot-two";
-  auto t = open_table(dir.file("leases"), after);
+  auto t = open_table(dir.file("leases"), test_options(), after);
   CHECK(t->epoch() > old_epoch);
   auto info = t->inspect("task");
   REQUIRE(info.ok());
@@ -325,7 +327,7 @@ TEST_CASE("a reboot (new boot id) expires every lease, advances the epoch and ke
   CHECK(l->token > old_token);
   CHECK((l->token >> lanebus::detail::kSeqBits) == t->epoch());
   // The same boot again changes nothing.
-  auto again = open_table(dir.file("leases"), after);
+  auto again = open_table(dir.file("leases"), test_options(), after);
   CHECK(again->epoch() == t->epoch());
   CHECK(again->inspect("task")->held);
 }
@@ -525,7 +527,7 @@ TEST_CASE("threads on two mappings of one segment never hold a lease together") 
   const std::string path = dir.file("leases");
   auto t1 = open_table(path);
   auto t2 = open_table(path);
-  REQUIRE(static_cast<void*>(t1->impl().header()) != static_cast<void*>(t2->impl().header()));
+  REQUIRE(static_cast<void*>(lanebus::detail::Access::impl(*t1).header()) != static_cast<void*>(lanebus::detail::Access::impl(*t2).header()));
   const std::uint64_t seed = lanebus::test::test_seed("two mappings");
   std::mutex sink_mu;
   std::uint64_t sink_hwm = 0;
@@ -565,5 +567,5 @@ TEST_CASE("threads on two mappings of one segment never hold a lease together") 
   CHECK(grants.load() > 0);
   CHECK(sink_tokens.size() == static_cast<std::size_t>(grants.load()));
   for (std::size_t i = 1; i < sink_tokens.size(); ++i) CHECK(sink_tokens[i] > sink_tokens[i - 1]);
-  CHECK(sv(t1->impl().check_consistency()).code() == Code::Ok);
+  CHECK(sv(lanebus::detail::Access::impl(*t1).check_consistency()).code() == Code::Ok);
 }

@@ -19,6 +19,7 @@
 namespace lanebus {
 
 namespace detail {
+struct Access;
 class BusCore;
 class TopicImpl;
 struct Consumer;
@@ -258,6 +259,7 @@ class LANEBUS_API Bus {
   Status shutdown(ShutdownMode mode, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
  private:
+  friend struct detail::Access;
   explicit Bus(std::shared_ptr<detail::BusCore> core) noexcept;
   std::shared_ptr<detail::BusCore> core_;
 };

@@ -218,8 +218,9 @@ struct DlqCounters {
 };
 
 namespace detail {
+struct Access;
 class BusCore;
-}
+}  // namespace detail
 
 /// The bus's dead-letter queue, for review (SPEC §5): list, show, replay,
 /// archive, purge, audit, counters — the same operations as `lanebus dlq`.
@@ -250,9 +251,9 @@ class LANEBUS_API DeadLetters {
   /// Depth, oldest pending age, arrivals per class.
   Result<DlqCounters> counters();
 
-  explicit DeadLetters(detail::BusCore* core) noexcept : core_(core) {}
-
  private:
+  friend struct detail::Access;
+  explicit DeadLetters(detail::BusCore* core) noexcept : core_(core) {}
   detail::BusCore* core_;
 };
 

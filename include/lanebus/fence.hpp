@@ -1,6 +1,6 @@
 // lanebus — MIT License.
-// FencedResource: the fenced-sink check-and-advance of SPEC §6 for a user's own
-// state kept in the bus's LMDB environment, inside the user's transaction.
+// FencedResource: the fenced-sink check-and-advance for a user's own state kept
+// in the bus's LMDB store, in the same transaction as the user's writes.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +12,12 @@
 
 namespace lanebus {
 
+class Bus;
 class LeaseTable;
+class Transaction;
 
 namespace detail {
-class StoreTxn;
-class DurableStore;
+struct Access;
 }  // namespace detail
 
 // ============================================================================
@@ -24,8 +25,8 @@ class DurableStore;
 // ============================================================================
 //
 // A lease holder passes its fencing token with every write. The resource keeps
-// a high-water mark (HWM), durably, in the store's `fence` table, and decides
-// inside the same LMDB write transaction as the user's own writes:
+// a high-water mark (HWM), durably, in the `fence` table of the bus's store,
+// and decides in the same LMDB write transaction as the caller's own writes:
 //
 //   token <  HWM  -> StaleToken: a newer lease generation has written; the
 //                    caller's lease was lost (frozen, slow, expired).
@@ -36,34 +37,37 @@ class DurableStore;
 //                    (forged, granted for another name, or absurdly large) and
 //                    the HWM is unchanged.
 //
-// The first successful check binds the resource to its lease name: a later
-// check naming another lease is FenceViolation (a token of another lease must
+// The first successful write binds the resource to its lease name: a later
+// write naming another lease is FenceViolation (a token of another lease must
 // never move this fence).
 //
-// Resource names follow the naming rule of SPEC §1 (segments of [a-z0-9_-]
+// Two ways to use it, both through a Transaction (transaction.hpp), so the
+// fence, your table writes and your outbox publishes commit together or not
+// at all:
+//
+//   - Inside a transactional handler (Bus::subscribe_tx / consume_tx): call
+//     Transaction::fence(resource_fence, resource, lease, token) before your
+//     writes, and return its error as the handler's outcome.
+//   - Anywhere else: FencedResource::write(bus, resource, lease, token, fn)
+//     runs fence + fn in one transaction of the bus's store.
+//
+// Resource names follow the topic naming rule (segments of [a-z0-9_-]
 // separated by '.', at most 200 bytes); lease names follow LeaseTable's rule.
 
 /// Confirms that the lease table granted `token` for `lease_name`. OK means
 /// confirmed; any other status refuses the barrier (Busy, IOError and ShutDown
 /// are passed through as "could not confirm now", every other code becomes
-/// FenceViolation). Called without any lanebus lock held; must be thread-safe.
+/// FenceViolation). Called without any lanebus lock held, on the thread that
+/// calls Transaction::fence or FencedResource::write; must be thread-safe.
 using FenceConfirm = std::function<Status(std::string_view lease_name, std::uint64_t token)>;
 
-/// Options for FencedResource.
-struct FencedResourceOptions {
-  /// TEST ONLY — negative controls. false turns the check off: every token is
-  /// accepted and the HWM is neither read nor written. It exists so a test can
-  /// show that a stale write gets through without the fence (proof that the
-  /// test can fail). Default true. Never set it in production code.
-  bool check_enabled = true;
-};
-
-/// The fence check for user state in a DurableStore (the Bus will expose it).
+/// The fence of user state in a durable Bus's store: how barriers are
+/// confirmed. The object holds no state of its own (the HWMs live in the
+/// store), so one object may fence any number of resources of any bus.
 ///
-/// Blocking: check() blocks only when a barrier has to be confirmed (the
-/// confirm function: for a LeaseTable, up to its lock_timeout); write() blocks
-/// for one group commit of the store, and confirms a barrier before entering
-/// the transaction.
+/// Blocking: a barrier (token above the HWM) calls the confirm function (for
+/// a LeaseTable, up to its lock_timeout); write() also blocks for one group
+/// commit of the store (Sync: fsynced).
 ///
 /// Lifetime: a LeaseTable given to the constructor must outlive the object.
 ///
@@ -71,47 +75,52 @@ struct FencedResourceOptions {
 class LANEBUS_API FencedResource {
  public:
   /// A resource fence that confirms barriers with `confirm` (an empty function
-  /// refuses every barrier: FenceViolation).
-  explicit FencedResource(FenceConfirm confirm, FencedResourceOptions options = {});
+  /// refuses every barrier: FenceViolation "no lease confirmation hook").
+  explicit FencedResource(FenceConfirm confirm);
   /// A resource fence that confirms barriers with table.confirm_grant.
-  explicit FencedResource(LeaseTable& table, FencedResourceOptions options = {});
+  explicit FencedResource(LeaseTable& table);
 
-  /// Check `token` against `resource`'s HWM inside a write transaction and
-  /// advance the HWM on a confirmed barrier. Call it first in a write function
-  /// (DurableStore::write), before your own writes: it writes nothing unless it
-  /// returns OK, so returning its error straight away keeps StoreTxn's rule
-  /// (logic errors before the first write).
-  /// REQUIRES: `txn` is a write transaction.
+  /// Outside a handler: run `fn` in a new Transaction of `bus`'s store after
+  /// Transaction::fence(*this, resource, lease, token) passed, and commit the
+  /// fence, fn's writes and its outbox publishes in one LMDB write transaction
+  /// (Sync: fsynced) before returning.
+  ///
+  /// - The fence is checked first, on the calling thread; if it refuses, `fn`
+  ///   does not run and nothing is written.
+  /// - `fn` runs on the calling thread with no lanebus lock held. Its
+  ///   Transaction reads committed state plus its own writes; nothing is
+  ///   written until it returns OK. If it returns an error, nothing is written
+  ///   and the HWM does not move; the error is returned.
+  /// - The commit validates everything read (the fence record included). If
+  ///   another writer changed any of it meanwhile, the whole call (fence and
+  ///   `fn`) runs again, up to 16 times in all, then Conflict. So `fn` may run
+  ///   more than once: keep side effects outside the store out of it.
+  ///
+  /// REQUIRES: `bus` has a store (BusOptions::store.directory set).
   /// Errors:
-  /// - InvalidArgument: token 0, or a read transaction.
+  /// - InvalidArgument: token 0, an empty `fn`, a bus without a store.
   /// - InvalidName: bad resource or lease name.
-  /// - StaleToken: token below the HWM ("below the high-water").
+  /// - StaleToken: token below the HWM ("is below the high-water").
   /// - FenceViolation: a barrier the lease table did not confirm ("not
   ///   confirmed"), no confirm function, or another lease than the one the
   ///   resource is bound to ("is bound to lease").
   /// - Busy / IOError / ShutDown: the confirm function could not answer now;
   ///   nothing changed, retry later.
-  /// - Corruption: the stored HWM record is malformed; storage codes.
-  [[nodiscard]] Status check(detail::StoreTxn& txn, std::string_view resource, std::string_view lease,
-                             std::uint64_t token) const;
+  /// - Conflict: still changing under it after 16 runs.
+  /// - fn's own error; ShutDown (the bus is shut down); Corruption (a
+  ///   malformed fence record); storage codes.
+  [[nodiscard]] Status write(Bus& bus, std::string_view resource, std::string_view lease, std::uint64_t token,
+                             const std::function<Status(Transaction&)>& fn) const;
 
-  /// check() and then `fn`, in one write transaction of `store`, committed
-  /// (Sync: fsynced) before this returns. `fn` runs only if the check passed;
-  /// the HWM moves only if `fn` returns OK too, so a failed `fn` leaves the
-  /// fence as it was. `fn` follows StoreTxn's rules (it may run more than once;
-  /// logic errors only before its first write). Runs `fn` on the store's writer
-  /// thread, with no lanebus lock held; `fn` must not call blocking store methods.
-  /// Errors: those of check(), then fn's status, ShutDown, storage codes.
-  [[nodiscard]] Status write(detail::DurableStore& store, std::string_view resource, std::string_view lease,
-                             std::uint64_t token, const std::function<Status(detail::StoreTxn&)>& fn) const;
-
-  /// The resource's HWM (0 when never written). One read transaction.
-  /// Errors: InvalidName, Corruption, ShutDown, storage codes.
-  [[nodiscard]] static Result<std::uint64_t> high_water(detail::DurableStore& store, std::string_view resource);
+  /// The resource's HWM in `bus`'s store (0 when never written). One read
+  /// transaction. Errors: InvalidArgument (a bus without a store),
+  /// InvalidName, Corruption, ShutDown, storage codes.
+  [[nodiscard]] static Result<std::uint64_t> high_water(const Bus& bus, std::string_view resource);
 
  private:
+  friend struct detail::Access;
   FenceConfirm confirm_;
-  FencedResourceOptions options_;
+  bool check_enabled_ = true;  // negative-control hook for tests (detail::Access)
 };
 
 }  // namespace lanebus

@@ -15,6 +15,7 @@
 namespace lanebus {
 
 namespace detail {
+struct Access;
 class IdempotencyImpl;
 class BusCore;
 }  // namespace detail
@@ -127,10 +128,9 @@ class LANEBUS_API IdempotencyTable {
   Status release(std::string_view key);
 
   std::string_view scope() const noexcept;
-  /// Internal: the implementation (used by the bus's consumer groups).
-  detail::IdempotencyImpl* impl() const noexcept { return impl_.get(); }
 
  private:
+  friend struct detail::Access;
   friend class detail::BusCore;
   friend class detail::IdempotencyImpl;
   explicit IdempotencyTable(std::unique_ptr<detail::IdempotencyImpl> impl) noexcept;

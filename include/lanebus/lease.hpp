@@ -18,8 +18,9 @@
 namespace lanebus {
 
 namespace detail {
+struct Access;
 class LeaseTableImpl;
-}
+}  // namespace detail
 
 // ============================================================================
 // What a lease is, and what it is not
@@ -140,9 +141,6 @@ struct LeaseTableOptions {
   /// Longest any table call waits for the segment's mutex (a holder might be
   /// SIGSTOPped inside an operation). Default 2 s.
   std::chrono::milliseconds lock_timeout{2000};
-  /// Test seam: use this string instead of /proc/sys/kernel/random/boot_id, to
-  /// simulate a reboot. Default "" = the real boot id.
-  std::string boot_id_override{};
 };
 
 /// A table of named leases in a file-backed shared-memory segment.
@@ -257,11 +255,9 @@ class LANEBUS_API LeaseTable {
   std::uint32_t capacity() const noexcept;
   const std::string& path() const noexcept;
 
-  /// Internal (tests): the implementation.
-  detail::LeaseTableImpl& impl() noexcept { return *impl_; }
-
  private:
   explicit LeaseTable(std::unique_ptr<detail::LeaseTableImpl> impl);
+  friend struct detail::Access;
   friend class detail::LeaseTableImpl;
   std::unique_ptr<detail::LeaseTableImpl> impl_;
 };

@@ -10,6 +10,10 @@
 
 namespace lanebus {
 
+namespace detail {
+struct Access;
+}  // namespace detail
+
 /// The fixed-size part of every message header (SPEC §1). The variable parts
 /// (key, idempotency key) travel next to it. The same struct is stored by the
 /// durable layer, so its fields are plain integers with fixed meaning.
@@ -85,12 +89,8 @@ class MessageView {
   /// in nanoseconds since the Unix epoch; 0 = none.
   std::int64_t deadline_ns() const noexcept { return deadline_ns_; }
 
-  /// Used by the dispatcher: the attempt number of this delivery to this group.
-  void set_attempt(std::uint32_t attempt) noexcept { attempt_override_ = attempt; }
-  /// Used by the dispatcher.
-  void set_deadline_ns(std::int64_t deadline) noexcept { deadline_ns_ = deadline; }
-
  private:
+  friend struct detail::Access;  // the dispatcher sets the attempt and the deadline
   const MessageHeader* header_;
   std::string_view key_;
   std::string_view idempotency_key_;

@@ -3,6 +3,7 @@
 // publishes, the dedup record and the ack commit in one transaction.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -14,10 +15,12 @@
 
 namespace lanebus {
 
+class FencedResource;
 class Topic;
 namespace detail {
+struct Access;
 struct TxnState;
-}
+}  // namespace detail
 
 /// What a transactional handler works with. Reads see the committed state of
 /// the bus's store plus this transaction's own writes. Nothing is written
@@ -31,7 +34,8 @@ struct TxnState;
 /// using an attempt).
 ///
 /// Tables are named like topics ([a-z0-9_-.], ≤ 200 bytes); keys and values
-/// are bytes (keys ≤ 500 bytes). Valid only during the handler call.
+/// are bytes (keys ≤ 500 bytes). Valid only during the handler call (or the
+/// FencedResource::write call) that received it; only the library creates one.
 ///
 /// Thread safety: one thread (the handler's).
 class LANEBUS_API Transaction {
@@ -48,9 +52,39 @@ class LANEBUS_API Transaction {
   /// Errors: InvalidArgument (not durable, other bus, empty payload).
   Status publish(const Topic& topic, const OutgoingMessage& message);
 
-  explicit Transaction(detail::TxnState* state) noexcept : state_(state) {}
+  /// Fence this transaction with `resource_fence` (fence.hpp): check `token`
+  /// against the high-water mark (HWM) of `resource` now, and make the commit
+  /// conditional on it. Call it before your writes.
+  ///
+  /// OK: the token is the current generation (== HWM), or a barrier (> HWM)
+  /// that the lease table confirmed; the commit then moves the HWM to `token`.
+  /// The commit re-validates the fence record like every value read: if
+  /// another writer moved the HWM meanwhile, nothing is written and the
+  /// message is delivered again (Conflict), so this call then refuses.
+  ///
+  /// Refused (any error): the transaction is void. Nothing of it will be
+  /// written, whatever the handler returns (an ack then only acknowledges the
+  /// message), and later get/put/del/publish/fence calls return the same
+  /// error. Return the error as the outcome (e.g. Outcome::reject for
+  /// StaleToken: this worker's lease is gone).
+  ///
+  /// Blocks: one read transaction; a barrier also calls the confirm function
+  /// (LeaseTable: up to its lock_timeout), with no lanebus lock held.
+  /// Errors:
+  /// - InvalidArgument: token 0.
+  /// - InvalidName: bad resource or lease name.
+  /// - StaleToken: token below the HWM ("is below the high-water").
+  /// - FenceViolation: a barrier the lease table did not confirm ("not
+  ///   confirmed"), no confirm function, or the resource is bound to another
+  ///   lease ("is bound to lease").
+  /// - Busy / IOError / ShutDown: the confirm function could not answer now.
+  /// - Corruption: the stored fence record is malformed; storage codes.
+  Status fence(const FencedResource& resource_fence, std::string_view resource, std::string_view lease,
+               std::uint64_t token);
 
  private:
+  friend struct detail::Access;
+  explicit Transaction(detail::TxnState* state) noexcept : state_(state) {}
   detail::TxnState* state_;
 };
 

@@ -1,0 +1,50 @@
+// lanebus — MIT License.
+// detail::Access: the one friend of the public classes, through which lib/ and
+// the tests reach what the public headers keep private (implementations,
+// library-only constructors, the dispatcher's MessageView fields, test hooks).
+// Internal: not installed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "lanebus/bus.hpp"
+#include "lanebus/dlq.hpp"
+#include "lanebus/fence.hpp"
+#include "lanebus/idempotency.hpp"
+#include "lanebus/lease.hpp"
+#include "lanebus/message.hpp"
+#include "lanebus/transaction.hpp"
+
+namespace lanebus::detail {
+
+class IdempotencyImpl;
+class LeaseTableImpl;
+class BusCore;
+struct TxnState;
+
+struct Access {
+  // ---- library use ----
+  static BusCore* core(const Bus& bus) noexcept { return bus.core_.get(); }
+  static IdempotencyImpl* impl(const IdempotencyTable& table) noexcept { return table.impl_.get(); }
+  static LeaseTableImpl& impl(LeaseTable& table) noexcept { return *table.impl_; }
+  static Transaction transaction(TxnState* state) noexcept { return Transaction(state); }
+  static TxnState* state(Transaction& tx) noexcept { return tx.state_; }
+  static std::unique_ptr<DeadLetters> dead_letters(BusCore* core) {
+    return std::unique_ptr<DeadLetters>(new DeadLetters(core));
+  }
+  static void set_attempt(MessageView& view, std::uint32_t attempt) noexcept { view.attempt_override_ = attempt; }
+  static void set_deadline_ns(MessageView& view, std::int64_t deadline_ns) noexcept {
+    view.deadline_ns_ = deadline_ns;
+  }
+  static const FenceConfirm& confirm(const FencedResource& fence) noexcept { return fence.confirm_; }
+  static bool check_enabled(const FencedResource& fence) noexcept { return fence.check_enabled_; }
+
+  // ---- test hooks (negative controls; never used by lib/ itself) ----
+  /// false turns the fence check of `fence` off: every token is accepted and
+  /// the HWM is neither read nor written, so a test can show that a stale
+  /// write gets through without the fence (proof that the test can fail).
+  static void set_check_enabled_for_testing(FencedResource& fence, bool on) noexcept { fence.check_enabled_ = on; }
+};
+
+}  // namespace lanebus::detail
