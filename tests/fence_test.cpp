@@ -1,7 +1,8 @@
 // lanebus — MIT License.
 // Fenced sinks (SPEC §6) in one process, with a real LMDB store and a real LeaseTable:
 // fenced durable lanes (barrier, stale, duplicates, forged barriers, batching, restart,
-// reboot, per-lane slots, the test-only switch) and FencedResource (every code).
+// reboot, per-lane slots, the test-only switch) and the store-level FencedResource check
+// (every code; fence_api_test covers the public calls).
 #include <doctest/doctest.h>
 
 #include <condition_variable>
@@ -16,6 +17,7 @@
 #include "fence_resource.hpp"
 #include "fence_support.hpp"
 #include "lease_table.hpp"
+#include "lanebus/bus.hpp"
 #include "lanebus/fence.hpp"
 #include "lanebus/lease.hpp"
 #include "temp_dir.hpp"
@@ -485,4 +487,30 @@ TEST_CASE("FencedResource negative control: with the check off (test hook) a sta
                    return Status();
                  }).ok());
   CHECK(v == "stale");  // the lost update the fence prevents
+}
+
+TEST_CASE("FencedResource negative control through a Bus: with the check off (test hook) write lets a stale "
+          "token's update land") {
+  Fixture f;
+  std::uint64_t t1 = f.grant("owner", f.a);
+  REQUIRE(f.table->release("owner", f.a, t1).ok());
+  std::uint64_t t2 = f.grant("owner", f.b);
+  lanebus::BusOptions o;
+  o.workers = 1;
+  o.store.directory = f.dir.file("bus-store");
+  o.lease_table = f.table.get();
+  auto bus = lanebus::Bus::open(o);
+  REQUIRE_MESSAGE(bus.ok(), bus.status().to_string());
+  FencedResource on(*f.table);
+  FencedResource off(*f.table);
+  lanebus::detail::Access::set_check_enabled_for_testing(off, false);
+  auto put = [&](const FencedResource& r, std::uint64_t tok, const char* v) {
+    return r.write(**bus, "res", "owner", tok, [&](lanebus::Transaction& tx) { return tx.put("t", "k", v); });
+  };
+  REQUIRE(put(on, t2, "new").ok());
+  CHECK(put(on, t1, "stale").code() == Code::StaleToken);
+  CHECK((*bus)->table_get("t", "k").value() == "new");
+  CHECK(put(off, t1, "stale").ok());
+  CHECK((*bus)->table_get("t", "k").value() == "stale");  // the lost update the fence prevents
+  CHECK(FencedResource::high_water(**bus, "res").value() == t2);
 }
