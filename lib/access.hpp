@@ -29,7 +29,6 @@ struct Access {
   static IdempotencyImpl* impl(const IdempotencyTable& table) noexcept { return table.impl_.get(); }
   static LeaseTableImpl& impl(LeaseTable& table) noexcept { return *table.impl_; }
   static Transaction transaction(TxnState* state) noexcept { return Transaction(state); }
-  static TxnState* state(Transaction& tx) noexcept { return tx.state_; }
   static std::unique_ptr<DeadLetters> dead_letters(BusCore* core) {
     return std::unique_ptr<DeadLetters>(new DeadLetters(core));
   }

@@ -31,7 +31,8 @@ export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/t
 rc=0
 meson test -C "$dir" --print-errorlogs --num-processes 2 || rc=$?
 if [ "$mode" = plain ] && [ "$rc" -eq 0 ]; then
-  # Consumer test: install to a temporary prefix, build examples/tour against lanebus.pc.
+  # Consumer test: install to a temporary prefix; every public header alone, every example
+  # built against lanebus.pc and run.
   scripts/consumer_check.sh "$dir" || rc=$?
 fi
 # One plain closing line for readers (and CI): N passed, N failed.

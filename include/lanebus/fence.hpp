@@ -51,6 +51,14 @@ struct Access;
 //   - Anywhere else: FencedResource::write(bus, resource, lease, token, fn)
 //     runs fence + fn in one transaction of the bus's store.
 //
+// How the decision stays exact: a Transaction buffers its reads and writes on
+// the caller's thread and commits them in one write transaction of the store's
+// writer, validating every value it read (optimistic concurrency). fence()
+// decides against the stored HWM when it is called (confirming a barrier
+// there, never inside the writer's transaction) and the commit treats the
+// fence record like a value read: if another writer moved it meanwhile, the
+// commit writes nothing (Conflict) and the work runs again, now refused.
+//
 // Resource names follow the topic naming rule (segments of [a-z0-9_-]
 // separated by '.', at most 200 bytes); lease names follow LeaseTable's rule.
 
