@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 // lightweightsemaphore.h needs concurrentqueue.h's macros first (as
 // blockingconcurrentqueue.h includes them).
@@ -142,7 +143,7 @@ class RunQueue {
 
   /// We hold a semaphore count: an entry is queued (or stop() signalled).
   bool take(T*& v) noexcept {
-    for (;;) {
+    for (std::uint32_t spins = 0;;) {
       // The overflow list first: a busy ring must not starve it.
       if (overflow_count_.load(std::memory_order_acquire) > 0) {
         std::lock_guard l(overflow_mu_);
@@ -157,9 +158,15 @@ class RunQueue {
       }
       if (try_pop(v)) return true;
       if (stopped()) return false;
+      // An enqueuer has claimed the head cell and is writing it; if it was
+      // preempted meanwhile, give it the core.
+      if ((++spins & 1023) == 0) {
+        std::this_thread::yield();
+      } else {
 #if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();  // an enqueuer has claimed the head cell and is writing it
+        __builtin_ia32_pause();
 #endif
+      }
     }
   }
 
