@@ -1,6 +1,8 @@
 // lanebus — MIT License.
-// bench/inproc: the in-process bus against raw moodycamel ConcurrentQueue and
-// ZeroMQ inproc PUSH/PULL, on the same work (64-byte payload), in one process.
+// bench/inproc: the in-process bus against raw moodycamel ConcurrentQueue (the
+// ceiling), Boost.Asio strands (what a C++ developer writes for per-key ordered
+// work on a thread pool), a std::mutex + condition_variable queue, and ZeroMQ
+// inproc PUSH/PULL, on the same work (64-byte payload), in one process.
 //
 // Usage: inproc [--smoke] [--run NAME] [--msgs N] [--repeats N] [--workers N] [--list]
 //   --smoke    tiny counts, one run per case (the bench-smoke test suite); checks
@@ -31,7 +33,14 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
 #include <concurrentqueue/concurrentqueue.h>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 
 #include "lanebus/bus.hpp"
 #include "lanebus/version.hpp"
@@ -303,6 +312,164 @@ double mc_throughput(int producers, int groups, std::uint64_t n, const Config& c
   return rate(per * producers, end - t0);
 }
 
+// ---------------------------------------------------------------- boost.asio strands
+
+/// The idiom for per-key ordered work on a thread pool: an io_context run by
+/// `workers` threads, a strand per lane (8, as the lanebus topic; key i goes to
+/// lane i % 8), and per message a `post` of a lambda that owns a copy of the
+/// 64-byte payload. Each group has its own strands; a producer posts every
+/// message to every group. Asio has no backpressure: the queue is unbounded.
+double asio_throughput(int producers, int groups, int workers, std::uint64_t n, const Config& cfg) {
+  constexpr int kLanes = 8;
+  boost::asio::io_context ioc(workers);
+  auto guard = boost::asio::make_work_guard(ioc);
+  using Strand = boost::asio::strand<boost::asio::io_context::executor_type>;
+  std::vector<std::vector<Strand>> strands(groups);
+  for (auto& g : strands)
+    for (int l = 0; l < kLanes; ++l) g.push_back(boost::asio::make_strand(ioc));
+  std::vector<std::unique_ptr<GroupDone>> done;
+  for (int g = 0; g < groups; ++g) done.push_back(std::make_unique<GroupDone>());
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w) pool.emplace_back([&] { ioc.run(); });
+
+  const std::uint64_t per = n / producers;
+  const std::uint64_t total = per * producers;
+  Gate gate;
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p] {
+      Msg m;
+      gate.arrive_and_wait();
+      for (std::uint64_t i = 0; i < per; ++i) {
+        m.seq = p * per + i;
+        const int lane = static_cast<int>(m.seq % kKeys) % kLanes;
+        for (int g = 0; g < groups; ++g) {
+          GroupDone* gd = done[g].get();
+          boost::asio::post(strands[g][lane], [m, gd, total] {
+            do_not_optimize(m.seq);
+            if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == total)
+              gd->done_ns.store(now_ns(), std::memory_order_release);
+          });
+        }
+      }
+    });
+  }
+  std::int64_t t0 = gate.open_when(producers);
+  std::int64_t end = wait_all(done, cfg, "asio_strand");
+  for (auto& t : threads) t.join();
+  guard.reset();
+  ioc.stop();
+  for (auto& t : pool) t.join();
+  return rate(total, end - t0);
+}
+
+// ---------------------------------------------------------------- mutex + condition_variable queue
+
+/// The other thing people write: a bounded (4096, the topic's capacity) deque
+/// guarded by a std::mutex with two condition variables. A queue per lane,
+/// served by `workers` threads: lane l belongs to worker l % workers (one
+/// worker per lane keeps per-key order), and a worker waits on its own
+/// condition variable for any of its lanes. The worker takes everything
+/// queued in a lane under one lock (swap), the usual optimisation.
+struct MutexLaneQueue {
+  std::deque<Msg> q;
+};
+struct alignas(64) MutexWorker {
+  std::mutex mu;
+  std::condition_variable has_work, has_room;
+  std::vector<MutexLaneQueue*> lanes;  // the lanes this worker serves
+  std::size_t queued = 0;              // over its lanes, guarded by mu
+  bool stop = false;
+};
+
+double mutex_throughput(int producers, int groups, int workers, std::uint64_t n, const Config& cfg) {
+  constexpr int kLanes = 8;
+  constexpr std::size_t kCapacity = 4096;
+  std::vector<std::unique_ptr<MutexWorker>> ws;
+  for (int w = 0; w < workers; ++w) ws.push_back(std::make_unique<MutexWorker>());
+  // lanes[g][l]; lane l of every group belongs to worker l % workers.
+  std::vector<std::vector<std::unique_ptr<MutexLaneQueue>>> lanes(groups);
+  for (int g = 0; g < groups; ++g)
+    for (int l = 0; l < kLanes; ++l) {
+      lanes[g].push_back(std::make_unique<MutexLaneQueue>());
+      ws[l % workers]->lanes.push_back(lanes[g].back().get());
+    }
+  std::vector<std::unique_ptr<GroupDone>> done;
+  for (int g = 0; g < groups; ++g) done.push_back(std::make_unique<GroupDone>());
+  const std::uint64_t per = n / producers;
+  const std::uint64_t total = per * producers;
+  // Which group a lane queue belongs to, for the done counters.
+  auto group_of = [&](const MutexLaneQueue* lq) {
+    for (int g = 0; g < groups; ++g)
+      for (auto& l : lanes[g])
+        if (l.get() == lq) return g;
+    return 0;
+  };
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w) {
+    pool.emplace_back([&, w] {
+      MutexWorker& me = *ws[w];
+      std::vector<int> gidx;
+      for (auto* lq : me.lanes) gidx.push_back(group_of(lq));
+      std::deque<Msg> batch;
+      std::unique_lock l(me.mu);
+      for (;;) {
+        me.has_work.wait(l, [&] { return me.queued > 0 || me.stop; });
+        if (me.queued == 0 && me.stop) return;
+        for (std::size_t i = 0; i < me.lanes.size(); ++i) {
+          if (me.lanes[i]->q.empty()) continue;
+          batch.swap(me.lanes[i]->q);
+          me.queued -= batch.size();
+          l.unlock();
+          me.has_room.notify_all();
+          GroupDone* gd = done[gidx[i]].get();
+          for (const Msg& m : batch) {
+            do_not_optimize(m.seq);
+            if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == total)
+              gd->done_ns.store(now_ns(), std::memory_order_release);
+          }
+          batch.clear();
+          l.lock();
+        }
+      }
+    });
+  }
+  Gate gate;
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p] {
+      Msg m;
+      gate.arrive_and_wait();
+      for (std::uint64_t i = 0; i < per; ++i) {
+        m.seq = p * per + i;
+        const int lane = static_cast<int>(m.seq % kKeys) % kLanes;
+        MutexWorker& w = *ws[lane % workers];
+        for (int g = 0; g < groups; ++g) {
+          {
+            std::unique_lock l(w.mu);
+            w.has_room.wait(l, [&] { return lanes[g][lane]->q.size() < kCapacity; });
+            lanes[g][lane]->q.push_back(m);
+            ++w.queued;
+          }
+          w.has_work.notify_one();
+        }
+      }
+    });
+  }
+  std::int64_t t0 = gate.open_when(producers);
+  std::int64_t end = wait_all(done, cfg, "mutex_queue");
+  for (auto& t : threads) t.join();
+  for (auto& w : ws) {
+    {
+      std::lock_guard l(w->mu);
+      w->stop = true;
+    }
+    w->has_work.notify_all();
+  }
+  for (auto& t : pool) t.join();
+  return rate(total, end - t0);
+}
+
 // ---------------------------------------------------------------- zeromq
 
 #if BENCH_HAVE_ZMQ
@@ -555,6 +722,10 @@ void run_1to1(const Config& cfg) {
   std::string extra = " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
                       " baseline_threads=2" + oversub(std::max(1 + w, 2));
   print_line("1to1", n, lb, "moodycamel", mc, extra);
+  Runs as = repeat(cfg.repeats, [&] { return asio_throughput(1, 1, w, n, cfg); });
+  print_line("1to1", n, lb, "asio_strand", as, extra);
+  Runs mq = repeat(cfg.repeats, [&] { return mutex_throughput(1, 1, w, n, cfg); });
+  print_line("1to1", n, lb, "mutex_queue", mq, extra);
 #if BENCH_HAVE_ZMQ
   Runs zq = repeat(cfg.repeats, [&] { return zmq_throughput(n, cfg); });
   // zmq also runs an I/O thread per context (idle for inproc).
@@ -573,6 +744,12 @@ void run_2to2(const Config& cfg) {
   print_line("2to2", n, lb, "moodycamel", mc,
              " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(2 + w) +
                  " baseline_threads=4" + oversub(std::max(2 + w, 4)));
+  const std::string same = " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(2 + w) +
+                           " baseline_threads=" + std::to_string(2 + w) + oversub(2 + w);
+  Runs as = repeat(cfg.repeats, [&] { return asio_throughput(2, 2, w, n, cfg); });
+  print_line("2to2", n, lb, "asio_strand", as, same);
+  Runs mq = repeat(cfg.repeats, [&] { return mutex_throughput(2, 2, w, n, cfg); });
+  print_line("2to2", n, lb, "mutex_queue", mq, same);
 }
 
 void run_fanout(const Config& cfg) {
@@ -585,6 +762,13 @@ void run_fanout(const Config& cfg) {
   print_line("fanout1to4", n, lb, "moodycamel", mc,
              " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
                  " baseline_threads=5" + oversub(std::max(1 + w, 5)));
+  // Asio and the mutex queue run on the lanebus worker count (1 + w threads).
+  const std::string same = " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
+                           " baseline_threads=" + std::to_string(1 + w) + oversub(1 + w);
+  Runs as = repeat(cfg.repeats, [&] { return asio_throughput(1, 4, w, n, cfg); });
+  print_line("fanout1to4", n, lb, "asio_strand", as, same);
+  Runs mq = repeat(cfg.repeats, [&] { return mutex_throughput(1, 4, w, n, cfg); });
+  print_line("fanout1to4", n, lb, "mutex_queue", mq, same);
 }
 
 void run_latency(const Config& cfg) {
@@ -622,7 +806,9 @@ void run_metrics_overhead(const Config& cfg) {
 }
 
 const Scenario kScenarios[] = {
-    {"1to1", "1 producer -> 1 group (lanebus 1 worker, 16 keys over 8 lanes) vs moodycamel 1P/1C and zmq PUSH/PULL",
+    {"1to1",
+     "1 producer -> 1 group (lanebus 1 worker, 16 keys over 8 lanes) vs moodycamel 1P/1C, asio strands and a "
+     "mutex queue on 1 worker, zmq PUSH/PULL",
      run_1to1},
     {"2to2", "2 producers -> 2 groups, each group gets every message, vs moodycamel 2 queues x 2P, 2C", run_2to2},
     {"fanout1to4", "1 producer -> 4 groups (msgs/2 per run) vs moodycamel 4 queues, 4 consumers", run_fanout},

@@ -134,6 +134,7 @@ struct alignas(64) GroupLane : TimerEntry {
   const std::uint32_t lane;
   LaneRing ring;
   alignas(64) std::atomic<bool> scheduled{false};
+  GroupLane* runq_next = nullptr;  // RunQueue's overflow list (mpmc_queue.hpp)
 
   // Owned by the worker running the lane.
   alignas(64) Slot* current = nullptr;  // taken from the ring, not yet finished (retry pending)
@@ -411,13 +412,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<TopicImpl>, std::less<>> topics_ GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
-  RunQueue<GroupLane*> runq_;
+  RunQueue<GroupLane> runq_;
   std::atomic<bool> closing_{false};
   std::atomic<bool> abandon_{false};
   std::atomic<bool> stopped_{false};
   Mutex shutdown_mu_;
   std::atomic<std::uint64_t> next_id_{1};
-  std::atomic<std::uint64_t> runq_fallbacks_{0};
   std::atomic<std::size_t> workers_ready_{0};
 
   std::unique_ptr<RetryTimer> timer_;

@@ -58,6 +58,7 @@ BusStats BusCore::stats() const {
     }
     ts.unrouted = t->unrouted.load(std::memory_order_relaxed);
     ts.publish_refused = t->refused.load(std::memory_order_relaxed);
+    ts.slots_in_use = t->durable ? 0 : static_cast<std::uint64_t>(std::max<std::int64_t>(t->pool.in_use(), 0));
     for (std::uint32_t i = 0; i < t->options.lanes; ++i) {
       std::uint64_t p = t->lane_load[i].published.load(std::memory_order_relaxed);
       ts.lane_published.push_back(p);

@@ -17,7 +17,7 @@ thread_local BusCore* tl_running_bus = nullptr;
 
 // ---------------------------------------------------------------- bus core
 
-BusCore::BusCore(const BusOptions& o) : options(o), runq_(4096) {}
+BusCore::BusCore(const BusOptions& o) : options(o), runq_(kRunQueueCapacity) {}
 
 BusCore::~BusCore() {
   // Bus::~Bus already shut down; this covers a failed start().
@@ -50,11 +50,7 @@ Status BusCore::start() {
         schedule(static_cast<WakeEntry*>(e)->lane);  // a parked message is due
         return;
       }
-      GroupLane* gl = static_cast<GroupLane*>(e);
-      if (!runq_.try_enqueue(gl)) {
-        runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-        runq_.enqueue(gl);
-      }
+      runq_.enqueue(static_cast<GroupLane*>(e));
     });
   } catch (const std::exception& e) {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
@@ -63,8 +59,8 @@ Status BusCore::start() {
   try {
     workers_.reserve(n);
     for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
-    // Return only once every worker has made its one-time allocations (its
-    // moodycamel producer), so "after warm-up" never includes a worker start.
+    // Return only once every worker runs (its thread-locals exist), so
+    // "after warm-up" never includes a worker start.
     while (workers_ready_.load(std::memory_order_acquire) < n) std::this_thread::sleep_for(std::chrono::microseconds(50));
   } catch (const std::exception& e) {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting workers: " + e.what());
@@ -76,12 +72,7 @@ void BusCore::schedule(GroupLane* gl) noexcept {
   // seq_cst: the publisher's side of the Dekker hand-off (bus_impl.hpp).
   if (gl->scheduled.load(std::memory_order_seq_cst)) return;
   if (gl->scheduled.exchange(true, std::memory_order_seq_cst)) return;
-  if (!runq_.try_enqueue(gl)) {
-    // The queue's pre-sized blocks are exhausted (many publishing threads):
-    // correctness first, allocate one more block, and count it.
-    runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-    runq_.enqueue(gl);
-  }
+  runq_.enqueue(gl);  // never allocates (mpmc_queue.hpp)
 }
 
 Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
@@ -105,10 +96,7 @@ void BusCore::requeue(GroupLane* gl, std::int64_t delay_ns) noexcept {
     timer_->add(gl);  // the lane stays scheduled while it waits
     return;
   }
-  if (!runq_.try_enqueue(gl)) {
-    runq_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-    runq_.enqueue(gl);
-  }
+  runq_.enqueue(gl);
 }
 
 // The watchdog (GroupOptions::attempt_timeout): a handler call still running
@@ -163,32 +151,22 @@ void BusCore::watchdog_main() {
   }
 }
 
-namespace {
-// A run-queue entry that is not a lane: each worker enqueues one when it
-// starts, so moodycamel creates that thread's implicit producer (an
-// allocation) while the bus opens rather than on the worker's first
-// reschedule, which may come long after warm-up.
-char warmup_marker_byte;
-GroupLane* warmup_marker() noexcept { return reinterpret_cast<GroupLane*>(&warmup_marker_byte); }
-}  // namespace
-
 void BusCore::worker_main(std::size_t /*index*/) {
   using clock = std::chrono::steady_clock;
-  runq_.enqueue(warmup_marker());
   workers_ready_.fetch_add(1, std::memory_order_release);
   for (;;) {
     GroupLane* gl = nullptr;
     bool got = runq_.try_dequeue(gl);
     if (!got && options.spin.count() > 0) {
       auto until = clock::now() + options.spin;
-      for (std::uint32_t i = 1; !got; ++i) {
+      for (std::uint32_t i = 1; !got && !runq_.stopped(); ++i) {
         got = runq_.try_dequeue(gl);
         if (!got && (i & 63) == 0 && clock::now() >= until) break;
       }
     }
-    if (!got) runq_.wait_dequeue(gl);  // park: no CPU until a lane is scheduled
-    if (gl == nullptr) return;         // stop sentinel from shutdown()
-    if (gl == warmup_marker()) continue;
+    // Park: no CPU until a lane is scheduled. False: shutdown() stopped the
+    // queue (lanes still queued then are released by release_remaining()).
+    if (!got && (runq_.stopped() || !runq_.wait_dequeue(gl))) return;
     run_lane(gl);
   }
 }
@@ -288,7 +266,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
     }
   }
   abandon_.store(true, std::memory_order_release);
-  for (std::size_t i = 0; i < workers_.size(); ++i) runq_.enqueue(nullptr);
+  runq_.stop(static_cast<int>(workers_.size()));
   for (auto& w : workers_) w.join();
   workers_.clear();
   if (watchdog_.joinable()) {

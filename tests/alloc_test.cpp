@@ -1,11 +1,14 @@
 // lanebus — MIT License.
 // Zero allocation on the hot path (SPEC §2): after warm-up, 100,000 publishes
 // and their deliveries (fan-out to two groups, and a queue) allocate nothing;
-// neither do the hot-path failures.
+// neither do the hot-path failures, nor a publisher thread started after
+// warm-up, nor the retry and DropOldest paths.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "alloc_counter.hpp"
 #include "lanebus/lanebus.hpp"
@@ -98,4 +101,119 @@ TEST_CASE("a full fail-fast topic refuses without allocating") {
   CHECK(accepted == 4);
   CHECK(after - before == 0);
   gate = true;
+}
+
+TEST_CASE("4 publisher threads, one started after warm-up, retries and DropOldest allocate nothing") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2}).value();
+  // Retry path: group "r" asks for a second delivery of every 16th message,
+  // half at once (the run queue) and half after a 1 ms backoff (the timer).
+  auto retry_topic = bus->create_topic("alloc.retry", {.lanes = 8, .capacity = 4096}).value();
+  // DropOldest path: a small topic whose publishers outrun the slow group "s".
+  auto drop_topic =
+      bus->create_topic("alloc.drop", {.lanes = 4, .backpressure = Backpressure::DropOldest, .capacity = 64}).value();
+  std::atomic<std::uint64_t> r_acked{0}, r_retried{0}, o_acked{0}, d_seen{0};
+  auto seq_of = [](const MessageView& m) {
+    std::uint64_t seq;
+    std::memcpy(&seq, m.payload().data(), sizeof seq);
+    return seq;
+  };
+  GroupOptions immediate{.max_attempts = 3};
+  auto sr = bus->subscribe(retry_topic, "r",
+                           [&](const MessageView& m) {
+                             if (seq_of(m) % 16 == 0 && m.attempt() == 1) {
+                               r_retried.fetch_add(1, std::memory_order_relaxed);
+                               return Outcome::retry("again");
+                             }
+                             r_acked.fetch_add(1, std::memory_order_relaxed);
+                             return Outcome::ack();
+                           },
+                           immediate)
+                .value();
+  auto so = bus->subscribe(retry_topic, "o", [&](const MessageView&) {
+                  o_acked.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  auto sd1 = bus->subscribe(drop_topic, "s", [&](const MessageView&) {
+                   for (int i = 0; i < 2000; ++i) asm volatile("" ::: "memory");  // a slow handler
+                   d_seen.fetch_add(1, std::memory_order_relaxed);
+                   return Outcome::ack();
+                 }).value();
+  GroupOptions backoff{.max_attempts = 3, .backoff_initial = std::chrono::milliseconds(1),
+                       .backoff_max = std::chrono::milliseconds(1)};
+  std::atomic<std::uint64_t> b_acked{0};
+  auto sd2 = bus->subscribe(drop_topic, "b",
+                            [&](const MessageView& m) {
+                              if (seq_of(m) % 64 == 0 && m.attempt() == 1) return Outcome::retry("later");
+                              b_acked.fetch_add(1, std::memory_order_relaxed);
+                              return Outcome::ack();
+                            },
+                            backoff)
+                 .value();
+
+  constexpr int kPublishers = 4;
+  constexpr std::uint64_t kPer = 20'000;
+  // Publishers are made up front (Bus::publisher() may allocate); each
+  // thread publishes `n` messages per phase to both topics.
+  std::vector<Publisher> pubs;
+  for (int p = 0; p < kPublishers; ++p) pubs.push_back(bus->publisher());
+  std::atomic<int> phase{0};   // 1: warm-up, 2: measured
+  std::atomic<int> finished{0};
+  std::atomic<int> failures{0};  // doctest assertions stay on the test's thread
+  auto publisher_main = [&](int p, int first_phase) {
+    char key[4] = {'k', 0, 0, 0};
+    char payload[64] = {};
+    for (int ph = first_phase; ph <= 2; ++ph) {
+      while (phase.load() < ph) std::this_thread::yield();
+      for (std::uint64_t i = 0; i < kPer; ++i) {
+        std::uint64_t seq = (static_cast<std::uint64_t>(p) << 40) | (static_cast<std::uint64_t>(ph) << 32) | i;
+        std::memcpy(payload, &seq, sizeof seq);
+        key[1] = static_cast<char>('a' + i % 26);
+        key[2] = static_cast<char>('0' + p);
+        OutgoingMessage m{.key = std::string_view(key, 3), .payload = std::string_view(payload, sizeof payload)};
+        if (!pubs[p].publish(retry_topic, m).ok()) failures.fetch_add(1);
+        if (!pubs[p].publish(drop_topic, m).ok()) failures.fetch_add(1);
+      }
+      finished.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kPublishers - 1; ++p) threads.emplace_back(publisher_main, p, 1);
+
+  // Warm-up: three publishers; every path (retry now, retry later, drop) runs.
+  phase = 1;
+  REQUIRE(wait_until([&] { return finished.load() == kPublishers - 1; }));
+  const std::uint64_t warm = (kPublishers - 1) * kPer;
+  REQUIRE(wait_until([&] { return r_acked.load() == warm && o_acked.load() == warm; }));
+
+  // The fourth thread starts now; counting covers all of its publishing.
+  threads.emplace_back(publisher_main, kPublishers - 1, 2);
+  lanebus::test::alloc_counting(true);
+  phase = 2;
+  const std::uint64_t total = warm + kPublishers * kPer;
+  bool delivered = wait_until([&] { return r_acked.load() == total && o_acked.load() == total; });
+  // Let the slow group's tail run while counting (stats() would allocate):
+  // until it has handled nothing new for 50 ms, at most 5 s.
+  for (int i = 0; i < 100; ++i) {
+    std::uint64_t before = d_seen.load() + b_acked.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (d_seen.load() + b_acked.load() == before) break;
+  }
+  lanebus::test::alloc_counting(false);
+  std::uint64_t allocs = lanebus::test::alloc_count();
+  for (auto& t : threads) t.join();
+  REQUIRE(delivered);
+  CHECK(failures.load() == 0);
+  BusStats st = bus->stats();
+  std::uint64_t dropped = 0, retried = 0;
+  for (const auto& t : st.topics)
+    for (const auto& g : t.groups) {
+      dropped += g.total.dropped;
+      retried += g.total.retried;
+    }
+  INFO("allocations: " << allocs << ", dropped " << dropped << ", retried " << retried);
+  CHECK(allocs == 0);
+  CHECK(dropped > 0);                    // the DropOldest path ran
+  CHECK(r_retried.load() >= total / 16);  // the retry path ran
+  CHECK(retried > r_retried.load());      // and the backoff retries on the drop topic
 }

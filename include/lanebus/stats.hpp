@@ -83,6 +83,7 @@ struct TopicStats {
   std::uint64_t published = 0;                ///< Messages accepted by publish.
   std::uint64_t unrouted = 0;                 ///< Accepted while the topic had no group.
   std::uint64_t publish_refused = 0;          ///< WouldBlock / TimedOut results.
+  std::uint64_t slots_in_use = 0;             ///< Gauge: pooled message slots held (ephemeral; 0 when idle).
   std::vector<std::uint64_t> lane_published;  ///< Per-lane load: a hot key shows as one big lane.
   std::vector<GroupStats> groups;
 };
