@@ -16,6 +16,7 @@
 #include "durable_store.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "sizes.hpp"
 #include "temp_dir.hpp"
 
 using lanebus::Code;
@@ -25,11 +26,7 @@ using lanebus::test::TempDir;
 
 namespace {
 
-int crash_cycles() {
-  const char* env = std::getenv("LANEBUS_CRASH_CYCLES");
-  int n = env != nullptr ? std::atoi(env) : 0;
-  return n > 0 ? n : 50;
-}
+int crash_cycles() { return static_cast<int>(lanebus::test::env_size("LANEBUS_CRASH_CYCLES", 50)); }
 
 std::string child_path() {
   std::string p = lanebus::test::helper_path("LANEBUS_DURABLE_CHILD");
@@ -77,6 +74,7 @@ TEST_CASE("crash loop: a producer killed at random moments never loses an acknow
   const std::uint64_t seed = lanebus::test::test_seed("crash loop producer");
   std::mt19937_64 rng(seed);
   const int cycles = crash_cycles();
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string exe = child_path();
   TempDir dir;
   const std::string store_dir = dir.file("bus");
@@ -133,6 +131,8 @@ TEST_CASE("crash loop: a producer killed at random moments never loses an acknow
     REQUIRE(store->close().ok());
   }
   MESSAGE("cycles=" << cycles << " acked=" << total_acks);
+  lanebus::test::print_figures("durable_crash_producer", static_cast<std::uint64_t>(cycles), total_acks,
+                               t0);
   CHECK(total_acks > 0);
 }
 
@@ -140,6 +140,7 @@ TEST_CASE("crash loop: a consumer killed mid-handler loses nothing; attempts per
   const std::uint64_t seed = lanebus::test::test_seed("crash loop consumer");
   std::mt19937_64 rng(seed);
   const int cycles = crash_cycles();
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string exe = child_path();
   TempDir dir;
   const std::string store_dir = dir.file("bus");
@@ -229,6 +230,8 @@ TEST_CASE("crash loop: a consumer killed mid-handler loses nothing; attempts per
     CHECK((*info)[0].in_flight == 0);
   }
   MESSAGE("cycles=" << cycles << " redeliveries=" << redeliveries);
+  lanebus::test::print_figures("durable_crash_consumer", static_cast<std::uint64_t>(cycles), kMessages,
+                               t0);
   if (cycles >= 20) CHECK(redeliveries > 0);  // the kills did land inside handlers
 }
 
