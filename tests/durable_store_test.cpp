@@ -4,18 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstring>
-#include <functional>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
 #include <set>
 #include <string>
-#include <grp.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -26,6 +22,7 @@
 #include "lmdb_store.hpp"
 #include "seed.hpp"
 #include "temp_dir.hpp"
+#include "unprivileged.hpp"
 #include "wait.hpp"
 
 using lanebus::Code;
@@ -662,57 +659,12 @@ TEST_CASE("a record that fails its checksum is Corruption naming topic, lane and
 
 namespace {
 
-constexpr uid_t kNobody = 65534;  // Debian's `nobody` and `nogroup`
-
-// Runs `open` as a user without root's privileges: in a forked child that
-// drops to nobody/nogroup (no supplementary groups) when the test runs as root
-// (root bypasses file permissions, so EACCES could not happen), in this
-// process otherwise. Returns what `open` returned, as "CODE MESSAGE", or a
-// line starting with "child:" when the child could not drop privileges.
-std::string as_unprivileged(const std::function<lanebus::Status()>& open) {
-  auto line = [](const lanebus::Status& st) {
-    return std::string(lanebus::to_string(st.code())) + " " + std::string(st.message());
-  };
-  if (::geteuid() != 0) return line(open());
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string out;
-    if (::setgroups(0, nullptr) != 0 || ::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) {
-      out = "child: cannot drop privileges: " + std::string(std::strerror(errno));
-    } else if (::setuid(0) == 0 || ::geteuid() != kNobody) {
-      out = "child: privileges were not dropped";
-    } else {
-      out = line(open());
-    }
-    ssize_t n = ::write(fds[1], out.data(), out.size());
-    (void)n;
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    REQUIRE(n > 0);
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fds[0]);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  CHECK(WIFEXITED(status));
-  return out;
-}
-
-// The open's status: the store is closed at once if it did open.
-lanebus::Status open_status(const StoreOptions& o) {
+// "CODE MESSAGE" of the open; the store is closed at once if it did open.
+std::string open_status(const StoreOptions& o) {
   auto s = DurableStore::open(o);
-  if (!s.ok()) return s.status();
+  if (!s.ok()) return lanebus::test::status_line(s.status());
   (void)(*s)->close();
-  return lanebus::Status();
+  return "OK";
 }
 
 }  // namespace
@@ -723,9 +675,9 @@ TEST_CASE("permission denied is a clear error (as root, checked as nobody in a c
   REQUIRE(::chmod(dir.path().c_str(), 0711) == 0);
   const std::string locked = dir.file("locked");
   REQUIRE(::mkdir(locked.c_str(), 0500) == 0);  // no write permission for its owner
-  if (::geteuid() == 0) REQUIRE(::chown(locked.c_str(), kNobody, kNobody) == 0);
+  if (::geteuid() == 0) REQUIRE(::chown(locked.c_str(), lanebus::test::kNobody, lanebus::test::kNobody) == 0);
   SUBCASE("DurableStore::open") {
-    const std::string r = as_unprivileged([&] { return open_status(options_for(locked)); });
+    const std::string r = lanebus::test::as_unprivileged([&] { return open_status(options_for(locked)); });
     INFO(r);
     CHECK(r.rfind("PermissionDenied ", 0) == 0);
     CHECK(contains(r, "EACCES"));
@@ -733,12 +685,12 @@ TEST_CASE("permission denied is a clear error (as root, checked as nobody in a c
     CHECK(contains(r, "check the owner and mode"));
   }
   SUBCASE("Bus::open with the store in that directory") {
-    const std::string r = as_unprivileged([&] {
+    const std::string r = lanebus::test::as_unprivileged([&] {
       lanebus::BusOptions o;
       o.workers = 1;
       o.store = options_for(locked);
       auto bus = lanebus::Bus::open(o);
-      return bus.ok() ? lanebus::Status() : bus.status();
+      return bus.ok() ? std::string("OK") : lanebus::test::status_line(bus.status());
     });
     INFO(r);
     CHECK(r.rfind("PermissionDenied ", 0) == 0);
@@ -764,12 +716,12 @@ TEST_CASE("a store whose data file the user may not read or write is a clear err
   // The directory is open to all; data.mdb is open to nobody but root.
   REQUIRE(::chmod(store_dir.c_str(), 0755) == 0);
   REQUIRE(::chmod((store_dir + "/data.mdb").c_str(), 0000) == 0);
-  const std::string rw = as_unprivileged([&] { return open_status(options_for(store_dir)); });
+  const std::string rw = lanebus::test::as_unprivileged([&] { return open_status(options_for(store_dir)); });
   CHECK_MESSAGE(rw.rfind("PermissionDenied ", 0) == 0, rw);
   CHECK_MESSAGE(contains(rw, "EACCES"), rw);
   StoreOptions ro = options_for(store_dir);
   ro.read_only = true;
-  const std::string ro_r = as_unprivileged([&] { return open_status(ro); });
+  const std::string ro_r = lanebus::test::as_unprivileged([&] { return open_status(ro); });
   CHECK_MESSAGE(ro_r.rfind("PermissionDenied ", 0) == 0, ro_r);
   // The refused opens changed nothing: with the mode restored the store opens
   // and the acknowledged message is there.
