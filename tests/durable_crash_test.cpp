@@ -3,6 +3,7 @@
 // RLIMIT_FSIZE fault: no acknowledged append or ack is ever lost.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -144,7 +145,8 @@ TEST_CASE("crash loop: a consumer killed mid-handler loses nothing; attempts per
   const std::string exe = child_path();
   TempDir dir;
   const std::string store_dir = dir.file("bus");
-  constexpr std::uint64_t kMessages = 400;
+  // 16 per cycle, so that a soak's kills still land before the queue is drained (400 in CI).
+  const std::uint64_t kMessages = std::max<std::uint64_t>(400, 16 * static_cast<std::uint64_t>(cycles));
   {
     auto store = open_store(store_dir);
     auto q = store->open_topic("crash.jobs", lanebus::detail::TopicSpec{1, true, {}});
