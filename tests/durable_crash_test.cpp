@@ -3,6 +3,7 @@
 // RLIMIT_FSIZE fault: no acknowledged append or ack is ever lost.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -16,6 +17,7 @@
 #include "durable_store.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "sizes.hpp"
 #include "temp_dir.hpp"
 
 using lanebus::Code;
@@ -25,11 +27,7 @@ using lanebus::test::TempDir;
 
 namespace {
 
-int crash_cycles() {
-  const char* env = std::getenv("LANEBUS_CRASH_CYCLES");
-  int n = env != nullptr ? std::atoi(env) : 0;
-  return n > 0 ? n : 50;
-}
+int crash_cycles() { return static_cast<int>(lanebus::test::env_size("LANEBUS_CRASH_CYCLES", 50)); }
 
 std::string child_path() {
   std::string p = lanebus::test::helper_path("LANEBUS_DURABLE_CHILD");
@@ -77,6 +75,7 @@ TEST_CASE("crash loop: a producer killed at random moments never loses an acknow
   const std::uint64_t seed = lanebus::test::test_seed("crash loop producer");
   std::mt19937_64 rng(seed);
   const int cycles = crash_cycles();
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string exe = child_path();
   TempDir dir;
   const std::string store_dir = dir.file("bus");
@@ -133,6 +132,8 @@ TEST_CASE("crash loop: a producer killed at random moments never loses an acknow
     REQUIRE(store->close().ok());
   }
   MESSAGE("cycles=" << cycles << " acked=" << total_acks);
+  lanebus::test::print_figures("durable_crash_producer", static_cast<std::uint64_t>(cycles), total_acks,
+                               t0);
   CHECK(total_acks > 0);
 }
 
@@ -140,10 +141,12 @@ TEST_CASE("crash loop: a consumer killed mid-handler loses nothing; attempts per
   const std::uint64_t seed = lanebus::test::test_seed("crash loop consumer");
   std::mt19937_64 rng(seed);
   const int cycles = crash_cycles();
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string exe = child_path();
   TempDir dir;
   const std::string store_dir = dir.file("bus");
-  constexpr std::uint64_t kMessages = 400;
+  // 16 per cycle, so that a soak's kills still land before the queue is drained (400 in CI).
+  const std::uint64_t kMessages = std::max<std::uint64_t>(400, 16 * static_cast<std::uint64_t>(cycles));
   {
     auto store = open_store(store_dir);
     auto q = store->open_topic("crash.jobs", lanebus::detail::TopicSpec{1, true, {}});
@@ -229,6 +232,8 @@ TEST_CASE("crash loop: a consumer killed mid-handler loses nothing; attempts per
     CHECK((*info)[0].in_flight == 0);
   }
   MESSAGE("cycles=" << cycles << " redeliveries=" << redeliveries);
+  lanebus::test::print_figures("durable_crash_consumer", static_cast<std::uint64_t>(cycles), kMessages,
+                               t0);
   if (cycles >= 20) CHECK(redeliveries > 0);  // the kills did land inside handlers
 }
 

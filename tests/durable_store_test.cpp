@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -16,10 +17,12 @@
 #include <vector>
 
 #include "durable_store.hpp"
+#include "lanebus/lanebus.hpp"
 #include "fsync_counter.hpp"
 #include "lmdb_store.hpp"
 #include "seed.hpp"
 #include "temp_dir.hpp"
+#include "unprivileged.hpp"
 #include "wait.hpp"
 
 using lanebus::Code;
@@ -654,17 +657,82 @@ TEST_CASE("a record that fails its checksum is Corruption naming topic, lane and
   CHECK(first->messages.at(0).payload == "payload-0");
 }
 
-TEST_CASE("permission denied is a clear error") {
-  if (::geteuid() == 0) {
-    // root bypasses directory permissions: EACCES cannot be provoked here.
-    MESSAGE("skipped: running as root");
-    return;
-  }
+namespace {
+
+// "CODE MESSAGE" of the open; the store is closed at once if it did open.
+std::string open_status(const StoreOptions& o) {
+  auto s = DurableStore::open(o);
+  if (!s.ok()) return lanebus::test::status_line(s.status());
+  (void)(*s)->close();
+  return "OK";
+}
+
+}  // namespace
+
+TEST_CASE("permission denied is a clear error (as root, checked as nobody in a child)") {
   TempDir dir;
-  ::mkdir(dir.file("locked").c_str(), 0500);
-  auto s = DurableStore::open(options_for(dir.file("locked")));
-  CHECK(s.code() == Code::PermissionDenied);
-  CHECK(contains(s.status().message(), "EACCES"));
+  // The test directory (mode 0700, ours) must be searchable by nobody.
+  REQUIRE(::chmod(dir.path().c_str(), 0711) == 0);
+  const std::string locked = dir.file("locked");
+  REQUIRE(::mkdir(locked.c_str(), 0500) == 0);  // no write permission for its owner
+  if (::geteuid() == 0) REQUIRE(::chown(locked.c_str(), lanebus::test::kNobody, lanebus::test::kNobody) == 0);
+  SUBCASE("DurableStore::open") {
+    const std::string r = lanebus::test::as_unprivileged([&] { return open_status(options_for(locked)); });
+    INFO(r);
+    CHECK(r.rfind("PermissionDenied ", 0) == 0);
+    CHECK(contains(r, "EACCES"));
+    CHECK(contains(r, "locked"));
+    CHECK(contains(r, "check the owner and mode"));
+  }
+  SUBCASE("Bus::open with the store in that directory") {
+    const std::string r = lanebus::test::as_unprivileged([&] {
+      lanebus::BusOptions o;
+      o.workers = 1;
+      o.store = options_for(locked);
+      auto bus = lanebus::Bus::open(o);
+      return bus.ok() ? std::string("OK") : lanebus::test::status_line(bus.status());
+    });
+    INFO(r);
+    CHECK(r.rfind("PermissionDenied ", 0) == 0);
+    CHECK(contains(r, "EACCES"));
+  }
+  CHECK(::access(dir.file("locked/data.mdb").c_str(), F_OK) != 0);  // nothing was created
+}
+
+TEST_CASE("a store whose data file the user may not read or write is a clear error, also read-only") {
+  TempDir dir;
+  REQUIRE(::chmod(dir.path().c_str(), 0711) == 0);
+  const std::string store_dir = dir.file("bus");
+  {
+    auto store = must_open(options_for(store_dir));
+    auto t = store->open_topic("kept", TopicSpec{1, false, {}});
+    REQUIRE(t.ok());
+    AppendRequest r;
+    r.topic_id = t->id;
+    r.payload = "acknowledged";
+    REQUIRE(store->append(std::move(r)).ok());
+    REQUIRE(store->close().ok());
+  }
+  // The directory is open to all; data.mdb is open to nobody but root.
+  REQUIRE(::chmod(store_dir.c_str(), 0755) == 0);
+  REQUIRE(::chmod((store_dir + "/data.mdb").c_str(), 0000) == 0);
+  const std::string rw = lanebus::test::as_unprivileged([&] { return open_status(options_for(store_dir)); });
+  CHECK_MESSAGE(rw.rfind("PermissionDenied ", 0) == 0, rw);
+  CHECK_MESSAGE(contains(rw, "EACCES"), rw);
+  StoreOptions ro = options_for(store_dir);
+  ro.read_only = true;
+  const std::string ro_r = lanebus::test::as_unprivileged([&] { return open_status(ro); });
+  CHECK_MESSAGE(ro_r.rfind("PermissionDenied ", 0) == 0, ro_r);
+  // The refused opens changed nothing: with the mode restored the store opens
+  // and the acknowledged message is there.
+  REQUIRE(::chmod((store_dir + "/data.mdb").c_str(), 0600) == 0);
+  auto store = must_open(options_for(store_dir));
+  auto t = store->find_topic("kept");
+  REQUIRE(t.ok());
+  auto b = store->read(*t, 0, 0);
+  REQUIRE(b.ok());
+  REQUIRE(b->messages.size() == 1);
+  CHECK(b->messages[0].payload == "acknowledged");
 }
 
 TEST_CASE("read-only open works on a live store, refuses writes, and refuses a non-store directory") {

@@ -14,6 +14,7 @@
 #include "lease_table.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "sizes.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
 
@@ -137,13 +138,15 @@ TEST_CASE("kill -9 at random moments, many cycles: the table stays consistent an
   auto table = open_table(path);
   const std::uint64_t seed = lanebus::test::test_seed("lease kill loop");
   std::mt19937_64 rng(seed);
-  long seconds = 2;
-  if (const char* s = std::getenv("LANEBUS_STRESS_SECONDS")) seconds = std::max(1L, std::atol(s));
+  // At least LANEBUS_STRESS_SECONDS (default 2) and LANEBUS_CRASH_CYCLES kills (default 20).
+  const auto seconds = static_cast<long>(lanebus::test::env_size("LANEBUS_STRESS_SECONDS", 2));
+  const auto min_cycles = static_cast<int>(lanebus::test::env_size("LANEBUS_CRASH_CYCLES", 20));
   LeaseOwner me = *LeaseOwner::generate();
   std::uint64_t last_counter = 0;
   int cycles = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (std::chrono::steady_clock::now() < end || cycles < 20) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < end || cycles < min_cycles) {
     Child c({helper(), "hammer", path, std::to_string(rng())});
     REQUIRE(c.read_line() == "ready");
     // A random kill moment (not a synchronisation): the helper runs table operations in a loop.
@@ -162,6 +165,7 @@ TEST_CASE("kill -9 at random moments, many cycles: the table stays consistent an
   }
   std::printf("kill loop: cycles=%d repairs=%llu\n", cycles,
               static_cast<unsigned long long>(lanebus::detail::Access::impl(*table).repairs_for_test()));
+  lanebus::test::print_figures("lease_kill_loop", static_cast<std::uint64_t>(cycles), 0, start);
   // Every leftover lease of the dead helpers becomes acquirable (no stuck slots).
   for (int i = 0; i < 4; ++i) {
     std::string name = "h" + std::to_string(i);

@@ -19,6 +19,7 @@
 #include "lanebus/lease.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "sizes.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
 
@@ -212,13 +213,14 @@ TEST_CASE("reference scenario, negative control: without the fence check the sta
 
 TEST_CASE("contention: 4 processes, random pauses: tokens in takeover order, no double holders, no stale write accepted") {
   const std::uint64_t seed = lanebus::test::test_seed("lease contention");
-  long seconds = 2;
-  if (const char* s = std::getenv("LANEBUS_STRESS_SECONDS")) seconds = std::max(1L, std::atol(s));
+  const auto seconds = static_cast<long>(lanebus::test::env_size("LANEBUS_STRESS_SECONDS", 2));
+  const auto start = std::chrono::steady_clock::now();
   ContentionResult r = run_contention(true, seed, seconds);
   MESSAGE("grants=" << r.grants.size() << " pauses=" << r.pauses << " sink_writes=" << r.sink_writes
                     << " stale_rejected=" << r.stale_rejected);
   std::printf("contention: grants=%zu pauses=%d sink_writes=%zu stale_rejected=%zu regressions=%zu\n",
               r.grants.size(), r.pauses, r.sink_writes, r.stale_rejected, r.regressions);
+  lanebus::test::print_figures("lease_contention", static_cast<std::uint64_t>(r.pauses), r.sink_writes, start);
   REQUIRE(r.grants.size() > 10);
   CHECK(r.regressions == 0);
   // Tokens are unique (map keys) and, across all names, rise with grant time.

@@ -22,6 +22,7 @@
 #include "lease_table.hpp"
 #include "seed.hpp"
 #include "temp_dir.hpp"
+#include "unprivileged.hpp"
 #include "wait.hpp"
 
 using lanebus::Code;
@@ -441,6 +442,30 @@ TEST_CASE("bad segment files are refused with a clear code") {
     ::unlink(o.epoch_path.c_str());
     CHECK_CODE(r, Code::InvalidArgument, "tmpfs");
   }
+}
+
+TEST_CASE("a segment the user may not open or create is PermissionDenied (as root: checked as nobody in a child)") {
+  TempDir dir;
+  REQUIRE(chmod(dir.path().c_str(), 0711) == 0);  // searchable, not writable, by others
+  const std::string path = dir.file("leases");
+  { REQUIRE(LeaseTable::open(path, test_options()).ok()); }
+  // Root's file is 0600: nobody may not open it. Not root, the owner takes its own permission away.
+  if (geteuid() != 0) REQUIRE(chmod(path.c_str(), 0000) == 0);
+  auto open_line = [](const std::string& p) {
+    return [p] {
+      auto t = LeaseTable::open(p, test_options());
+      return t.ok() ? std::string("OK") : lanebus::test::status_line(t.status());
+    };
+  };
+  const std::string existing = lanebus::test::as_unprivileged(open_line(path));
+  CHECK_MESSAGE(existing.rfind("PermissionDenied ", 0) == 0, existing);
+  CHECK_MESSAGE(contains(existing, "leases"), existing);
+  // Creating a segment in a directory the user may not write.
+  if (geteuid() != 0) REQUIRE(chmod(dir.path().c_str(), 0500) == 0);
+  const std::string created = lanebus::test::as_unprivileged(open_line(dir.file("new-leases")));
+  if (geteuid() != 0) REQUIRE(chmod(dir.path().c_str(), 0700) == 0);
+  CHECK_MESSAGE(created.rfind("PermissionDenied ", 0) == 0, created);
+  CHECK(access(dir.file("new-leases").c_str(), F_OK) != 0);
 }
 
 TEST_CASE("LeaseGuard fails closed a safety margin before expiry and renew then refuses") {

@@ -24,6 +24,7 @@
 #include "lanebus/lanebus.hpp"
 #include "scratch_dir.hpp"
 #include "seed.hpp"
+#include "sizes.hpp"
 #include "txconsume_probe.hpp"
 #include "wait.hpp"
 
@@ -35,11 +36,6 @@ using lanebus::test::TxProbe;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
-  const char* v = std::getenv(name);
-  return v ? std::strtoull(v, nullptr, 10) : dflt;
-}
 
 pid_t spawn(const char* exe, const std::vector<std::string>& args) {
   pid_t pid = ::fork();
@@ -164,7 +160,8 @@ TEST_CASE("kill -9 at random moments: every booking is applied exactly once") {
   const char* child = std::getenv("LANEBUS_TXCONSUME_CHILD");
   REQUIRE_MESSAGE(child != nullptr, "LANEBUS_TXCONSUME_CHILD is not set (run through meson test)");
   const std::uint64_t seed = lanebus::test::test_seed("txconsume kill loop");
-  const std::uint64_t cycles = env_u64("LANEBUS_CRASH_CYCLES", 25);
+  const std::uint64_t cycles = lanebus::test::env_size("LANEBUS_CRASH_CYCLES", 25);
+  const auto loop_start = std::chrono::steady_clock::now();
   MESSAGE("txconsume kill loop: LANEBUS_SEED=" << seed << " cycles=" << cycles);
   std::mt19937_64 rng(seed);
   TempDir tmp;
@@ -317,6 +314,7 @@ TEST_CASE("kill -9 at random moments: every booking is applied exactly once") {
   MESSAGE("{\"test\":\"txconsume_kill_loop\",\"seed\":" << seed << ",\"cycles\":" << cycles << ",\"kills\":" << kills
           << ",\"kills_in_flight\":" << kills_in_flight << ",\"kills_in_handler\":" << kills_in_handler
           << ",\"drain_s\":" << drain_s << ",\"drained\":" << std::string(finished ? "true" : "false") << "}");
+  lanebus::test::print_figures("txconsume_kill_loop", static_cast<std::uint64_t>(kills), kBookings, loop_start);
   REQUIRE(finished);
   CHECK(drain_s < std::chrono::duration<double>(kDrainBound).count());
   CHECK(observer->table_get("venue", "bookings").value() == std::to_string(kBookings));
