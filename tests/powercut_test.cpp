@@ -228,7 +228,7 @@ class PowerCutRun {
     for (std::uint32_t lane = 0; lane < t->lanes; ++lane) {
       for (std::uint64_t from = 0;;) {
         auto b = store.read(*t, lane, from);
-        REQUIRE_MESSAGE(b.ok(), "cut " << cut << ": read " << name << " lane " << lane << ": " << b.status().to_string());
+        REQUIRE_MESSAGE(b.ok(), "cut " << cut << ": read " << std::string(name) << " lane " << lane << ": " << b.status().to_string());
         if (b->messages.empty()) break;
         for (const auto& m : b->messages) {
           std::string tag;
@@ -438,7 +438,10 @@ TEST_CASE("power cut: Async loses at most the publishes of the last flush interv
   for (int cut = 0; cut < cuts; ++cut) {
     // Long enough that early publishes are older than the bound at the cut.
     const auto ms = std::chrono::milliseconds(std::uniform_int_distribution<int>(1100, 1500)(rng));
-    run.cycle(cut, ms, faults::Device::Ordered, rng, cut == cuts - 1);
+    // LANEBUS_POWERCUT_ASYNC_TORN=1: the reordering device instead (an
+    // experiment: Async does not promise to survive it, see doc/power-loss.md).
+    const bool torn = std::getenv("LANEBUS_POWERCUT_ASYNC_TORN") != nullptr;
+    run.cycle(cut, ms, torn ? faults::Device::Torn : faults::Device::Ordered, rng, cut == cuts - 1);
   }
   const auto& f = run.figures();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
