@@ -7,7 +7,7 @@
 // last successful fsync plus a random subset of the pages written since
 // (faultfs::power_cut). The store is then reopened through the library and
 // checked against what the processes reported as done. Model and limits:
-// doc/reliability.md.
+// doc/power-loss.md.
 //
 // LANEBUS_POWER_CUTS sets the number of cuts of the Sync run (default 200;
 // the Async run does a 40th, at least 5). LANEBUS_SEED replays a run.

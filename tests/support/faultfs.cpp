@@ -1,7 +1,7 @@
 // lanebus — MIT License.
 // faultfs: an LD_PRELOAD shim that injects I/O faults into one file (the
 // store's data.mdb) and records what a power cut could undo. Tests read it
-// through faultfs.hpp; the model and its limits are in doc/reliability.md.
+// through faultfs.hpp; the model and its limits are in doc/power-loss.md.
 //
 // It interposes pwrite/pwrite64/pwritev/write/writev (LMDB 0.9 writes one
 // dirty page with pwrite, a run of pages with lseek + writev, and the meta

@@ -2,7 +2,7 @@
 // Test side of the faultfs shim (tests/support/faultfs.cpp): the control
 // functions of a preloaded shim, and the power cut — reading the undo journal
 // and turning data.mdb into "the image as of the last fsync plus a random
-// subset of the writes since" (see doc/reliability.md for the model).
+// subset of the writes since" (see doc/power-loss.md for the model).
 #pragma once
 
 #include <dlfcn.h>
