@@ -22,6 +22,9 @@
 //   growth; a copy-on-write file system is not modelled).
 // - short writes: every write to the target writes half of what was asked.
 //
+// LANEBUS_FAULTFS_SYNCLOG=PATH: after each successful fsync/fdatasync of the
+// target, the CLOCK_MONOTONIC ms at which it started is appended as a line.
+//
 // Power-cut recording (LANEBUS_FAULTFS_JOURNAL=PATH): before each write to
 // the target the shim appends an undo record to the journal — offset, length,
 // the file size before, the old bytes (pread) and the new bytes — then does
@@ -50,6 +53,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -102,6 +106,7 @@ char g_target[PATH_MAX];
 std::atomic<bool> g_have_target{false};
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 int g_journal = -1;  // GUARDED_BY(g_mu)
+int g_synclog = -1;  // LANEBUS_FAULTFS_SYNCLOG: one line per successful fsync (set at load)
 char* g_scratch = nullptr;  // GUARDED_BY(g_mu): buffer for old bytes
 std::size_t g_scratch_size = 0;
 
@@ -342,8 +347,27 @@ int faulted_sync(int fd, Fn which) {
     errno = EIO;
     return -1;
   }
+  struct timespec started {};
+  ::clock_gettime(CLOCK_MONOTONIC, &started);
   int rc = f(fd);
   if (rc == 0 && g_journal >= 0) journal_truncate(0);
+  if (rc == 0 && g_synclog >= 0) {
+    // When the fsync that just succeeded started (CLOCK_MONOTONIC ms): every
+    // write that completed before then is durable.
+    char line[32];
+    unsigned long long ms = static_cast<unsigned long long>(started.tv_sec) * 1000ull +
+                            static_cast<unsigned long long>(started.tv_nsec) / 1000000ull;
+    int n = 0;
+    char digits[24];
+    do {
+      digits[n++] = static_cast<char>('0' + ms % 10);
+      ms /= 10;
+    } while (ms != 0);
+    int k = 0;
+    while (n > 0) line[k++] = digits[--n];
+    line[k++] = '\n';
+    (void)real<WriteFn>(kWrite)(g_synclog, line, static_cast<std::size_t>(k));
+  }
   return rc;
 }
 
@@ -369,6 +393,9 @@ __attribute__((constructor)) void faultfs_init() {
   pthread_mutex_lock(&g_mu);
   open_journal(std::getenv("LANEBUS_FAULTFS_JOURNAL"));
   pthread_mutex_unlock(&g_mu);
+  if (const char* e = std::getenv("LANEBUS_FAULTFS_SYNCLOG"); e != nullptr && *e != '\0') {
+    g_synclog = ::open(e, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  }
   if (const char* e = std::getenv("LANEBUS_FAULTFS_FSYNC_EIO"); e != nullptr && *e != '\0') {
     g_fsync_fail_at.store(std::strtoull(e, nullptr, 10), std::memory_order_relaxed);
   }
