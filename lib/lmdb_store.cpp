@@ -132,6 +132,7 @@ const char* hint_for(int rc) {
     case EACCES:
     case EPERM: return "check the owner and mode of the directory and its files";
     case EROFS: return "the file system is read-only";
+    case EIO: return "the disk failed a write or an fsync; nothing written since the last successful commit is durable";
   }
   return nullptr;
 }

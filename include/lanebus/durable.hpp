@@ -23,7 +23,10 @@ enum class Durability : std::uint8_t {
   /// The commit is written with MDB_NOSYNC and flushed every
   /// StoreOptions::async_flush_interval. A process crash (`kill -9`) loses
   /// nothing that completed (the page cache survives it); a power loss or OS
-  /// crash may lose up to the last interval. NOT durable in the at-least-once
+  /// crash may lose up to the last interval, and leaves the store intact only
+  /// on a file system that keeps the order of writes (LMDB's MDB_NOSYNC
+  /// caveat; on a disk that reorders them a power loss can leave the store
+  /// Corruption — see doc/power-loss.md). NOT durable in the at-least-once
   /// sense: label it so to your users.
   Async,
 };
