@@ -89,6 +89,7 @@ class LANEBUS_API Topic {
 
  private:
   friend class Bus;
+  friend class Bridge;
   friend class Publisher;
   friend class Transaction;
   explicit Topic(detail::TopicImpl* impl) noexcept : impl_(impl) {}
@@ -258,6 +259,7 @@ class LANEBUS_API Bus {
   Status shutdown(ShutdownMode mode, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
  private:
+  friend class Bridge;
   explicit Bus(std::shared_ptr<detail::BusCore> core) noexcept;
   std::shared_ptr<detail::BusCore> core_;
 };
