@@ -667,7 +667,8 @@ void BridgeImpl::run_in(InMirror* m) {
       }
       Status s = bind_in(*m);
       if (!s.ok()) {
-        note_error(s.message(), s.code() == Code::NotFound);
+        // Not fatal here: the stream may be created later (by an out-mirror).
+        note_error(s.message(), false);
         sleep_backoff(backoff);
         continue;
       }
