@@ -623,6 +623,9 @@ Status BridgeImpl::bind_in(InMirror& m) {
     cc.AckPolicy = js_AckExplicit;
     cc.DeliverPolicy = js_DeliverAll;
     cc.AckWait = ms_to_ns(options_.ack_wait);
+    // At most one fetch unacknowledged: after a crash the server must redeliver
+    // the lost batch before anything newer, or per-key order would break.
+    cc.MaxAckPending = static_cast<int64_t>(options_.fetch_batch);
     jerr = static_cast<jsErrCode>(0);
     st = js_AddConsumer(&ci, js_, m.stream.c_str(), &cc, nullptr, &jerr);
     if (st != NATS_OK) {
