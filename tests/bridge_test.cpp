@@ -369,4 +369,14 @@ TEST_CASE("server down at start: the bridge opens in state Retrying and drains t
   CHECK(stream_messages(server.url(), "SENSORS") == 500);
   REQUIRE(wait_until([&] { return (*back)->stats().total.stored == 500; }, std::chrono::seconds(60)));
   CHECK((*back)->stats().total.duplicates == 0);
+  // The exports carry the bridge: state set, counters and lag per mirror.
+  auto window = MetricsWindow::create({});
+  REQUIRE(window.ok());
+  REQUIRE(window->add(bus->stats(), 1, 1).ok());
+  const std::string prom = to_prometheus(window->snapshot());
+  CHECK(prom.find("lanebus_bridge_state{bridge=\"lanebus-bridge\",state=\"connected\"} 1") != std::string::npos);
+  CHECK(prom.find("lanebus_bridge_acked_total{bridge=\"lanebus-bridge\",direction=\"out\",topic=\"sensors\","
+                  "stream=\"SENSORS\"} 500") != std::string::npos);
+  const std::string json = to_json(window->snapshot());
+  CHECK(json.find("\"bridges\":[{\"name\":\"lanebus-bridge\",\"state\":\"connected\"") != std::string::npos);
 }
