@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -241,8 +242,17 @@ Result<std::vector<SubjectToken>> parse_subject_template(std::string_view tmpl) 
 
 class BridgeImpl;
 
+/// Out, per lane: the publish window (only the lane's handler call touches it).
+struct LaneWindow {
+  natsSubscription* replies = nullptr;  // PubAcks: <prefix>.<generation>.<offset>
+  std::string prefix;
+  std::uint64_t generation = 0;
+  std::deque<std::uint64_t> acked;  // offsets past the head whose PubAck arrived, increasing
+};
+
 struct OutMirror {
   BridgeImpl* bridge = nullptr;
+  std::vector<LaneWindow> lanes;
   TopicImpl* topic = nullptr;
   std::string tmpl;
   std::vector<SubjectToken> tokens;
@@ -289,6 +299,12 @@ class BridgeImpl {
   static void on_connected(natsConnection*, void*) {}
 
   Outcome publish_one(OutMirror& m, const MessageView& v);
+  /// The window path of publish_one (topics); see BridgeOptions::publish_window.
+  Outcome publish_window(OutMirror& m, const MessageView& v);
+  /// A message as published: subject, headers, Nats-Msg-Id. *bytes: payload + headers.
+  natsMsg* build_msg(OutMirror& m, std::string_view key, std::string_view idem, std::string_view payload,
+                     std::int64_t created_at_ns, std::uint32_t attempt, std::uint32_t lane, std::uint64_t offset,
+                     const char* reply, bool id_header, std::uint64_t* bytes);
   /// OK: the stream exists (or was created). NotFound: it does not and may
   /// not be created. Other codes: could not tell (server unreachable).
   Status ensure_stream(OutMirror& m);
@@ -363,6 +379,8 @@ Status BridgeImpl::open() {
     if (Status s = check_url(u); !s.ok()) return s;
   if (core_->store() == nullptr)
     return Status(Code::InvalidArgument, "bridge: the bus has no store (BusOptions::store.directory is empty)");
+  if (options_.publish_window == 0 || options_.publish_window > 65536)
+    return Status(Code::InvalidArgument, "bridge: publish_window must be 1..65536");
   if (options_.fetch_batch == 0 || options_.fetch_batch > 65536)
     return Status(Code::InvalidArgument, "bridge: fetch_batch must be 1..65536");
   if (options_.backoff_initial.count() <= 0 || options_.backoff_max < options_.backoff_initial)
@@ -486,6 +504,44 @@ Status BridgeImpl::ensure_stream(OutMirror& m) {
   return Status();
 }
 
+natsMsg* BridgeImpl::build_msg(OutMirror& m, std::string_view key, std::string_view idem, std::string_view payload,
+                               std::int64_t created_at_ns, std::uint32_t attempt, std::uint32_t lane,
+                               std::uint64_t offset, const char* reply, bool id_header, std::uint64_t* bytes) {
+  std::string subject;
+  for (std::size_t i = 0; i < m.tokens.size(); ++i) {
+    if (i) subject += '.';
+    switch (m.tokens[i].kind) {
+      case SubjectToken::Kind::Literal: subject += m.tokens[i].text; break;
+      case SubjectToken::Kind::Key: append_key_token(subject, key); break;
+      case SubjectToken::Kind::Topic: append_key_token(subject, m.topic->name); break;
+      case SubjectToken::Kind::Lane: subject += std::to_string(lane); break;
+    }
+  }
+  natsMsg* msg = nullptr;
+  if (natsMsg_Create(&msg, subject.c_str(), reply, payload.data(), static_cast<int>(payload.size())) != NATS_OK)
+    return nullptr;
+  std::uint64_t header_bytes = 12;  // "NATS/1.0\r\n" ... "\r\n"
+  auto header = [&](const char* k, const std::string& val) {
+    if (val.empty()) return;
+    (void)natsMsgHeader_Set(msg, k, val.c_str());
+    header_bytes += std::char_traits<char>::length(k) + val.size() + 4;
+  };
+  const std::string msg_id = store_id_ + "." + m.topic->name + "." + std::to_string(lane) + "." + std::to_string(offset);
+  if (id_header) {
+    header("Nats-Msg-Id", msg_id);
+    header("Nats-Expected-Stream", m.stream);
+  } else {
+    header_bytes += 15 + msg_id.size();  // js_PublishMsg adds it
+  }
+  header(kHdrKey, encode_header(key));
+  header(kHdrIdem, encode_header(idem));
+  header(kHdrCreated, std::to_string(created_at_ns));
+  header(kHdrAttempt, std::to_string(attempt));
+  header(kHdrTopic, encode_header(m.topic->name));
+  *bytes = payload.size() + header_bytes;
+  return msg;
+}
+
 Outcome BridgeImpl::publish_one(OutMirror& m, const MessageView& v) {
   if (closing_.load(std::memory_order_acquire)) return Outcome::retry("bridge closing");
   if (!m.stream_ready.load(std::memory_order_acquire)) {
@@ -496,43 +552,20 @@ Outcome BridgeImpl::publish_one(OutMirror& m, const MessageView& v) {
     }
     if (failed_.load(std::memory_order_acquire)) failed_.store(false, std::memory_order_release);
   }
-  std::string subject;
-  for (std::size_t i = 0; i < m.tokens.size(); ++i) {
-    if (i) subject += '.';
-    switch (m.tokens[i].kind) {
-      case SubjectToken::Kind::Literal: subject += m.tokens[i].text; break;
-      case SubjectToken::Kind::Key: append_key_token(subject, v.key()); break;
-      case SubjectToken::Kind::Topic: append_key_token(subject, m.topic->name); break;
-      case SubjectToken::Kind::Lane: subject += std::to_string(v.lane()); break;
-    }
-  }
-  const std::string msg_id =
-      store_id_ + "." + m.topic->name + "." + std::to_string(v.lane()) + "." + std::to_string(v.offset());
-  natsMsg* msg = nullptr;
-  natsStatus st = natsMsg_Create(&msg, subject.c_str(), nullptr, v.payload().data(), static_cast<int>(v.payload().size()));
-  if (st != NATS_OK) return Outcome::retry("bridge: natsMsg_Create failed");
-  const std::string key = encode_header(v.key()), idem = encode_header(v.idempotency_key());
-  const std::string created = std::to_string(v.created_at_ns()), attempt = std::to_string(v.attempt());
-  const std::string topic = encode_header(m.topic->name);
-  std::size_t header_bytes = 12 + 15 + msg_id.size();  // "NATS/1.0\r\n\r\n" + "Nats-Msg-Id: \r\n"
-  auto header = [&](const char* k, const std::string& val) {
-    if (val.empty()) return;
-    (void)natsMsgHeader_Set(msg, k, val.c_str());
-    header_bytes += std::char_traits<char>::length(k) + val.size() + 4;
-  };
-  header(kHdrKey, key);
-  header(kHdrIdem, idem);
-  header(kHdrCreated, created);
-  header(kHdrAttempt, attempt);
-  header(kHdrTopic, topic);
+  if (!m.topic->is_queue && options_.publish_window > 1) return publish_window(m, v);
+  std::uint64_t total = 0;
+  natsMsg* msg = build_msg(m, v.key(), v.idempotency_key(), v.payload(), v.created_at_ns(), v.attempt(), v.lane(),
+                           v.offset(), nullptr, false, &total);
+  if (msg == nullptr) return Outcome::retry("bridge: natsMsg_Create failed");
   const std::int64_t max_payload = connected() ? natsConnection_GetMaxPayload(nc_) : 0;
-  const std::uint64_t total = v.payload().size() + header_bytes;
   if (max_payload > 0 && total > static_cast<std::uint64_t>(max_payload)) {
     natsMsg_Destroy(msg);
     m.dead_lettered.fetch_add(1, std::memory_order_relaxed);
     return Outcome::reject("bridge: message of " + std::to_string(total) + " bytes exceeds the server's max_payload " +
                            std::to_string(max_payload));
   }
+  const std::string msg_id =
+      store_id_ + "." + m.topic->name + "." + std::to_string(v.lane()) + "." + std::to_string(v.offset());
   jsPubOptions po;
   jsPubOptions_Init(&po);
   po.MsgId = msg_id.c_str();
@@ -542,7 +575,7 @@ Outcome BridgeImpl::publish_one(OutMirror& m, const MessageView& v) {
   jsErrCode jerr = static_cast<jsErrCode>(0);
   // Relaxed: statistics.
   m.published.fetch_add(1, std::memory_order_relaxed);
-  st = js_PublishMsg(&pa, js_, msg, &po, &jerr);
+  natsStatus st = js_PublishMsg(&pa, js_, msg, &po, &jerr);
   natsMsg_Destroy(msg);
   if (st == NATS_OK) {
     m.acked.fetch_add(1, std::memory_order_relaxed);
@@ -554,11 +587,131 @@ Outcome BridgeImpl::publish_one(OutMirror& m, const MessageView& v) {
     m.dead_lettered.fetch_add(1, std::memory_order_relaxed);
     return Outcome::reject("bridge: message of " + std::to_string(total) + " bytes refused: " + nats_text(st, jerr));
   }
-  std::string why = "bridge: publish to \"" + subject + "\" (stream \"" + m.stream + "\"): " + nats_text(st, jerr);
+  std::string why = "bridge: publish to stream \"" + m.stream + "\": " + nats_text(st, jerr);
   if (st == NATS_NO_RESPONDERS) {
     why += "; no stream takes this subject (or the server's JetStream is not ready yet)";
     m.stream_ready.store(false, std::memory_order_release);  // look the stream up again
   }
+  note_error(why, false);
+  return Outcome::retry(why);
+}
+
+// The window: the head's handler call publishes up to publish_window stored
+// messages of the lane (plain publishes with a reply subject that names the
+// window's generation and the offset) and collects their PubAcks; later calls
+// find their offset in `acked` and ack at once. A reply of an older window
+// (timed out) is ignored: its message is simply published again (same
+// Nats-Msg-Id: the server drops the copy).
+Outcome BridgeImpl::publish_window(OutMirror& m, const MessageView& v) {
+  LaneWindow& lw = m.lanes[v.lane()];
+  while (!lw.acked.empty() && lw.acked.front() < v.offset()) lw.acked.pop_front();
+  if (!lw.acked.empty() && lw.acked.front() == v.offset()) {
+    lw.acked.pop_front();
+    return Outcome::ack();
+  }
+  lw.acked.clear();
+  if (!connected()) {
+    note_error("bridge: not connected to a server; retrying", false);
+    return Outcome::retry("bridge: not connected");
+  }
+  if (lw.replies == nullptr) {
+    std::random_device rd;
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+    lw.prefix = std::string("_INBOX.lanebus.") + buf + "." + std::to_string(v.lane());
+    if (natsConnection_SubscribeSync(&lw.replies, nc_, (lw.prefix + ".*.*").c_str()) != NATS_OK) {
+      lw.replies = nullptr;
+      return Outcome::retry("bridge: cannot subscribe to the PubAck inbox");
+    }
+  }
+  ReadLimits limits;
+  limits.max_messages = options_.publish_window;
+  limits.max_bytes = 4ull << 20;
+  auto rb = core_->store()->read(m.topic->store_topic, v.lane(), v.offset(), limits);
+  const bool have = rb.ok() && !rb->messages.empty() && rb->messages.front().offset == v.offset();
+  const std::int64_t max_payload = natsConnection_GetMaxPayload(nc_);
+  const std::uint64_t gen = ++lw.generation;
+  std::vector<std::uint64_t> sent;
+  std::uint64_t head_bytes = 0;
+  const std::size_t count = have ? rb->messages.size() : 1;
+  for (std::size_t k = 0; k < count; ++k) {
+    const StoredMessage* sm = have ? &rb->messages[k] : nullptr;
+    const std::uint64_t off = sm ? sm->offset : v.offset();
+    const std::string reply = lw.prefix + "." + std::to_string(gen) + "." + std::to_string(off);
+    std::uint64_t bytes = 0;
+    natsMsg* msg = sm ? build_msg(m, sm->key, sm->idempotency_key, sm->payload, sm->header.created_at_ns,
+                                  k == 0 ? v.attempt() : 1, v.lane(), off, reply.c_str(), true, &bytes)
+                      : build_msg(m, v.key(), v.idempotency_key(), v.payload(), v.created_at_ns(), v.attempt(),
+                                  v.lane(), off, reply.c_str(), true, &bytes);
+    if (msg == nullptr) break;
+    if (k == 0) head_bytes = bytes;
+    if (max_payload > 0 && bytes > static_cast<std::uint64_t>(max_payload)) {
+      natsMsg_Destroy(msg);
+      if (k == 0) {
+        m.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+        return Outcome::reject("bridge: message of " + std::to_string(bytes) +
+                               " bytes exceeds the server's max_payload " + std::to_string(max_payload));
+      }
+      break;  // the window ends before it; its own call dead-letters it
+    }
+    const natsStatus ps = natsConnection_PublishMsg(nc_, msg);
+    natsMsg_Destroy(msg);
+    if (ps != NATS_OK) break;
+    sent.push_back(off);
+  }
+  m.published.fetch_add(sent.size(), std::memory_order_relaxed);
+  if (sent.empty()) {
+    note_error("bridge: publish failed: " + nats_text(NATS_CONNECTION_DISCONNECTED), false);
+    return Outcome::retry("bridge: publish failed");
+  }
+  std::vector<std::int8_t> result(sent.size(), 0);  // 1 PubAck, -1 error
+  std::string first_error;
+  bool head_too_large = false;
+  std::size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + options_.publish_timeout;
+  while (got < sent.size()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    natsMsg* r = nullptr;
+    if (natsSubscription_NextMsg(&r, lw.replies, left.count()) != NATS_OK) break;
+    const std::string subj = natsMsg_GetSubject(r);
+    const auto d2 = subj.rfind('.');
+    const auto d1 = subj.rfind('.', d2 - 1);
+    const std::uint64_t rgen = std::strtoull(subj.c_str() + d1 + 1, nullptr, 10);
+    const std::uint64_t roff = std::strtoull(subj.c_str() + d2 + 1, nullptr, 10);
+    const auto it = std::lower_bound(sent.begin(), sent.end(), roff);
+    if (rgen != gen || it == sent.end() || *it != roff || result[static_cast<std::size_t>(it - sent.begin())] != 0) {
+      natsMsg_Destroy(r);
+      continue;
+    }
+    const std::size_t i = static_cast<std::size_t>(it - sent.begin());
+    const std::string_view data(natsMsg_GetData(r), static_cast<std::size_t>(natsMsg_GetDataLength(r)));
+    ++got;
+    if (data.empty()) {  // a status reply (503: no responders)
+      result[i] = -1;
+      if (first_error.empty()) first_error = "no stream takes this subject (or JetStream is not ready yet)";
+      m.stream_ready.store(false, std::memory_order_release);
+    } else if (data.find("\"error\"") != std::string_view::npos) {
+      result[i] = -1;
+      if (i == 0 && data.find("10054") != std::string_view::npos) head_too_large = true;
+      if (first_error.empty()) first_error = std::string(data.substr(0, 300));
+    } else {
+      result[i] = 1;
+      m.acked.fetch_add(1, std::memory_order_relaxed);
+      if (data.find("\"duplicate\":true") != std::string_view::npos)
+        m.duplicates.fetch_add(1, std::memory_order_relaxed);
+    }
+    natsMsg_Destroy(r);
+  }
+  for (std::size_t i = 1; i < sent.size(); ++i)
+    if (result[i] == 1) lw.acked.push_back(sent[i]);
+  if (result[0] == 1) return Outcome::ack();
+  if (head_too_large) {
+    m.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+    return Outcome::reject("bridge: message of " + std::to_string(head_bytes) + " bytes refused: " + first_error);
+  }
+  const std::string why = "bridge: publish to stream \"" + m.stream + "\": " +
+                          (first_error.empty() ? std::string("no PubAck within publish_timeout") : first_error);
   note_error(why, false);
   return Outcome::retry(why);
 }
@@ -577,6 +730,7 @@ Status BridgeImpl::mirror_out(const Topic& topic, TopicImpl* t, std::string_view
   m->tokens = std::move(*tokens);
   m->stream.assign(stream);
   m->group = o.group.empty() ? "bridge." + name_segment(stream) : o.group;
+  m->lanes.resize(t->options.lanes);
   if (Status s = check_name(m->group, "bridge group"); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> l(mirrors_mu_);
@@ -877,6 +1031,8 @@ Status BridgeImpl::close() {
   for (auto& m : outs) {
     Status s = m->sub.close();
     if (!s.ok() && first.ok()) first = s;
+    for (LaneWindow& lw : m->lanes)
+      if (lw.replies != nullptr) natsSubscription_Destroy(lw.replies);
   }
   for (auto& m : ins)
     if (m->thread.joinable()) m->thread.join();

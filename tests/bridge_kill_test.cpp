@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 #include <string>
 
 #include "doctest/doctest.h"
@@ -106,31 +107,36 @@ TEST_CASE("kill -9 of the bridge process in a loop: every message exactly once i
   REQUIRE(server.start());
   const std::string dir = tmp.file("store");
 
-  // The application's store: N messages over 64 keys, stored before the bridge runs.
-  {
-    BusOptions o;
-    o.store.directory = dir;
-    o.workers = 1;
-    auto bus = Bus::open(o);
-    REQUIRE(bus.ok());
-    TopicOptions to;
-    to.durable = true;
-    to.lanes = 8;
-    auto t = (*bus)->create_topic("orders", to);
-    REQUIRE(t.ok());
-    std::atomic<std::uint64_t> done{0};
+  // The application: N messages over 64 keys, published while the bridge
+  // processes come and go (the store is shared between processes), paced so
+  // that the kills land mid-stream.
+  BusOptions ao;
+  ao.store.directory = dir;
+  ao.workers = 1;
+  auto app = Bus::open(ao);
+  REQUIRE(app.ok());
+  TopicOptions to;
+  to.durable = true;
+  to.lanes = 8;
+  auto orders = (*app)->create_topic("orders", to);
+  REQUIRE(orders.ok());
+  std::atomic<std::uint64_t> published{0}, publish_failed{0};
+  const auto pace = std::chrono::microseconds(std::max<std::uint64_t>(50, kills * 120'000 / std::max<std::uint64_t>(n, 1)));
+  std::thread producer([&] {
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::string key = "k" + std::to_string(i % 64);
       const std::string payload = key + ":" + std::to_string(i / 64);
       OutgoingMessage m;
       m.key = key;
       m.payload = payload;
-      REQUIRE(t->publish_async(m, [&](const Status& s, std::uint64_t) {
-                 if (s.ok()) done.fetch_add(1);
-               }).ok());
+      if (orders->publish(m).ok()) {
+        published.fetch_add(1);
+      } else {
+        publish_failed.fetch_add(1);
+      }
+      std::this_thread::sleep_for(pace);
     }
-    REQUIRE(wait_until([&] { return done.load() == n; }, std::chrono::seconds(120)));
-  }
+  });
 
   const std::vector<std::string> argv = {tool,    "bridge", dir, "--nats", server.url(), "--out",
                                          "orders=orders.{key}@ORDERS", "--in", "ORDERS:back=orders-back",
@@ -154,6 +160,11 @@ TEST_CASE("kill -9 of the bridge process in a loop: every message exactly once i
     resends_removed += field(last, "duplicates");
     published_seen += field(last, "published");
   }
+  producer.join();
+  REQUIRE(publish_failed.load() == 0);
+  REQUIRE(published.load() == n);
+  (void)(*app)->shutdown(ShutdownMode::Drain);
+  app->reset();
   // A last run drains everything, then stops on SIGTERM.
   Child c(argv);
   REQUIRE(c.started());

@@ -60,6 +60,13 @@ struct BridgeOptions {
   /// Longest wait for one PubAck before the publish is retried (same
   /// Nats-Msg-Id, so a late first copy is removed by the server). Default 5 s.
   std::chrono::milliseconds publish_timeout{5000};
+  /// Out, topics: most messages of one lane in flight at once. The handler
+  /// call of the lane's head message reads up to this many stored messages
+  /// of its lane, publishes them in order and waits for their PubAcks; the
+  /// handler calls of the following messages then ack at once. Each handler
+  /// still acks only a message whose PubAck arrived. 1 = one at a time
+  /// (queues always publish one at a time). Default 256.
+  std::uint32_t publish_window = 256;
 
   // ---- streams and consumers ----
   /// mirror_out: create a missing stream (file storage, subjects = the
@@ -97,11 +104,10 @@ struct MirrorOutOptions {
 /// A bridge between one Bus's store and a NATS JetStream server (or cluster).
 ///
 /// Out (mirror_out): a consumer group of a durable topic or queue publishes
-/// each message to JetStream and waits for its PubAck; only then does the
-/// handler ack, so the group's offset is committed after the PubAck, in
-/// order per lane. Messages of one lane are published one after another
-/// (per-key order holds in the stream); lanes publish in parallel, so at most
-/// min(lanes, bus workers) publishes are in flight. Nats-Msg-Id is
+/// each message to JetStream; its handler acks only after the message's
+/// PubAck, so the group's offset is committed after the PubAck, in order per
+/// lane. One lane publishes in order (per-key order holds in the stream),
+/// with up to publish_window messages in flight; lanes publish in parallel. Nats-Msg-Id is
 /// "<store id>.<topic>.<lane>.<offset>" — stable across restarts, so a re-send
 /// after a crash is removed by JetStream's duplicate window. Headers:
 /// Lanebus-Key, Lanebus-Idempotency-Key, Lanebus-Created-At (ns),
