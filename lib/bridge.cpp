@@ -297,6 +297,14 @@ class BridgeImpl {
     static_cast<BridgeImpl*>(self)->reconnects_.fetch_add(1, std::memory_order_relaxed);
   }
   static void on_connected(natsConnection*, void*) {}
+  // The last callback nats.c runs for a connection (on its callback thread):
+  // close() waits for it before freeing what the callbacks use.
+  static void on_closed(natsConnection*, void* self) {
+    auto* b = static_cast<BridgeImpl*>(self);
+    std::lock_guard<std::mutex> l(b->stop_mu_);
+    b->closed_cb_ = true;
+    b->stop_cv_.notify_all();
+  }
 
   Outcome publish_one(OutMirror& m, const MessageView& v);
   /// The window path of publish_one (topics); see BridgeOptions::publish_window.
@@ -340,7 +348,8 @@ class BridgeImpl {
 
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
-  bool stopping_ = false;  // guarded by stop_mu_
+  bool stopping_ = false;   // guarded by stop_mu_
+  bool closed_cb_ = false;  // guarded by stop_mu_: on_closed ran
   std::atomic<bool> closing_{false};
 
   mutable std::mutex err_mu_;
@@ -403,6 +412,7 @@ Status BridgeImpl::open() {
   (void)natsOptions_SetReconnectWait(nopts_, std::max<std::int64_t>(1, options_.reconnect_wait.count()));
   (void)natsOptions_SetDisconnectedCB(nopts_, &BridgeImpl::on_disconnected, this);
   (void)natsOptions_SetReconnectedCB(nopts_, &BridgeImpl::on_reconnected, this);
+  (void)natsOptions_SetClosedCB(nopts_, &BridgeImpl::on_closed, this);
   if (!options_.token.empty() && (st = natsOptions_SetToken(nopts_, options_.token.c_str())) != NATS_OK)
     return fail(st, "token");
   if (!options_.user.empty() &&
@@ -1039,6 +1049,10 @@ Status BridgeImpl::close() {
   if (nc_ != nullptr) {
     (void)natsConnection_FlushTimeout(nc_, 1000);  // the last acks of the in-mirrors
     natsConnection_Close(nc_);
+    // Callbacks (disconnected, closed) run on nats.c's callback thread and use
+    // `this`: wait for the closed callback, the last one.
+    std::unique_lock<std::mutex> l(stop_mu_);
+    stop_cv_.wait_for(l, std::chrono::seconds(10), [&] { return closed_cb_; });
   }
   if (js_ != nullptr) jsCtx_Destroy(js_);
   js_ = nullptr;
