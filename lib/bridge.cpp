@@ -342,7 +342,7 @@ class BridgeImpl {
   std::uint64_t stats_id_ = 0;
   bool closed_ = false;
 
-  std::mutex mirrors_mu_;  // guards the two vectors (appends; close)
+  mutable std::mutex mirrors_mu_;  // guards the two vectors (appends; close)
   std::vector<std::unique_ptr<OutMirror>> outs_;
   std::vector<std::unique_ptr<InMirror>> ins_;
 
@@ -985,8 +985,7 @@ BridgeStats BridgeImpl::snapshot(const BusStats& bus) const {
     out.total.lag += s.lag;
     out.mirrors.push_back(s);
   };
-  auto& self = const_cast<BridgeImpl&>(*this);
-  std::lock_guard<std::mutex> l(self.mirrors_mu_);
+  std::lock_guard<std::mutex> l(mirrors_mu_);
   for (const auto& m : outs_) {
     BridgeMirrorStats s;
     s.direction = "out";
