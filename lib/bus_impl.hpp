@@ -340,6 +340,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Status republish(const DlqEntry& entry);
   DurableStore* store() const noexcept { return store_.get(); }
 
+  /// Bridges (lib/bridge.cpp) report through these: `fn` runs inside stats()
+  /// (after the topics are filled in, BusCore::mu_ and bridges_mu_ held) and
+  /// must not call back into the bus. Lock order: mu_, then bridges_mu_.
+  std::uint64_t add_bridge_stats(std::function<BridgeStats(const BusStats&)> fn);
+  void remove_bridge_stats(std::uint64_t id);
+
   std::uint64_t take_ids(std::uint64_t n) noexcept { return next_id_.fetch_add(n, std::memory_order_relaxed); }
   bool closing() const noexcept { return closing_.load(std::memory_order_seq_cst); }
 
@@ -410,6 +416,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::string running_handlers() const;
 
   mutable Mutex mu_;
+  mutable Mutex bridges_mu_;  // after mu_
+  std::map<std::uint64_t, std::function<BridgeStats(const BusStats&)>> bridge_stats_ GUARDED_BY(bridges_mu_);
+  std::uint64_t bridge_stats_next_ GUARDED_BY(bridges_mu_) = 0;
   std::map<std::string, std::unique_ptr<TopicImpl>, std::less<>> topics_ GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
   RunQueue<GroupLane> runq_;

@@ -121,7 +121,24 @@ BusStats BusCore::stats() const {
     }
     out.topics.push_back(std::move(ts));
   }
+  // Bridges (lib/bridge.cpp) add theirs; they read the topic stats above for lag.
+  {
+    MutexLock bl(&bridges_mu_);
+    for (const auto& [id, fn] : bridge_stats_) out.bridges.push_back(fn(out));
+  }
   return out;
+}
+
+std::uint64_t BusCore::add_bridge_stats(std::function<BridgeStats(const BusStats&)> fn) {
+  MutexLock l(&bridges_mu_);
+  const std::uint64_t id = ++bridge_stats_next_;
+  bridge_stats_.emplace(id, std::move(fn));
+  return id;
+}
+
+void BusCore::remove_bridge_stats(std::uint64_t id) {
+  MutexLock l(&bridges_mu_);
+  bridge_stats_.erase(id);
 }
 
 }  // namespace lanebus::detail

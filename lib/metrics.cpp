@@ -393,6 +393,7 @@ void MetricsWindow::recompute() {
   snap.wall_ns = now.wall_ns;
   snap.window_seconds = span;
   snap.samples = samples_.size();
+  snap.bridges = now.stats.bridges;
   if (now.stats.dlq_available) {
     const DlqCounters& d = now.stats.dlq;
     snap.dlq.available = true;
@@ -833,6 +834,47 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       w.sample_u64("lanebus_sla_state", l, g.sla->state == st ? 1 : 0);
     }
   });
+
+  // ---- bridges to NATS JetStream (bridge.hpp)
+  if (!s.bridges.empty()) {
+    w.family("lanebus_bridge_state", "gauge",
+             "Bridge connection state as a state set: 1 for the current state (connected, retrying, failed).");
+    for (const BridgeStats& b : s.bridges)
+      for (BridgeState st : {BridgeState::Connected, BridgeState::Retrying, BridgeState::Failed})
+        w.sample_u64("lanebus_bridge_state", {{"bridge", b.name}, {"state", to_string(st)}}, b.state == st ? 1 : 0);
+    struct Counter {
+      const char* name;
+      const char* type;
+      const char* help;
+      std::uint64_t BridgeMirrorStats::*field;
+    };
+    const Counter counters[] = {
+        {"lanebus_bridge_published_total", "counter", "Publishes sent to JetStream (re-sends included).",
+         &BridgeMirrorStats::published},
+        {"lanebus_bridge_acked_total", "counter", "PubAcks received (out) or messages acked to JetStream (in).",
+         &BridgeMirrorStats::acked},
+        {"lanebus_bridge_duplicates_total", "counter",
+         "Re-sends JetStream removed by Nats-Msg-Id (out); redeliveries already stored (in).",
+         &BridgeMirrorStats::duplicates},
+        {"lanebus_bridge_redelivered_total", "counter", "Messages JetStream delivered more than once (in).",
+         &BridgeMirrorStats::redelivered},
+        {"lanebus_bridge_stored_total", "counter", "Messages appended to the local topic (in).",
+         &BridgeMirrorStats::stored},
+        {"lanebus_bridge_dead_lettered_total", "counter", "Messages dead-lettered as too large for the server (out).",
+         &BridgeMirrorStats::dead_lettered},
+        {"lanebus_bridge_lag_messages", "gauge",
+         "Out: stored and not yet acknowledged by JetStream; in: pending in the JetStream consumer.",
+         &BridgeMirrorStats::lag},
+    };
+    for (const Counter& c : counters) {
+      w.family(c.name, c.type, c.help);
+      for (const BridgeStats& b : s.bridges)
+        for (const BridgeMirrorStats& m : b.mirrors)
+          w.sample_u64(c.name,
+                       {{"bridge", b.name}, {"direction", m.direction}, {"topic", m.topic}, {"stream", m.stream}},
+                       m.*c.field);
+    }
+  }
   return w.take();
 }
 
@@ -1005,6 +1047,38 @@ std::string to_json(const MetricsSnapshot& s) {
     j.end_object();
   }
   j.end_array();
+  if (!s.bridges.empty()) {  // absent without bridges: the output of a bus without one is unchanged
+    j.key("bridges");
+    j.begin_array();
+    for (const BridgeStats& b : s.bridges) {
+      j.begin_object();
+      j.key("name"); j.string(b.name);
+      j.key("state"); j.string(to_string(b.state));
+      j.key("last_error"); j.string(b.last_error);
+      j.key("last_error_ns"); j.i64(b.last_error_ns);
+      j.key("reconnects"); j.u64(b.reconnects);
+      j.key("mirrors");
+      j.begin_array();
+      for (const BridgeMirrorStats& m : b.mirrors) {
+        j.begin_object();
+        j.key("direction"); j.string(m.direction);
+        j.key("topic"); j.string(m.topic);
+        j.key("stream"); j.string(m.stream);
+        j.key("via"); j.string(m.via);
+        j.key("published"); j.u64(m.published);
+        j.key("acked"); j.u64(m.acked);
+        j.key("duplicates"); j.u64(m.duplicates);
+        j.key("redelivered"); j.u64(m.redelivered);
+        j.key("stored"); j.u64(m.stored);
+        j.key("dead_lettered"); j.u64(m.dead_lettered);
+        j.key("lag"); j.u64(m.lag);
+        j.end_object();
+      }
+      j.end_array();
+      j.end_object();
+    }
+    j.end_array();
+  }
   j.end_object();
   return j.take();
 }

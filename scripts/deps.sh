@@ -14,6 +14,7 @@ PKGS=(
   libsqlite3-dev                              # bench baselines: SQLite (durable, leases)
   clang                                       # -Wthread-safety build
   util-linux                                  # unshare / taskset used by some tests
+  libnats-dev nats-server                     # bridge to NATS JetStream (nats.c 3.4, server 2.9); its tests
 )
 if [ "${LANEBUS_SKIP_APT:-0}" != "1" ]; then
   export DEBIAN_FRONTEND=noninteractive

@@ -6,6 +6,10 @@
 
 namespace lanebus::tool {
 
+/// `lanebus bridge DIR --nats URL --out TOPIC=SUBJECT[@STREAM]... --in STREAM:CONSUMER=TOPIC...`:
+/// mirror durable topics to and from NATS JetStream (issue 13; built when libnats is found).
+int cmd_bridge(int argc, char** argv);
+
 /// `lanebus dlq list|show|replay|archive|purge|audit|stats DIR ...`: review the dead-letter queue (issue 4).
 int cmd_dlq(int argc, char** argv);
 

@@ -16,6 +16,9 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+#ifdef LANEBUS_HAVE_BRIDGE
+    {"bridge", lanebus::tool::cmd_bridge, "mirror durable topics to and from NATS JetStream (standalone process)"},
+#endif
     {"dlq", lanebus::tool::cmd_dlq, "review the dead-letter queue: list, show, replay, archive, purge, audit"},
     {"leases", lanebus::tool::cmd_leases, "list the leases of a lease table (name, owner, token, time left)"},
     {"stats", lanebus::tool::cmd_stats, "lag, oldest unprocessed age, rates and drain time of a live store (--watch)"},

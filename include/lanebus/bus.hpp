@@ -90,6 +90,7 @@ class LANEBUS_API Topic {
 
  private:
   friend class Bus;
+  friend class Bridge;
   friend class Publisher;
   friend class Transaction;
   explicit Topic(detail::TopicImpl* impl) noexcept : impl_(impl) {}
@@ -260,6 +261,7 @@ class LANEBUS_API Bus {
 
  private:
   friend struct detail::Access;
+  friend class Bridge;
   explicit Bus(std::shared_ptr<detail::BusCore> core) noexcept;
   std::shared_ptr<detail::BusCore> core_;
 };

@@ -212,6 +212,8 @@ struct LANEBUS_API MetricsSnapshot {
   std::vector<TopicMetrics> topics;
   /// The store's dead-letter queue (available = false without a store).
   DlqMetrics dlq;
+  /// Open bridges to NATS JetStream (bridge.hpp), as in the newest sample.
+  std::vector<BridgeStats> bridges;
 
   /// Lookup helpers; nullptr when absent. Valid while the snapshot lives.
   const TopicMetrics* find_topic(std::string_view name) const noexcept;

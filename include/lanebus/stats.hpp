@@ -88,6 +88,45 @@ struct TopicStats {
   std::vector<GroupStats> groups;
 };
 
+/// Connection state of a Bridge (bridge.hpp).
+enum class BridgeState : std::uint8_t {
+  Connected,  ///< Connected to a server; mirrors flow.
+  Retrying,   ///< No server reachable now (down at start, or lost): reconnecting with backoff.
+  Failed,     ///< Stopped by an error that retrying cannot fix (authorization, missing stream); see last_error.
+};
+
+/// One mirror of a Bridge: "out" (topic -> stream) or "in" (stream -> topic).
+struct BridgeMirrorStats {
+  std::string direction{};  ///< "out" or "in".
+  std::string topic{};      ///< Local topic.
+  std::string stream{};     ///< JetStream stream.
+  std::string via{};        ///< out: subject template; in: durable consumer name.
+  std::uint64_t published = 0;    ///< out: publishes sent (re-sends included).
+  std::uint64_t acked = 0;        ///< out: PubAcks received; in: messages acked to JetStream.
+  std::uint64_t duplicates = 0;   ///< out: PubAcks flagged duplicate (re-sends the server removed);
+                                  ///< in: redeliveries that were already stored (not stored again).
+  std::uint64_t redelivered = 0;  ///< in: messages JetStream delivered more than once.
+  std::uint64_t stored = 0;       ///< in: messages appended to the local topic.
+  std::uint64_t dead_lettered = 0;  ///< out: messages sent to the DLQ (too large for the server).
+  std::uint64_t lag = 0;          ///< out: stored and not yet acked by JetStream; in: pending in the consumer.
+};
+
+/// A Bridge's state and counters (Bridge::stats, BusStats::bridges).
+struct BridgeStats {
+  std::string name{};
+  BridgeState state = BridgeState::Retrying;
+  std::string last_error{};       ///< The last failure seen ("" = none yet).
+  std::int64_t last_error_ns = 0;  ///< Wall clock of last_error.
+  std::uint64_t reconnects = 0;   ///< Connections re-established after a loss.
+  BridgeMirrorStats total{};      ///< Counters summed over mirrors (direction "").
+  std::vector<BridgeMirrorStats> mirrors{};
+};
+
+/// Name of a BridgeState: "connected", "retrying", "failed".
+inline const char* to_string(BridgeState s) noexcept {
+  return s == BridgeState::Connected ? "connected" : s == BridgeState::Retrying ? "retrying" : "failed";
+}
+
 struct BusStats {
   std::string name{};
   std::uint32_t workers = 0;
@@ -96,6 +135,8 @@ struct BusStats {
   bool dlq_available = false;
   DlqCounters dlq;
   std::vector<TopicStats> topics;
+  /// Open bridges (bridge.hpp) of this bus, in the order they were opened.
+  std::vector<BridgeStats> bridges;
 };
 
 }  // namespace lanebus
