@@ -39,6 +39,7 @@
 #include <random>
 #include <thread>
 
+#include "access.hpp"
 #include "bus_impl.hpp"
 #include "idempotency.hpp"
 #include "names.hpp"
@@ -951,7 +952,7 @@ Status BridgeImpl::mirror_in(std::string_view stream, std::string_view consumer,
   io.hot_capacity = 1024;
   auto table = core_->idempotency("bridge-in." + name_segment(stream) + "." + name_segment(consumer), io);
   if (!table.ok()) return table.status();
-  m->seen = (*table)->impl();
+  m->seen = detail::Access::impl(**table);
   if (connected()) {
     Status s = bind_in(*m);
     if (s.code() == Code::NotFound || s.code() == Code::InvalidArgument) return s;
