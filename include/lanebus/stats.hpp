@@ -95,6 +95,9 @@ struct BusStats {
   bool dlq_available = false;
   DlqCounters dlq;
   std::vector<TopicStats> topics;
+  /// Non-empty when the bus's store is unusable (a failed write or fsync made
+  /// LMDB's environment fatal): the error every store call now returns.
+  std::string store_error{};
 };
 
 }  // namespace lanebus
