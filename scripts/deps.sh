@@ -14,9 +14,21 @@ PKGS=(
   libsqlite3-dev                              # bench baselines: SQLite (durable, leases)
   clang                                       # -Wthread-safety build
   util-linux                                  # unshare / taskset used by some tests
+  chromium nodejs npm                         # dashboard browser test (tests/browser, playwright-core)
+  python3-matplotlib                          # scripts/bench_plot.py
 )
 if [ "${LANEBUS_SKIP_APT:-0}" != "1" ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
+fi
+
+# The browser test drives chromium through playwright-core (npm; its own
+# browser downloads are never used: the test runs Debian's /usr/bin/chromium).
+if [ "${LANEBUS_SKIP_NPM:-0}" != "1" ] && command -v npm >/dev/null; then
+  ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+  if [ ! -d "$ROOT/tests/browser/node_modules/playwright-core" ]; then
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --no-save --no-audit --no-fund --silent \
+      --prefix "$ROOT/tests/browser" playwright-core >/dev/null
+  fi
 fi
