@@ -31,7 +31,7 @@ run "$BUILD/bench/durable" --seconds 1 --repeats 3 --messages 20000
 run "$BUILD/bench/durable" --run batch_sweep --seconds 1
 run "$BUILD/bench/idempotency"
 run "$BUILD/bench/leases" --seconds 1
-cp "$RAW" "$OUT/bench_results.txt"
+cat "$RAW" >"$OUT/bench_results.txt"
 # Debian's python3-matplotlib lives in /usr/bin/python3 (another python3 may come first in PATH).
 PY=python3
 if ! "$PY" -c "import matplotlib" 2>/dev/null && [ -x /usr/bin/python3 ]; then PY=/usr/bin/python3; fi

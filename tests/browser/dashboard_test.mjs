@@ -41,11 +41,28 @@ try {
 }
 
 // A hang guard only (every wait below has its own bound): the whole test
-// takes ~15 s plain.
+// takes ~15 s plain. It kills what the test started, so nothing outlives it.
+let server = null;
+let browser = null;
+function killAll() {
+  if (server && server.exitCode === null) server.kill("SIGKILL");
+  const p = browser && browser.process();
+  if (p && p.exitCode === null) p.kill("SIGKILL");
+}
 const guard = setTimeout(() => {
   console.log("FAIL: the test did not finish within 200 s");
+  killAll();
   process.exit(1);
 }, 200_000);
+
+// `promise`, or an error naming `what` after `ms`.
+function within(ms, promise, what) {
+  let timer;
+  const t = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} took more than ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, t]).finally(() => clearTimeout(timer));
+}
 
 const failures = [];
 function check(ok, what) {
@@ -54,7 +71,9 @@ function check(ok, what) {
 }
 
 // ---- the server
-const server = spawn(serverPath, [], { stdio: ["pipe", "pipe", "inherit"] });
+// stderr through a pipe of ours (not meson's), so a stray child cannot hold the test open.
+server = spawn(serverPath, [], { stdio: ["pipe", "pipe", "pipe"] });
+server.stderr.on("data", (d) => process.stderr.write(d));
 const serverExit = new Promise((resolve) => server.on("exit", (code, signal) => resolve({ code, signal })));
 const url = await new Promise((resolve, reject) => {
   const lines = readline.createInterface({ input: server.stdout });
@@ -66,12 +85,12 @@ const url = await new Promise((resolve, reject) => {
 });
 console.log(`dashboard at ${url}`);
 
-// ---- the browser: a fresh profile, nothing that phones home
-const profile = fs.mkdtempSync(path.join(os.tmpdir(), "lanebus-chromium-"));
-const context = await chromium.launchPersistentContext(profile, {
+// ---- the browser: nothing that phones home. launch() gives chromium a fresh
+// --user-data-dir (a new temporary profile, removed on close) and lets us
+// kill its process if it ever hangs on close.
+browser = await chromium.launch({
   executablePath: chromiumPath,
   headless: true,
-  viewport: { width: 1500, height: 950 },
   args: [
     "--no-sandbox",
     "--disable-gpu",
@@ -82,10 +101,11 @@ const context = await chromium.launchPersistentContext(profile, {
     "--disable-sync",
   ],
 });
+const context = await browser.newContext({ viewport: { width: 1500, height: 950 } });
 const errors = [];
 let exitCode = 1;
 try {
-  const page = context.pages()[0] || (await context.newPage());
+  const page = await context.newPage();
   page.on("console", (msg) => {
     if (msg.type() === "error") errors.push(`console: ${msg.text()}`);
   });
@@ -168,13 +188,24 @@ try {
   if (errors.length) console.log(`console errors: ${errors.join("; ")}`);
   exitCode = 1;
 } finally {
-  await context.close();
-  fs.rmSync(profile, { recursive: true, force: true });
   server.stdin.end();  // the server exits when its stdin closes
-  const { code, signal } = await serverExit;
-  if (code !== 0) {
-    console.log(`FAIL: dashboard_server exited with ${code ?? signal}`);
+  try {
+    const { code, signal } = await within(30_000, serverExit, "dashboard_server's exit");
+    if (code !== 0) {
+      console.log(`FAIL: dashboard_server exited with ${code ?? signal}`);
+      exitCode = 1;
+    }
+  } catch (e) {
+    console.log(`FAIL: ${e.message}; killed`);
+    server.kill("SIGKILL");
     exitCode = 1;
+  }
+  try {
+    await within(20_000, browser.close(), "closing chromium");
+  } catch (e) {
+    // Not the dashboard's doing: note it and make sure nothing is left behind.
+    console.log(`note: ${e.message}; killed chromium (pid ${browser.process()?.pid})`);
+    killAll();
   }
   clearTimeout(guard);
 }
