@@ -54,9 +54,9 @@ struct MetricsServerOptions {
   /// Connections open at once; a connection beyond this is closed as soon as
   /// it is accepted (counted in /stats.json server.refused). Default 32. >= 1.
   std::size_t max_connections = 32;
-  /// Largest request (request line + headers + body) in bytes; beyond it the
-  /// request gets 431 (headers) or 413 (body) and the connection is closed.
-  /// Default 8192. >= 256.
+  /// Largest request line + headers, and separately largest body, in bytes;
+  /// beyond it the request gets 431 (headers) or 413 (body) and the
+  /// connection is closed. Default 8192. 256..2^30.
   std::size_t max_request_bytes = 8192;
   /// Longest a connection may take to deliver one complete request (or sit
   /// idle between keep-alive requests) and to take the response; then it is
