@@ -25,11 +25,18 @@
 #include "lanebus/metrics_server.hpp"
 
 #include <algorithm>
+// GCC 12 with -fsanitize=address reports a bogus -Wmaybe-uninitialized for the
+// boost::optional<std::uint64_t> inside beast's basic_parser::do_field (GCC
+// PR 80635, false positives on optional storage); -Werror would turn it into
+// a build error. It is silenced for these includes only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#pragma GCC diagnostic pop
 #include <charconv>
 #include <mutex>
 #include <optional>
