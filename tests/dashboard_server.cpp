@@ -139,8 +139,9 @@ int main(int argc, char** argv) {
         m.payload = "order";
         (void)orders->try_publish(m);
       }
+      const std::string pkey = "p" + std::to_string(n % 13);  // OutgoingMessage holds views: keep it alive
       OutgoingMessage p;
-      p.key = "p" + std::to_string(n % 13);
+      p.key = pkey;
       p.payload = "payment";
       (void)payments->try_publish(p);
       if (n % 15 == 0) {
