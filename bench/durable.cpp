@@ -64,7 +64,7 @@ namespace {
 double g_seconds = 2.0;  // per measured case
 int g_repeats = 3;       // consume, replay and latency cases: median of this many runs
 std::uint64_t g_queue_messages = 50000;  // pre-filled queue size (consume cases)
-constexpr int kWindow = 512;
+int g_window = 512;  // publishes each producer keeps in flight (batch_sweep varies it)
 const std::string kPayload(64, 'p');
 
 struct Run {
@@ -93,7 +93,7 @@ std::uint64_t pct(std::vector<std::uint64_t>& v, double p) {
   return v[i];
 }
 
-// lanebus durable publish: `producers` threads, each with kWindow in flight.
+// lanebus durable publish: `producers` threads, each with g_window in flight.
 Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& dir) {
   lanebus::StoreOptions o;
   o.directory = dir;
@@ -119,7 +119,7 @@ Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& 
       std::atomic<int> in_flight{0};
       for (std::uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
         // Sleep rather than spin: on 2 cores a spinning producer steals the writer's CPU.
-        while (in_flight.load(std::memory_order_acquire) >= kWindow) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        while (in_flight.load(std::memory_order_acquire) >= g_window) std::this_thread::sleep_for(std::chrono::microseconds(50));
         AppendRequest r;
         r.topic_id = t->id;
         r.key = "key" + std::to_string((i * 4 + static_cast<std::uint64_t>(p)) % 64);
@@ -743,12 +743,29 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--run") == 0 && i + 1 < argc) only = argv[++i];
     if (std::strcmp(argv[i], "--help") == 0) {
       std::printf("usage: durable [--smoke] [--seconds S] [--repeats R] [--messages N] [--run CASE]\n"
-                  "cases: sync_1p sync_4p async_4p replay queue_consume_4c tx_consume_4c e2e_latency_queue\n");
+                  "cases: sync_1p sync_4p async_4p replay queue_consume_4c tx_consume_4c e2e_latency_queue\n"
+                  "       batch_sweep (only with --run: Sync throughput of 4 producers against the group-commit batch)\n");
       return 0;
     }
   }
   banner();
   auto want = [&](const char* c) { return only.empty() || only == c; };
+  if (only == "batch_sweep") {
+    // Sync publish with 4 producers at growing in-flight windows: the group
+    // commit batch grows with them; raw LMDB commits the same batch per fsync.
+    for (int w : {1, 2, 8, 32, 128, 512}) {
+      g_window = w;
+      Run x = lanebus_publish(4, lanebus::Durability::Sync, fresh_dir("sweep"));
+      auto b = static_cast<std::uint64_t>(std::max(1.0, x.avg_batch + 0.5));
+      Run y = lmdb_raw(false, b, fresh_dir("sweep_lmdb"));
+      std::printf("bench=durable case=batch_sweep producers=4 window=%d lanebus_avg_batch=%.1f lanebus_msgs_per_sec=%.0f "
+                  "lanebus_p50_ns=%llu lanebus_p99_ns=%llu baseline=lmdb_fsync baseline_batch=%llu "
+                  "baseline_msgs_per_sec=%.0f\n",
+                  w, x.avg_batch, x.msgs_per_sec, static_cast<unsigned long long>(x.p50_ns),
+                  static_cast<unsigned long long>(x.p99_ns), static_cast<unsigned long long>(b), y.msgs_per_sec);
+      std::fflush(stdout);
+    }
+  }
   std::string sync4_dir;
   if (want("sync_1p")) {
     Run x = lanebus_publish(1, lanebus::Durability::Sync, fresh_dir("sync_1p"));

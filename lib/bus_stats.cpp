@@ -43,6 +43,10 @@ BusStats BusCore::stats() const {
       out.dlq = *c;
     }
   }
+  if (store_) {
+    Status health = store_->health();
+    if (!health.ok()) out.store_error = health.to_string();
+  }
   for (const auto& [name, t] : topics_) {
     TopicStats ts;
     ts.name = name;

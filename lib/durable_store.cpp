@@ -759,6 +759,11 @@ Status DurableStore::read(const std::function<Status(StoreTxn&)>& fn) {
 
 DurableStore::~DurableStore() { (void)close(); }
 
+Status DurableStore::health() const {
+  if (env_ && env_->fatal()) return env_->fatal_status();
+  return Status();
+}
+
 Status DurableStore::close() {
   if (writer_.joinable() && std::this_thread::get_id() == writer_id_) {
     return Status(Code::Busy, "close store " + q(options_.directory) + ": called from a completion callback");

@@ -459,6 +459,9 @@ class DurableStore {
   StoreCounters counters() const noexcept;
   const std::string& directory() const noexcept { return options_.directory; }
   const StoreOptions& options() const noexcept { return options_; }
+  /// OK, or the IOError every call returns once a failed write made the
+  /// environment unusable (metrics health checks).
+  Status health() const;
   bool read_only() const noexcept { return options_.read_only; }
   std::uint64_t map_size() const noexcept;
 

@@ -920,6 +920,12 @@ std::string to_json(const MetricsSnapshot& s) {
   }
   j.key("oldest_age_seconds"); j.number(s.dlq.oldest_age_seconds);
   j.key("arrival_rate"); j.number(s.dlq.arrival_rate);
+  j.key("arrivals");  // per class, since the store was created
+  j.begin_object();
+  j.key("transient"); j.u64(s.dlq.arrivals[0]);
+  j.key("permanent"); j.u64(s.dlq.arrivals[1]);
+  j.key("poison"); j.u64(s.dlq.arrivals[2]);
+  j.end_object();
   j.key("growing");
   if (s.dlq.depth_change) {
     j.boolean(*s.dlq.depth_change > 0);

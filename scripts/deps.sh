@@ -15,9 +15,25 @@ PKGS=(
   clang                                       # -Wthread-safety build
   util-linux                                  # unshare / taskset used by some tests
   libnats-dev nats-server                     # bridge to NATS JetStream (nats.c 3.4, server 2.9); its tests
+  chromium                                    # dashboard browser test (tests/browser, playwright-core)
+  python3-matplotlib                          # scripts/bench_plot.py
 )
+# Node.js runs the browser test. The machine's own Node.js (NodeSource, with npm)
+# is used when there is one: Debian's npm conflicts with it, so apt installs
+# nodejs + npm only where no node exists.
+if ! command -v node >/dev/null; then PKGS+=(nodejs npm); fi
 if [ "${LANEBUS_SKIP_APT:-0}" != "1" ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
+fi
+
+# The browser test drives chromium through playwright-core (npm; its own
+# browser downloads are never used: the test runs Debian's /usr/bin/chromium).
+if [ "${LANEBUS_SKIP_NPM:-0}" != "1" ] && command -v npm >/dev/null; then
+  ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+  if [ ! -d "$ROOT/tests/browser/node_modules/playwright-core" ]; then
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --no-save --no-audit --no-fund --silent \
+      --prefix "$ROOT/tests/browser" playwright-core >/dev/null
+  fi
 fi

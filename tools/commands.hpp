@@ -16,6 +16,9 @@ int cmd_dlq(int argc, char** argv);
 /// `lanebus leases PATH`: list the leases of a lease table segment.
 int cmd_leases(int argc, char** argv);
 
+/// `lanebus serve DIR [--listen HOST:PORT] [--sla SECONDS]`: serve a store's metrics over HTTP (issue 14).
+int cmd_serve(int argc, char** argv);
+
 /// `lanebus stat DIR`: topics, lanes, offsets, groups and lag of a durable store.
 int cmd_stat(int argc, char** argv);
 

@@ -11,6 +11,7 @@
 #include "lanebus/lease.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/metrics.hpp"
+#include "lanebus/metrics_server.hpp"
 #include "lanebus/options.hpp"
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"

@@ -137,6 +137,9 @@ struct BusStats {
   std::vector<TopicStats> topics;
   /// Open bridges (bridge.hpp) of this bus, in the order they were opened.
   std::vector<BridgeStats> bridges;
+  /// Non-empty when the bus's store is unusable (a failed write or fsync made
+  /// LMDB's environment fatal): the error every store call now returns.
+  std::string store_error{};
 };
 
 }  // namespace lanebus

@@ -1,0 +1,151 @@
+// lanebus — MIT License.
+// `lanebus serve DIR [--listen HOST:PORT] [--sla SECONDS]`: a MetricsServer
+// (/metrics, /stats.json, /healthz, the dashboard) over a durable store that
+// other processes use, read through a read-only open.
+#include <signal.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "commands.hpp"
+#include "durable_store.hpp"
+#include "lanebus/metrics_server.hpp"
+#include "store_stats.hpp"
+
+namespace lanebus::tool {
+namespace {
+
+void serve_usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: lanebus serve DIR [--listen HOST:PORT] [--sla SECONDS [--page-fraction F]]\n"
+               "                         [--window SECONDS] [--interval SECONDS]\n\n"
+               "Serve the metrics of the lanebus store in DIR over HTTP until SIGINT or SIGTERM:\n"
+               "  /metrics     Prometheus text exposition 0.0.4\n"
+               "  /stats.json  the same as JSON, with health and server counters\n"
+               "  /healthz     200, or 503 when a group's SLA is breached or the store is unusable\n"
+               "  /            a live dashboard (lag, drain time against the SLA, DLQ, lane load)\n"
+               "  --listen HOST:PORT  address to listen on (default 127.0.0.1:9464; port 0 = any free)\n"
+               "  --sla SECONDS       judge every group against this SLA (ok / at_risk / breached)\n"
+               "  --page-fraction F   fraction of the SLA that is at risk (default 0.75)\n"
+               "  --window SECONDS    span of the rates (default 15)\n"
+               "  --interval SECONDS  how often the store is read (default 1)\n"
+               "The store shows what it knows: offsets, lag, the age of the oldest unprocessed message\n"
+               "and the DLQ; handler outcomes and latency live in the consuming process (serve those\n"
+               "with lanebus::MetricsServer in that process). Opens the store read-only. The first line\n"
+               "on stdout names the URL. Exit status: 0 after a signal, 1 when the store cannot be read\n"
+               "or the address cannot be bound, 2 for a usage error.\n");
+}
+
+bool parse_seconds(const char* s, double* out) {
+  if (s == nullptr || *s == '\0') return false;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  if (errno != 0 || *end != '\0' || !(v > 0) || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+std::chrono::nanoseconds to_ns(double s) { return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9)); }
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  std::string dir;
+  MetricsServerOptions options;
+  std::optional<double> sla_seconds;
+  double page_fraction = 0.75;
+  for (int i = 1; i < argc; ++i) {
+    const char* a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    double v = 0;
+    if (std::strcmp(a, "--help") == 0 || std::strcmp(a, "-h") == 0) {
+      serve_usage(stdout);
+      return 0;
+    } else if (std::strcmp(a, "--listen") == 0) {
+      const char* l = value();
+      if (l == nullptr) {
+        std::fprintf(stderr, "lanebus serve: --listen needs HOST:PORT\n");
+        return 2;
+      }
+      options.listen = l;
+    } else if (std::strcmp(a, "--sla") == 0) {
+      if (!parse_seconds(value(), &v)) {
+        std::fprintf(stderr, "lanebus serve: --sla needs a number of seconds > 0\n");
+        return 2;
+      }
+      sla_seconds = v;
+    } else if (std::strcmp(a, "--page-fraction") == 0) {
+      if (!parse_seconds(value(), &v) || v > 1) {
+        std::fprintf(stderr, "lanebus serve: --page-fraction needs a number in (0, 1]\n");
+        return 2;
+      }
+      page_fraction = v;
+    } else if (std::strcmp(a, "--window") == 0) {
+      if (!parse_seconds(value(), &v)) {
+        std::fprintf(stderr, "lanebus serve: --window needs a number of seconds > 0\n");
+        return 2;
+      }
+      options.metrics.window = to_ns(v);
+    } else if (std::strcmp(a, "--interval") == 0) {
+      if (!parse_seconds(value(), &v) || v < 0.001) {
+        std::fprintf(stderr, "lanebus serve: --interval needs a number of seconds >= 0.001\n");
+        return 2;
+      }
+      options.sample_interval = std::chrono::milliseconds(static_cast<std::int64_t>(v * 1e3));
+    } else if (a[0] == '-') {
+      std::fprintf(stderr, "lanebus serve: unknown option %s\n\n", a);
+      serve_usage(stderr);
+      return 2;
+    } else if (dir.empty()) {
+      dir = a;
+    } else {
+      std::fprintf(stderr, "lanebus serve: more than one directory given\n\n");
+      serve_usage(stderr);
+      return 2;
+    }
+  }
+  if (dir.empty()) {
+    serve_usage(stderr);
+    return 2;
+  }
+  if (sla_seconds) options.metrics.default_sla = SlaPolicy{to_ns(*sla_seconds), page_fraction, std::chrono::nanoseconds(0)};
+
+  // Block the stop signals before any thread starts, so every thread inherits
+  // the mask and sigwait below receives them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  StoreOptions so;
+  so.directory = dir;
+  so.read_only = true;
+  auto store = detail::DurableStore::open(so);
+  if (!store.ok()) {
+    std::fprintf(stderr, "lanebus serve: cannot read %s as a lanebus store: %s\n", dir.c_str(),
+                 store.status().to_string().c_str());
+    return 1;
+  }
+  detail::DurableStore* s = store->get();
+  auto server = MetricsServer::start([s] { return detail::read_store_stats(*s); }, options);
+  if (!server.ok()) {
+    const bool usage = server.status().code() == Code::InvalidArgument;
+    std::fprintf(stderr, "lanebus serve: %s\n", server.status().to_string().c_str());
+    return usage ? 2 : 1;
+  }
+  std::printf("lanebus serve: %s at %s (/metrics, /stats.json, /healthz)\n", dir.c_str(), (*server)->url().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  while (sigwait(&stop, &sig) != 0) {
+  }
+  (*server)->stop();
+  return 0;
+}
+
+}  // namespace lanebus::tool
