@@ -148,6 +148,15 @@ std::string quoted(std::string_view p) {
 
 }  // namespace
 
+// A read-only transaction is refused with MDB_BAD_TXN only after LMDB met a
+// damaged page in it (mdb_page_get marks the transaction failed) and that
+// error did not reach us as such: report the damage, not an internal error.
+Status damaged_read_txn(std::string_view what, std::string_view path) {
+  return Status(Code::Corruption, std::string(what) + " " + quoted(path) +
+                                      ": MDB_BAD_TXN: LMDB met a damaged page in this read transaction; the store is "
+                                      "damaged; run `lanebus verify` and restore it from a copy");
+}
+
 Status lmdb_error(int rc, std::string_view what, std::string_view path) {
   std::string msg(what);
   msg += ' ';
@@ -199,6 +208,7 @@ Result<std::string_view> LmdbTxn::get(LmdbDbi dbi, std::string_view key) {
   MDB_val v{0, nullptr};
   int rc = mdb_get(txn_, dbi, &k, &v);
   if (rc == MDB_NOTFOUND) return Status(Code::NotFound);  // hot path: no message
+  if (rc == MDB_BAD_TXN && !write_) return damaged_read_txn("get in", env_->path());
   if (rc != 0) return lmdb_error(rc, "get in", env_->path());
   return std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
 }
@@ -267,12 +277,14 @@ Result<LmdbCursor> LmdbCursor::open(LmdbTxn& txn, LmdbDbi dbi, std::string_view 
   MDB_cursor* c = nullptr;
   int rc = mdb_cursor_open(txn.raw(), dbi, &c);
   if (rc != 0) return lmdb_error(rc, "open cursor in", path);
-  return LmdbCursor(c, path);
+  LmdbCursor out(c, path);
+  out.read_txn_ = !txn.write_;
+  return out;
 }
 
 LmdbCursor::LmdbCursor(LmdbCursor&& other) noexcept
     : cursor_(std::exchange(other.cursor_, nullptr)), path_(other.path_), key_(other.key_),
-      value_(other.value_) {}
+      value_(other.value_), read_txn_(other.read_txn_) {}
 
 LmdbCursor& LmdbCursor::operator=(LmdbCursor&& other) noexcept {
   if (this != &other) {
@@ -281,6 +293,7 @@ LmdbCursor& LmdbCursor::operator=(LmdbCursor&& other) noexcept {
     path_ = other.path_;
     key_ = other.key_;
     value_ = other.value_;
+    read_txn_ = other.read_txn_;
   }
   return *this;
 }
@@ -298,6 +311,7 @@ Result<bool> LmdbCursor::move(int op, std::string_view key) {
     value_ = {};
     return false;
   }
+  if (rc == MDB_BAD_TXN && read_txn_) return damaged_read_txn("read from", path_);
   if (rc != 0) return lmdb_error(rc, "read from", path_);
   key_ = std::string_view(static_cast<const char*>(k.mv_data), k.mv_size);
   value_ = std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
@@ -474,6 +488,17 @@ Result<LmdbTxn> LmdbEnv::begin(bool write) {
     if (rc == MDB_MAP_RESIZED) {
       Status s = adopt_map_size();
       if (!s.ok()) return s;
+      // A meta page that claims more pages than even the adopted map holds was
+      // damaged (a writer never commits past its map): Corruption, not a retry.
+      MDB_envinfo info{};
+      MDB_stat st{};
+      if (mdb_env_info(env_, &info) == 0 && mdb_env_stat(env_, &st) == 0 &&
+          (static_cast<std::uint64_t>(info.me_last_pgno) + 1) * st.ms_psize > info.me_mapsize) {
+        return Status(Code::Corruption, "begin transaction on " + quoted(config_.path) + ": the meta page says " +
+                                            std::to_string(info.me_last_pgno + 1) + " pages are in use, more than its map of " +
+                                            std::to_string(info.me_mapsize) + " bytes holds: the store is damaged; "
+                                            "restore it from a copy");
+      }
       continue;
     }
     if (rc == MDB_READERS_FULL && !checked_readers) {
@@ -486,7 +511,11 @@ Result<LmdbTxn> LmdbEnv::begin(bool write) {
     if (rc == MDB_PANIC) set_fatal(s);
     return s;
   }
-  return Status(Code::Internal, "begin transaction on " + quoted(config_.path) + ": map keeps being resized");
+  // Every retry found the map too small for the meta page LMDB reads (the two
+  // meta pages disagree): a damaged meta page, not a racing writer.
+  return Status(Code::Corruption, "begin transaction on " + quoted(config_.path) +
+                                      ": MDB_MAP_RESIZED on every retry: the meta pages disagree about the pages in "
+                                      "use; the store is damaged; restore it from a copy");
 }
 
 Result<LmdbTxn> LmdbEnv::begin_read() { return begin(false); }
@@ -598,6 +627,11 @@ Result<std::unique_ptr<LmdbWalk>> LmdbWalk::open(const std::string& path) {
   rc = mdb_env_open(w->env_, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0600);
   if (rc != 0) return lmdb_error(rc, "verify: open", path);
   rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
+  if (rc == MDB_MAP_RESIZED) {
+    // The newest meta page claims more pages than the file (the map) has.
+    return Status(Code::Corruption, "verify " + quoted(path) + ": the meta page claims more pages than data.mdb has (" +
+                                        std::to_string(size) + " bytes): the store is damaged");
+  }
   if (rc != 0) return lmdb_error(rc, "verify: begin read transaction in", path);
   MDB_envinfo info{};
   MDB_stat st{};

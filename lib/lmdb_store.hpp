@@ -32,6 +32,9 @@ using LmdbDbi = unsigned int;
 /// Maps an LMDB return code (an MDB_* code or an errno) to a Status whose
 /// message is `<what> "<path>": <MDB name or errno name>: <text>[; <hint>]`.
 Status lmdb_error(int rc, std::string_view what, std::string_view path);
+/// Corruption for an MDB_BAD_TXN in a read-only transaction (LMDB marked it
+/// failed after meeting a damaged page).
+Status damaged_read_txn(std::string_view what, std::string_view path);
 /// LMDB's version string (mdb_version), for benchmark and tool banners.
 const char* lmdb_version_string() noexcept;
 
@@ -77,6 +80,7 @@ class LmdbTxn {
 
  private:
   friend class LmdbEnv;
+  friend class LmdbCursor;
   LmdbTxn(LmdbEnv* env, MDB_txn* txn, std::shared_lock<std::shared_mutex> lock, bool write) noexcept
       : env_(env), txn_(txn), lock_(std::move(lock)), write_(write) {}
   LmdbEnv* env_ = nullptr;
@@ -120,6 +124,7 @@ class LmdbCursor {
   std::string_view path_;
   std::string_view key_;
   std::string_view value_;
+  bool read_txn_ = false;  // opened in a read-only transaction (MDB_BAD_TXN there = damage)
 };
 
 /// One LMDB environment (one directory). Opens with MDB_NOTLS (reader slots
