@@ -1264,6 +1264,12 @@ Result<std::vector<TopicRef>> DurableStore::list_topics() {
     if (!decode_topic(c->key(), c->value(), &t)) {
       return Status(Code::Corruption, "topic " + q(c->key()) + ": stored record is malformed");
     }
+    // Names were checked when the topic was created: an invalid one in the
+    // catalogue is a damaged key (LMDB does not checksum keys).
+    if (Status ns = check_name(c->key(), "stored topic"); !ns.ok()) {
+      return Status(Code::Corruption, "the topic catalogue of " + q(options_.directory) + " is damaged: " +
+                                          std::string(ns.message()));
+    }
     out.push_back(t);
     r = c->next();
   }

@@ -460,7 +460,7 @@ Result<VerifyReport> verify_store_in_child(const std::string& directory, const V
   if (pid == 0) {
     // The child: die by the signal itself (no handler inherited from the
     // application or a sanitizer turns a crash into an exit code).
-    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) std::signal(sig, SIG_DFL);
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) std::signal(sig, SIG_DFL);
     std::signal(SIGPIPE, SIG_IGN);
     ::close(fds[0]);
     const int out = fds[1];

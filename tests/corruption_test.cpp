@@ -247,7 +247,7 @@ bool read_all_in_child(const std::string& dir, const Image& img, Pass* out) {
   std::fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
-    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) std::signal(sig, SIG_DFL);
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) std::signal(sig, SIG_DFL);
     close(fds[0]);
     Pass p = read_all(dir, img, false);
     std::string line = std::to_string(static_cast<int>(p.kind)) + " " + std::to_string(p.records) + " " +
@@ -348,7 +348,7 @@ TEST_CASE("random bytes flipped in random pages: intact records or Corruption, n
   std::filesystem::create_directories(dir);
 
   std::uint64_t plain_intact = 0, plain_corrupt = 0, plain_crashed = 0, verify_damaged = 0, verify_died = 0,
-                host_opened = 0, host_refused = 0, misplaced = 0, tool_ok = 0, tool_corrupt = 0, records_checked = 0;
+                host_opened = 0, host_refused = 0, renamed = 0, misplaced = 0, tool_ok = 0, tool_corrupt = 0, records_checked = 0;
   for (std::uint64_t trial = 0; trial < trials; ++trial) {
     std::string image = img.data;
     const std::size_t page = static_cast<std::size_t>(rng() % pages);
@@ -401,10 +401,19 @@ TEST_CASE("random bytes flipped in random pages: intact records or Corruption, n
     // 3. The tools: exit 0 with intact records, or 1 saying Corruption; never a signal.
     if (!tool.empty()) {
       std::string out, err;
+      bool stat_lists_orders = false, stat_ok_last = false;
       for (const std::vector<std::string>& cmd :
            {std::vector<std::string>{tool, "stat", dir}, std::vector<std::string>{tool, "tail", dir, "orders", "--count", "0"}}) {
         const int rc = run(cmd, &out, &err);
         INFO(cmd[1] << " rc=" << rc << " stderr: " << err);
+        if (cmd[1] == "stat") stat_lists_orders = rc == 0 && contains(out, "topic orders ");
+        if (cmd[1] == "tail" && rc == 1 && contains(err, "NotFound") && stat_ok_last && !stat_lists_orders) {
+          // A flip that turned "orders" into another valid name: the catalogue
+          // has no checksum (doc/storage-format.md "Verification"); counted.
+          ++renamed;
+          continue;
+        }
+        if (cmd[1] == "stat") stat_ok_last = rc == 0;
         CHECK((rc == 0 || (rc == 1 && contains(err, "Corruption"))));
         (rc == 0 ? tool_ok : tool_corrupt)++;
         if (rc == 0 && cmd[1] == "tail") {
@@ -426,12 +435,12 @@ TEST_CASE("random bytes flipped in random pages: intact records or Corruption, n
   std::printf("corruption_test: %llu trials (seed %llu, %zu pages): plain read intact %llu, Corruption %llu, "
               "LMDB crashed the unprotected reader %llu; verify found damage %llu (walk died %llu); "
               "verify_on_open opened %llu (records checked %llu, misplaced by catalogue damage %llu), "
-              "refused %llu; tools ok %llu, Corruption %llu; host crashes 0\n",
+              "refused %llu; tools ok %llu, Corruption %llu, topic renamed by a flip %llu; host crashes 0\n",
               static_cast<unsigned long long>(trials), static_cast<unsigned long long>(seed), pages,
               static_cast<unsigned long long>(plain_intact), static_cast<unsigned long long>(plain_corrupt),
               static_cast<unsigned long long>(plain_crashed), static_cast<unsigned long long>(verify_damaged),
               static_cast<unsigned long long>(verify_died), static_cast<unsigned long long>(host_opened),
               static_cast<unsigned long long>(records_checked), static_cast<unsigned long long>(misplaced),
               static_cast<unsigned long long>(host_refused), static_cast<unsigned long long>(tool_ok),
-              static_cast<unsigned long long>(tool_corrupt));
+              static_cast<unsigned long long>(tool_corrupt), static_cast<unsigned long long>(renamed));
 }

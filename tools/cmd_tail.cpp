@@ -80,6 +80,10 @@ static int tail_main(const TailArgs& args) {
     return 1;
   }
   auto t = (*store)->find_topic(args.topic);
+  if (t.code() == Code::NotFound) {
+    // A damaged catalogue (an invalid topic name) says so instead of NotFound.
+    if (auto all = (*store)->list_topics(); !all.ok()) t = all.status();
+  }
   if (!t.ok()) {
     std::fprintf(stderr, "lanebus tail: %s\n", t.status().to_string().c_str());
     return 1;

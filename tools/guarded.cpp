@@ -19,7 +19,7 @@ int run_guarded(const char* command, const std::string& dir, const std::function
   if (pid < 0) return body();
   if (pid == 0) {
     // Die by the signal itself, whatever handler a sanitizer installed.
-    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) std::signal(sig, SIG_DFL);
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) std::signal(sig, SIG_DFL);
     const int rc = body();
     std::fflush(stdout);
     std::fflush(stderr);
