@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "dlq.hpp"
@@ -20,11 +21,17 @@
 
 namespace {
 
-std::string scratch() {
+// A private directory on tmpfs (fsync is free there), removed at exit
+// (libFuzzer ends with exit(); the verify child leaves with _exit).
+const std::string& scratch() {
+  static char path[64] = "/dev/shm/lanebus-fuzz-store-XXXXXX";
   static const std::string dir = [] {
-    char tmpl[] = "/dev/shm/lanebus-fuzz-store-XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    return std::string(d != nullptr ? d : "/tmp");
+    if (mkdtemp(path) == nullptr) std::abort();
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    });
+    return std::string(path);
   }();
   return dir;
 }
