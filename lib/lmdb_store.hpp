@@ -21,7 +21,6 @@
 struct MDB_env;
 struct MDB_txn;
 struct MDB_cursor;
-struct MDB_val;
 
 namespace lanebus::detail {
 
@@ -281,14 +280,11 @@ class LmdbWalk {
 
  private:
   LmdbWalk(std::string path, MDB_env* env) noexcept : path_(std::move(path)), env_(env) {}
-  bool in_map(const struct MDB_val& v) const noexcept;  // [data, data + size) inside the map
   std::string path_;
   MDB_env* env_ = nullptr;
   MDB_txn* txn_ = nullptr;
   std::uint64_t page_size_ = 0;
   std::uint64_t snapshot_pages_ = 0;
-  const char* map_begin_ = nullptr;
-  const char* map_end_ = nullptr;
 };
 
 }  // namespace lanebus::detail
