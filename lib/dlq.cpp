@@ -1056,4 +1056,8 @@ Status DlqStore::forget_outcomes_in(StoreTxn& txn, const GroupRef& group, std::u
   return Status();
 }
 
+Status check_dlq_audit_record(std::string_view key, std::string_view value) {
+  return decode_audit(key, value).status();
+}
+
 }  // namespace lanebus::detail

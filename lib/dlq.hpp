@@ -199,5 +199,8 @@ class DlqStore {
 /// Binary encodings (exposed for tests: a truncated record must decode to Corruption).
 std::string encode_dlq_entry(const DlqEntry& e);
 Result<DlqEntry> decode_dlq_entry(std::string_view bytes);
+/// OK when a `dlq_audit` record (key be64 seq, value) decodes; Corruption otherwise
+/// (the verify walk, lib/verify.cpp, and the fuzz targets).
+Status check_dlq_audit_record(std::string_view key, std::string_view value);
 
 }  // namespace lanebus::detail

@@ -12,6 +12,8 @@
 #include <utility>
 
 #include "names.hpp"
+#include "store_codec.hpp"
+#include "verify.hpp"
 
 // Design notes
 //
@@ -357,6 +359,66 @@ Result<std::uint64_t> start_offset(LmdbTxn& txn, LmdbDbi log, std::uint32_t tid,
 
 }  // namespace
 
+// ---- exposed decoders (lib/store_codec.hpp: the verify walk and fuzz targets) ----
+
+Status decode_log_record(std::string_view value, std::string_view topic, std::uint32_t lane, std::uint64_t offset,
+                         StoredMessage* out) {
+  return decode_record(value, topic, lane, offset, out);
+}
+
+std::string encode_log_record(const AppendRequest& request, std::int64_t index_ts) {
+  std::string v(record_size(request), '\0');
+  encode_record(v.data(), v.size(), request, request.header, index_ts);
+  return v;
+}
+
+bool decode_topic_record(std::string_view name, std::string_view value, TopicRef* out) {
+  return decode_topic(name, value, out);
+}
+
+bool decode_lane_record(std::string_view value, LaneRecord* out) {
+  LaneState s;
+  if (!decode_lane(value, &s)) return false;
+  *out = LaneRecord{s.first, s.next, s.bytes, s.count, s.last_ts};
+  return true;
+}
+
+bool decode_group_record(std::string_view value, GroupRecord* out) {
+  if (value.size() != 16) return false;
+  out->format = get_le32(value.data());
+  out->group_id = get_le32(value.data() + 4);
+  out->created_ns = static_cast<std::int64_t>(get_le64(value.data() + 8));
+  return out->format == 1 && out->group_id != 0;
+}
+
+bool decode_cursor_record(std::string_view value, CursorRecord* out) {
+  if (value.size() != 16) return false;
+  out->committed = get_le64(value.data());
+  out->skipped = get_le64(value.data() + 8);
+  return true;
+}
+
+bool decode_inflight_record(std::string_view value, InflightRecord* out) {
+  if (value.size() != 24) return false;
+  out->attempt = get_le32(value.data());
+  out->state = get_le32(value.data() + 4);
+  out->deadline_ns = static_cast<std::int64_t>(get_le64(value.data() + 8));
+  out->first_claim_ns = static_cast<std::int64_t>(get_le64(value.data() + 16));
+  return out->attempt >= 1 && (out->state == kInflightClaimed || out->state == kInflightAcked);
+}
+
+Status check_layout_record(std::string_view value) {
+  if (value.size() != 12 || std::memcmp(value.data(), kLayoutMagic, 8) != 0) {
+    return Status(Code::Corruption, "the layout record is not lanebus's (foreign data)");
+  }
+  const std::uint32_t version = get_le32(value.data() + 8);
+  if (version > kLayoutVersion) {
+    return Status(Code::VersionTooNew, "layout version " + std::to_string(version) + " was written by a newer lanebus");
+  }
+  if (version == 0) return Status(Code::Corruption, "layout version 0 is invalid");
+  return Status();
+}
+
 std::string encode_layout_record(std::uint32_t version) {
   std::string v(kLayoutMagic, sizeof kLayoutMagic);
   v.resize(12);
@@ -550,6 +612,16 @@ Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& opt
   if (options.max_batch == 0 || options.max_pending == 0 || options.retention_batch == 0) {
     return Status(Code::InvalidArgument, "open store " + q(options.directory) +
                                              ": max_batch, max_pending and retention_batch must be > 0");
+  }
+  if (options.verify_on_open) {  // issue 10: the walk in a child that may die (lib/verify.hpp)
+    auto report = verify_store_in_child(options.directory);
+    if (!report.ok() && report.code() != Code::NotFound) return report.status();
+    if (report.ok() && !report->ok()) {
+      return Status(Code::Corruption, "open " + q(options.directory) + ": verify_on_open found " +
+                                          std::to_string(report->problem_count) + " problem(s), the first: " +
+                                          (report->problems.empty() ? std::string("?") : report->problems.front()) +
+                                          "; run `lanebus verify " + options.directory + "` for all of them");
+    }
   }
   LmdbEnv::Config cfg;
   cfg.path = options.directory;
@@ -1196,6 +1268,12 @@ Result<std::vector<TopicRef>> DurableStore::list_topics() {
     TopicRef t;
     if (!decode_topic(c->key(), c->value(), &t)) {
       return Status(Code::Corruption, "topic " + q(c->key()) + ": stored record is malformed");
+    }
+    // Names were checked when the topic was created: an invalid one in the
+    // catalogue is a damaged key (LMDB does not checksum keys).
+    if (Status ns = check_name(c->key(), "stored topic"); !ns.ok()) {
+      return Status(Code::Corruption, "the topic catalogue of " + q(options_.directory) + " is damaged: " +
+                                          std::string(ns.message()));
     }
     out.push_back(t);
     r = c->next();

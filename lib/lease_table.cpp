@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -462,6 +463,29 @@ Status LeaseTableImpl::attach(int fd, std::size_t size) {
   if (header_->ready.load(std::memory_order_acquire) != kReady) {
     return Status(Code::Corruption, "lease table " + quoted(path_) + ": segment was never initialised");
   }
+  // The mutex's kind word (glibc's pthread_mutex_t.__data.__kind: type,
+  // robust, process-shared and priority bits) never changes after
+  // pthread_mutex_init. A damaged one makes pthread_mutex_timedlock assert
+  // (priority-protect bits) or misbehave: compare it with a mutex made like the
+  // creator's before locking (found by fuzz/lease_segment_fuzz.cpp).
+  {
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_t reference;
+    pthread_mutex_init(&reference, &attr);
+    pthread_mutexattr_destroy(&attr);
+    const int want = reference.__data.__kind;
+    pthread_mutex_destroy(&reference);
+    int got = 0;
+    std::memcpy(&got, reinterpret_cast<const char*>(&header_->mutex) + offsetof(pthread_mutex_t, __data.__kind),
+                sizeof got);
+    if (got != want) {
+      return Status(Code::Corruption, "lease table " + quoted(path_) +
+                                          ": the segment's mutex is not a process-shared robust mutex (damaged header)");
+    }
+  }
   std::uint64_t my_time_ns = inode_of("/proc/self/ns/time");
   std::string boot = read_boot_id(hooks_);
 
@@ -751,7 +775,9 @@ Status LeaseTableImpl::confirm_grant(std::string_view name, std::uint64_t token)
 
 LeaseInfo LeaseTableImpl::info_of(const Entry& e, std::int64_t now) const {
   LeaseInfo info;
-  info.name.assign(e.name, e.name_len);
+  // name_len comes from the shared segment: never read past the name field,
+  // whatever a damaged segment says (found by fuzz/lease_segment_fuzz.cpp).
+  info.name.assign(e.name, std::min<std::size_t>(e.name_len, sizeof(e.name)));
   info.owner = owner_of(e.owner);
   info.token = e.token;
   info.granted_at_ns = e.granted_at;

@@ -5,6 +5,7 @@
 
 #include <lmdb.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -148,6 +149,15 @@ std::string quoted(std::string_view p) {
 
 }  // namespace
 
+// A read-only transaction is refused with MDB_BAD_TXN only after LMDB met a
+// damaged page in it (mdb_page_get marks the transaction failed) and that
+// error did not reach us as such: report the damage, not an internal error.
+Status damaged_read_txn(std::string_view what, std::string_view path) {
+  return Status(Code::Corruption, std::string(what) + " " + quoted(path) +
+                                      ": MDB_BAD_TXN: LMDB met a damaged page in this read transaction; the store is "
+                                      "damaged; run `lanebus verify` and restore it from a copy");
+}
+
 Status lmdb_error(int rc, std::string_view what, std::string_view path) {
   std::string msg(what);
   msg += ' ';
@@ -199,6 +209,7 @@ Result<std::string_view> LmdbTxn::get(LmdbDbi dbi, std::string_view key) {
   MDB_val v{0, nullptr};
   int rc = mdb_get(txn_, dbi, &k, &v);
   if (rc == MDB_NOTFOUND) return Status(Code::NotFound);  // hot path: no message
+  if (rc == MDB_BAD_TXN && !write_) return damaged_read_txn("get in", env_->path());
   if (rc != 0) return lmdb_error(rc, "get in", env_->path());
   return std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
 }
@@ -267,12 +278,14 @@ Result<LmdbCursor> LmdbCursor::open(LmdbTxn& txn, LmdbDbi dbi, std::string_view 
   MDB_cursor* c = nullptr;
   int rc = mdb_cursor_open(txn.raw(), dbi, &c);
   if (rc != 0) return lmdb_error(rc, "open cursor in", path);
-  return LmdbCursor(c, path);
+  LmdbCursor out(c, path);
+  out.read_txn_ = !txn.write_;
+  return out;
 }
 
 LmdbCursor::LmdbCursor(LmdbCursor&& other) noexcept
     : cursor_(std::exchange(other.cursor_, nullptr)), path_(other.path_), key_(other.key_),
-      value_(other.value_) {}
+      value_(other.value_), read_txn_(other.read_txn_) {}
 
 LmdbCursor& LmdbCursor::operator=(LmdbCursor&& other) noexcept {
   if (this != &other) {
@@ -281,6 +294,7 @@ LmdbCursor& LmdbCursor::operator=(LmdbCursor&& other) noexcept {
     path_ = other.path_;
     key_ = other.key_;
     value_ = other.value_;
+    read_txn_ = other.read_txn_;
   }
   return *this;
 }
@@ -298,6 +312,7 @@ Result<bool> LmdbCursor::move(int op, std::string_view key) {
     value_ = {};
     return false;
   }
+  if (rc == MDB_BAD_TXN && read_txn_) return damaged_read_txn("read from", path_);
   if (rc != 0) return lmdb_error(rc, "read from", path_);
   key_ = std::string_view(static_cast<const char*>(k.mv_data), k.mv_size);
   value_ = std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
@@ -474,6 +489,17 @@ Result<LmdbTxn> LmdbEnv::begin(bool write) {
     if (rc == MDB_MAP_RESIZED) {
       Status s = adopt_map_size();
       if (!s.ok()) return s;
+      // A meta page that claims more pages than even the adopted map holds was
+      // damaged (a writer never commits past its map): Corruption, not a retry.
+      MDB_envinfo info{};
+      MDB_stat st{};
+      if (mdb_env_info(env_, &info) == 0 && mdb_env_stat(env_, &st) == 0 &&
+          (static_cast<std::uint64_t>(info.me_last_pgno) + 1) * st.ms_psize > info.me_mapsize) {
+        return Status(Code::Corruption, "begin transaction on " + quoted(config_.path) + ": the meta page says " +
+                                            std::to_string(info.me_last_pgno + 1) + " pages are in use, more than its map of " +
+                                            std::to_string(info.me_mapsize) + " bytes holds: the store is damaged; "
+                                            "restore it from a copy");
+      }
       continue;
     }
     if (rc == MDB_READERS_FULL && !checked_readers) {
@@ -486,7 +512,11 @@ Result<LmdbTxn> LmdbEnv::begin(bool write) {
     if (rc == MDB_PANIC) set_fatal(s);
     return s;
   }
-  return Status(Code::Internal, "begin transaction on " + quoted(config_.path) + ": map keeps being resized");
+  // Every retry found the map too small for the meta page LMDB reads (the two
+  // meta pages disagree): a damaged meta page, not a racing writer.
+  return Status(Code::Corruption, "begin transaction on " + quoted(config_.path) +
+                                      ": MDB_MAP_RESIZED on every retry: the meta pages disagree about the pages in "
+                                      "use; the store is damaged; restore it from a copy");
 }
 
 Result<LmdbTxn> LmdbEnv::begin_read() { return begin(false); }
@@ -569,6 +599,165 @@ Result<std::uint64_t> LmdbEnv::used_bytes() {
   if (rc == 0) rc = mdb_env_stat(env_, &st);
   if (rc != 0) return lmdb_error(rc, "stat", config_.path);
   return static_cast<std::uint64_t>(info.me_last_pgno + 1) * st.ms_psize;
+}
+
+}  // namespace lanebus::detail
+
+// ---------------------------------------------------------------- LmdbWalk
+// (issue 10: the verify walk; see lib/verify.cpp)
+
+namespace lanebus::detail {
+
+Result<std::unique_ptr<LmdbWalk>> LmdbWalk::open(const std::string& path) {
+  const std::string data_file = path + "/data.mdb";
+  struct stat dst {};
+  if (::stat(data_file.c_str(), &dst) != 0) return lmdb_error(errno, "verify", path);
+  if (!S_ISREG(dst.st_mode)) return Status(Code::Corruption, "verify " + quoted(path) + ": data.mdb is not a regular file");
+  MDB_env* env = nullptr;
+  int rc = mdb_env_create(&env);
+  if (rc != 0) return lmdb_error(rc, "verify", path);
+  std::unique_ptr<LmdbWalk> w(new LmdbWalk(path, env));
+  // Map exactly the file: a page number past its end is then refused by LMDB
+  // (MDB_PAGE_NOTFOUND) instead of touching memory past EOF (SIGBUS). LMDB
+  // raises it when the meta page says more pages are in use.
+  const auto size = static_cast<std::size_t>(dst.st_size);
+  if ((rc = mdb_env_set_maxdbs(w->env_, 64)) != 0 ||
+      (rc = mdb_env_set_mapsize(w->env_, std::max<std::size_t>(size, 1u << 16))) != 0) {
+    return lmdb_error(rc, "verify", path);
+  }
+  rc = mdb_env_open(w->env_, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0600);
+  if (rc != 0) return lmdb_error(rc, "verify: open", path);
+  rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
+  if (rc == MDB_MAP_RESIZED) {
+    // The newest meta page claims more pages than the file (the map) has.
+    return Status(Code::Corruption, "verify " + quoted(path) + ": the meta page claims more pages than data.mdb has (" +
+                                        std::to_string(size) + " bytes): the store is damaged");
+  }
+  if (rc != 0) return lmdb_error(rc, "verify: begin read transaction in", path);
+  MDB_envinfo info{};
+  MDB_stat st{};
+  if ((rc = mdb_env_info(w->env_, &info)) != 0 || (rc = mdb_env_stat(w->env_, &st)) != 0) {
+    return lmdb_error(rc, "verify: stat", path);
+  }
+  w->page_size_ = st.ms_psize;
+  if (info.me_last_txnid == mdb_txn_id(w->txn_)) w->snapshot_pages_ = info.me_last_pgno + 1;
+  return w;
+}
+
+LmdbWalk::~LmdbWalk() {
+  if (txn_ != nullptr) mdb_txn_abort(txn_);
+  if (env_ != nullptr) mdb_env_close(env_);
+}
+
+namespace {
+LmdbDbStat to_stat(const MDB_stat& s) {
+  LmdbDbStat o;
+  o.entries = s.ms_entries;
+  o.depth = s.ms_depth;
+  o.branch_pages = s.ms_branch_pages;
+  o.leaf_pages = s.ms_leaf_pages;
+  o.overflow_pages = s.ms_overflow_pages;
+  return o;
+}
+}  // namespace
+
+Result<LmdbDbStat> LmdbWalk::free_stat() {
+  MDB_stat s{};
+  int rc = mdb_stat(txn_, 0 /* FREE_DBI */, &s);
+  if (rc != 0) return lmdb_error(rc, "verify: stat of the free-page database in", path_);
+  return to_stat(s);
+}
+
+Result<LmdbDbStat> LmdbWalk::main_stat() {
+  MDB_dbi dbi = 0;
+  int rc = mdb_dbi_open(txn_, nullptr, 0, &dbi);
+  MDB_stat s{};
+  if (rc == 0) rc = mdb_stat(txn_, dbi, &s);
+  if (rc != 0) return lmdb_error(rc, "verify: stat of the main database in", path_);
+  return to_stat(s);
+}
+
+Status LmdbWalk::scan_freelist(const std::function<void(std::uint64_t, std::uint64_t, bool)>& visit) {
+  MDB_cursor* c = nullptr;
+  int rc = mdb_cursor_open(txn_, 0 /* FREE_DBI */, &c);
+  if (rc != 0) return lmdb_error(rc, "verify: walk the free-page database in", path_);
+  MDB_val k{}, v{};
+  rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+  while (rc == 0) {
+    std::uint64_t txnid = 0;
+    if (k.mv_size == sizeof(std::size_t)) std::memcpy(&txnid, k.mv_data, sizeof(std::size_t));
+    // The value is an ID list: a count, then that many page numbers (size_t each).
+    bool bad = k.mv_size != sizeof(std::size_t) || v.mv_size < sizeof(std::size_t) || v.mv_size % sizeof(std::size_t) != 0;
+    std::uint64_t n = 0;
+    if (!bad) {
+      std::size_t count = 0;
+      std::memcpy(&count, v.mv_data, sizeof count);
+      bad = count != v.mv_size / sizeof(std::size_t) - 1;
+      if (!bad) {
+        n = count;
+        const auto* base = static_cast<const char*>(v.mv_data) + sizeof(std::size_t);
+        for (std::size_t i = 0; i < count && !bad; ++i) {
+          std::size_t pg = 0;
+          std::memcpy(&pg, base + i * sizeof pg, sizeof pg);
+          bad = pg < 2 || (snapshot_pages_ != 0 && pg >= snapshot_pages_);
+        }
+      }
+    }
+    visit(txnid, n, bad);
+    rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+  }
+  mdb_cursor_close(c);
+  if (rc != MDB_NOTFOUND) return lmdb_error(rc, "verify: walk the free-page database in", path_);
+  return Status();
+}
+
+Result<std::vector<std::string>> LmdbWalk::main_keys() {
+  MDB_dbi dbi = 0;
+  int rc = mdb_dbi_open(txn_, nullptr, 0, &dbi);
+  if (rc != 0) return lmdb_error(rc, "verify: open the main database in", path_);
+  MDB_cursor* c = nullptr;
+  rc = mdb_cursor_open(txn_, dbi, &c);
+  if (rc != 0) return lmdb_error(rc, "verify: walk the main database in", path_);
+  std::vector<std::string> keys;
+  MDB_val k{}, v{};
+  rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+  while (rc == 0) {
+    keys.emplace_back(static_cast<const char*>(k.mv_data), k.mv_size);
+    rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+  }
+  mdb_cursor_close(c);
+  if (rc != MDB_NOTFOUND) return lmdb_error(rc, "verify: walk the main database in", path_);
+  return keys;
+}
+
+Result<LmdbDbStat> LmdbWalk::stat(const std::string& name) {
+  MDB_dbi dbi = 0;
+  int rc = mdb_dbi_open(txn_, name.c_str(), 0, &dbi);
+  MDB_stat s{};
+  if (rc == 0) rc = mdb_stat(txn_, dbi, &s);
+  if (rc != 0) return lmdb_error(rc, "verify: open database " + quoted(name) + " in", path_);
+  return to_stat(s);
+}
+
+Status LmdbWalk::scan(const std::string& name, const std::function<bool(std::string_view, std::string_view)>& visit) {
+  MDB_dbi dbi = 0;
+  int rc = mdb_dbi_open(txn_, name.c_str(), 0, &dbi);
+  if (rc != 0) return lmdb_error(rc, "verify: open database " + quoted(name) + " in", path_);
+  MDB_cursor* c = nullptr;
+  rc = mdb_cursor_open(txn_, dbi, &c);
+  if (rc != 0) return lmdb_error(rc, "verify: walk database " + quoted(name) + " in", path_);
+  MDB_val k{}, v{};
+  rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+  while (rc == 0) {
+    if (!visit(std::string_view(static_cast<const char*>(k.mv_data), k.mv_size),
+               std::string_view(static_cast<const char*>(v.mv_data), v.mv_size))) {
+      break;
+    }
+    rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+  }
+  mdb_cursor_close(c);
+  if (rc != 0 && rc != MDB_NOTFOUND) return lmdb_error(rc, "verify: walk database " + quoted(name) + " in", path_);
+  return Status();
 }
 
 }  // namespace lanebus::detail

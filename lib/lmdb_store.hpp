@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 #include <sys/types.h>
 
 #include "lanebus/status.hpp"
@@ -30,6 +32,9 @@ using LmdbDbi = unsigned int;
 /// Maps an LMDB return code (an MDB_* code or an errno) to a Status whose
 /// message is `<what> "<path>": <MDB name or errno name>: <text>[; <hint>]`.
 Status lmdb_error(int rc, std::string_view what, std::string_view path);
+/// Corruption for an MDB_BAD_TXN in a read-only transaction (LMDB marked it
+/// failed after meeting a damaged page).
+Status damaged_read_txn(std::string_view what, std::string_view path);
 /// LMDB's version string (mdb_version), for benchmark and tool banners.
 const char* lmdb_version_string() noexcept;
 
@@ -75,6 +80,7 @@ class LmdbTxn {
 
  private:
   friend class LmdbEnv;
+  friend class LmdbCursor;
   LmdbTxn(LmdbEnv* env, MDB_txn* txn, std::shared_lock<std::shared_mutex> lock, bool write) noexcept
       : env_(env), txn_(txn), lock_(std::move(lock)), write_(write) {}
   LmdbEnv* env_ = nullptr;
@@ -118,6 +124,7 @@ class LmdbCursor {
   std::string_view path_;
   std::string_view key_;
   std::string_view value_;
+  bool read_txn_ = false;  // opened in a read-only transaction (MDB_BAD_TXN there = damage)
 };
 
 /// One LMDB environment (one directory). Opens with MDB_NOTLS (reader slots
@@ -215,6 +222,69 @@ class LmdbEnv {
   std::atomic<bool> fatal_{false};
   mutable std::mutex fatal_mutex_;
   std::string fatal_cause_;  // GUARDED_BY(fatal_mutex_)
+};
+
+}  // namespace lanebus::detail
+
+// ---------------------------------------------------------------- verify walk
+// (issue 10: `lanebus verify` and StoreOptions::verify_on_open; used by lib/verify.cpp)
+
+namespace lanebus::detail {
+
+/// Page statistics of one database (LMDB's MDB_stat).
+struct LmdbDbStat {
+  std::uint64_t entries = 0;
+  std::uint64_t depth = 0;
+  std::uint64_t branch_pages = 0;
+  std::uint64_t leaf_pages = 0;
+  std::uint64_t overflow_pages = 0;
+  std::uint64_t pages() const noexcept { return branch_pages + leaf_pages + overflow_pages; }
+};
+
+/// A read-only view of an environment for a full walk: its own LMDB handle
+/// (outside the process registry, so it must not be used in a process that
+/// has the same store open through LmdbEnv: run it in a child process) and one
+/// read transaction held for the walk's life.
+///
+/// A structurally damaged file can make LMDB itself read outside the map
+/// (SIGSEGV/SIGBUS): run the walk in a process that may die.
+///
+/// Thread safety: one thread at a time.
+class LmdbWalk {
+ public:
+  /// Errors: NotFound (no data.mdb), Corruption (not an LMDB file), and the
+  /// codes of LmdbEnv::open.
+  static Result<std::unique_ptr<LmdbWalk>> open(const std::string& path);
+  ~LmdbWalk();
+  LmdbWalk(const LmdbWalk&) = delete;
+  LmdbWalk& operator=(const LmdbWalk&) = delete;
+
+  std::uint64_t page_size() const noexcept { return page_size_; }
+  /// Pages the snapshot uses (last page number + 1), when the snapshot is the
+  /// newest meta (else 0: a writer committed after the walk began).
+  std::uint64_t pages_in_snapshot() const noexcept { return snapshot_pages_; }
+  /// Statistics of the free-page database (FREE_DBI) and the main database.
+  Result<LmdbDbStat> free_stat();
+  Result<LmdbDbStat> main_stat();
+  /// Visit every entry of the free-page database: `free_pages` = how many
+  /// page numbers the entry lists; `bad` = a listed page number is beyond the
+  /// snapshot (or the value is malformed).
+  Status scan_freelist(const std::function<void(std::uint64_t txnid, std::uint64_t free_pages, bool bad)>& visit);
+  /// The keys of the main database (named databases, and anything foreign).
+  Result<std::vector<std::string>> main_keys();
+  /// Open named database `name` (Corruption/Internal when it is not one).
+  Result<LmdbDbStat> stat(const std::string& name);
+  /// Visit every entry of named database `name` in key order until `visit`
+  /// returns false.
+  Status scan(const std::string& name, const std::function<bool(std::string_view, std::string_view)>& visit);
+
+ private:
+  LmdbWalk(std::string path, MDB_env* env) noexcept : path_(std::move(path)), env_(env) {}
+  std::string path_;
+  MDB_env* env_ = nullptr;
+  MDB_txn* txn_ = nullptr;
+  std::uint64_t page_size_ = 0;
+  std::uint64_t snapshot_pages_ = 0;
 };
 
 }  // namespace lanebus::detail

@@ -13,6 +13,7 @@ PKGS=(
   libzmq3-dev                                 # bench/inproc baseline: ZeroMQ inproc PUSH/PULL
   libsqlite3-dev                              # bench baselines: SQLite (durable, leases)
   clang                                       # -Wthread-safety build
+  libclang-rt-14-dev                          # libFuzzer runtime for scripts/fuzz.sh (clang 14)
   util-linux                                  # unshare / taskset used by some tests
   libnats-dev nats-server                     # bridge to NATS JetStream (nats.c 3.4, server 2.9); its tests
   chromium                                    # dashboard browser test (tests/browser, playwright-core)

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "guarded.hpp"
 #include "durable_store.hpp"
 
 namespace lanebus::tool {
@@ -28,6 +29,8 @@ void stat_usage(std::FILE* out) {
 
 }  // namespace
 
+static int stat_main(const char* dir);
+
 int cmd_stat(int argc, char** argv) {
   if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
     stat_usage(stdout);
@@ -37,8 +40,13 @@ int cmd_stat(int argc, char** argv) {
     stat_usage(stderr);
     return 2;
   }
+  // The reads run in a child: a damaged LMDB page kills it, not the tool (issue 10).
+  return run_guarded("stat", argv[1], [&] { return stat_main(argv[1]); });
+}
+
+static int stat_main(const char* dir) {
   StoreOptions o;
-  o.directory = argv[1];
+  o.directory = dir;
   o.read_only = true;
   auto store = detail::DurableStore::open(o);
   if (!store.ok()) {
@@ -50,7 +58,7 @@ int cmd_stat(int argc, char** argv) {
     std::fprintf(stderr, "lanebus stat: %s\n", topics.status().to_string().c_str());
     return 1;
   }
-  std::printf("store %s: %zu topic(s)\n", argv[1], topics->size());
+  std::printf("store %s: %zu topic(s)\n", dir, topics->size());
   for (const detail::TopicRef& t : *topics) {
     std::printf("%s %s lanes=%u retention(age_ms=%lld bytes=%llu count=%llu)\n", t.is_queue ? "queue" : "topic",
                 t.name.c_str(), t.lanes, static_cast<long long>(t.retention.max_age.count()),

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <string>
 
+#include "args.hpp"
 #include "commands.hpp"
+#include "guarded.hpp"
 #include "durable_store.hpp"
 
 namespace lanebus::tool {
@@ -40,17 +42,10 @@ std::string escaped(const std::string& s) {
   return out;
 }
 
-bool parse_u64(const char* s, std::uint64_t* out) {
-  if (s == nullptr || *s == '\0') return false;
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(s, &end, 10);
-  if (errno != 0 || *end != '\0' || *s == '-') return false;
-  *out = v;
-  return true;
-}
 
 }  // namespace
+
+static int tail_main(const TailArgs& args);
 
 int cmd_tail(int argc, char** argv) {
   if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
@@ -61,49 +56,34 @@ int cmd_tail(int argc, char** argv) {
     tail_usage(stderr);
     return 2;
   }
-  StartPosition from = StartPosition::earliest();
-  long long only_lane = -1;
-  std::uint64_t count = 100;
-  for (int i = 3; i < argc; ++i) {
-    std::string a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    std::uint64_t n = 0;
-    if (a == "--from" && v != nullptr) {
-      std::string f = v;
-      if (f == "earliest") {
-        from = StartPosition::earliest();
-      } else if (f == "latest") {
-        from = StartPosition::latest();
-      } else if (f[0] == '@' && parse_u64(f.c_str() + 1, &n)) {
-        from = StartPosition::at_time(static_cast<std::int64_t>(n));
-      } else if (parse_u64(v, &n)) {
-        from = StartPosition::at_offset(n);
-      } else {
-        std::fprintf(stderr, "lanebus tail: bad --from \"%s\"\n", v);
-        return 2;
-      }
-      ++i;
-    } else if (a == "--lane" && parse_u64(v, &n)) {
-      only_lane = static_cast<long long>(n);
-      ++i;
-    } else if (a == "--count" && parse_u64(v, &n)) {
-      count = n;
-      ++i;
-    } else {
-      std::fprintf(stderr, "lanebus tail: bad argument \"%s\"\n\n", a.c_str());
-      tail_usage(stderr);
-      return 2;
-    }
+  TailArgs args;
+  std::string error;
+  if (parse_tail_args(argc, argv, &args, &error) != 0) {
+    std::fprintf(stderr, "lanebus tail: %s\n\n", error.c_str());
+    tail_usage(stderr);
+    return 2;
   }
+  // The reads run in a child: a damaged LMDB page kills it, not the tool (issue 10).
+  return run_guarded("tail", args.dir, [&] { return tail_main(args); });
+}
+
+static int tail_main(const TailArgs& args) {
+  const StartPosition from = args.from;
+  const long long only_lane = args.only_lane;
+  const std::uint64_t count = args.count;
   StoreOptions o;
-  o.directory = argv[1];
+  o.directory = args.dir;
   o.read_only = true;
   auto store = detail::DurableStore::open(o);
   if (!store.ok()) {
     std::fprintf(stderr, "lanebus tail: %s\n", store.status().to_string().c_str());
     return 1;
   }
-  auto t = (*store)->find_topic(argv[2]);
+  auto t = (*store)->find_topic(args.topic);
+  if (t.code() == Code::NotFound) {
+    // A damaged catalogue (an invalid topic name) says so instead of NotFound.
+    if (auto all = (*store)->list_topics(); !all.ok()) t = all.status();
+  }
   if (!t.ok()) {
     std::fprintf(stderr, "lanebus tail: %s\n", t.status().to_string().c_str());
     return 1;

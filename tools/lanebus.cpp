@@ -25,6 +25,7 @@ constexpr Command kCommands[] = {
     {"stats", lanebus::tool::cmd_stats, "lag, oldest unprocessed age, rates and drain time of a live store (--watch)"},
     {"stat", lanebus::tool::cmd_stat, "topics, lanes, end offsets, groups, committed offsets and lag of a store"},
     {"tail", lanebus::tool::cmd_tail, "print the messages of a durable topic or queue"},
+    {"verify", lanebus::tool::cmd_verify, "check every page and record of a store; exit 1 on damage"},
 };
 
 void usage(std::FILE* out) {

@@ -45,6 +45,15 @@ struct StoreOptions {
   /// no writer thread runs, and every mutating call returns InvalidArgument.
   /// Works on a store that another process has open read-write. Default false.
   bool read_only = false;
+  /// Walk the whole store before opening it (every LMDB page and every
+  /// record: the check `lanebus verify` runs, see doc/storage-format.md
+  /// "Verification"), in a forked child process, so that a page LMDB cannot
+  /// read kills the child and not this process. Damage makes the open fail
+  /// with Corruption and a message naming the first problem. Costs one read
+  /// of the whole data file per open; for stores whose files may have been
+  /// damaged or come from elsewhere. The child only reads and then _exits; it
+  /// runs no code of the application. Default false.
+  bool verify_on_open = false;
 
   // ---- capacity ----
   /// Initial LMDB map size in bytes (the largest the data file can grow before
