@@ -4,7 +4,8 @@
 // idempotency records), then opening, reading, `lanebus stat`, `lanebus tail`,
 // `lanebus verify` and StoreOptions::verify_on_open. Each either succeeds with
 // intact records or fails with Corruption; the test process (the host) never
-// crashes. LANEBUS_CORRUPTION_TRIALS sets the number of trials (default 1000).
+// crashes. LANEBUS_CORRUPTION_TRIALS sets the number of trials (default 1000, 200
+// under a sanitizer: the plain CI stage runs the 1000).
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -28,6 +29,7 @@
 #include "idempotency.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "sizes.hpp"
 #include "temp_dir.hpp"
 #include "verify.hpp"
 
@@ -38,11 +40,6 @@ namespace {
 constexpr std::size_t kPage = 4096;
 
 bool contains(const std::string& hay, std::string_view needle) { return hay.find(needle) != std::string::npos; }
-
-std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : dflt;
-}
 
 /// Runs a command without a shell; returns the exit code (or 128 + signal),
 /// stdout in *out and stderr in *err.
@@ -342,7 +339,7 @@ TEST_CASE("random bytes flipped in random pages: intact records or Corruption, n
   const std::string origin = tmp.file("origin");
   const std::string dir = tmp.file("trial");
   Image img = build_image(origin);
-  const std::uint64_t trials = env_u64("LANEBUS_CORRUPTION_TRIALS", 1000);
+  const std::uint64_t trials = lanebus::test::env_size("LANEBUS_CORRUPTION_TRIALS", lanebus::test::kSanitized ? 200 : 1000);
   const std::uint64_t seed = lanebus::test::test_seed("corruption_test");
   std::mt19937_64 rng(seed);
   const std::string tool = lanebus::test::helper_path("LANEBUS_TOOL");

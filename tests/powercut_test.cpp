@@ -9,8 +9,8 @@
 // checked against what the processes reported as done. Model and limits:
 // doc/power-loss.md.
 //
-// LANEBUS_POWER_CUTS sets the number of cuts of the Sync run (default 200;
-// the Async run does a 40th, at least 5). LANEBUS_SEED replays a run.
+// LANEBUS_POWER_CUTS sets the number of cuts of the Sync run (default 200, 100
+// under a sanitizer; the Async run does a 40th, at least 5). LANEBUS_SEED replays a run.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -33,6 +33,7 @@
 #include "powercut.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "sizes.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
 
@@ -45,10 +46,10 @@ namespace faults = lanebus::test::faultfs;
 
 namespace {
 
+// 200 cuts in CI's plain stage, 100 under a sanitizer (ASan+UBSan and TSan
+// stages), 2,000 with --setup soak.
 int power_cuts() {
-  const char* env = std::getenv("LANEBUS_POWER_CUTS");
-  int n = env != nullptr ? std::atoi(env) : 0;
-  return n > 0 ? n : 200;
+  return static_cast<int>(lanebus::test::env_size("LANEBUS_POWER_CUTS", lanebus::test::kSanitized ? 100 : 200));
 }
 
 std::string need_env(const char* name) {
@@ -456,6 +457,7 @@ TEST_CASE("power cut: every Sync publish, committed offset, attempt, DLQ entry a
                         << " deliveries_tracked=" << run.oracle().max_attempt.size() << " dlq_entries="
                         << run.dlq_entries_ << " rejected=" << run.dlq_rejected_
                         << " attempt_regressions=" << run.oracle().attempt_regressions << " seconds=" << secs);
+  lanebus::test::print_figures("power_cut_sync", f.cuts, f.verified, t0);
   CHECK(f.verified > 0);
   CHECK(f.torn > 0);  // the test bites: some cuts really tore a commit
 }
