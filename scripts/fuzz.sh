@@ -18,7 +18,7 @@ if ! command -v "$CXX" >/dev/null; then
 fi
 if [ ! -f "$dir/build.ninja" ]; then
   CXX="$CXX" meson setup "$dir" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-    -Dtests=disabled -Dexamples=false -Dbenchmarks=disabled -Dtools=false -Dbuildtype=debugoptimized
+    -Dtests=disabled -Dexamples=false -Dbenchmarks=disabled -Dtools=false -Dnats=disabled -Dbuildtype=debugoptimized
 fi
 meson compile -C "$dir" $(ls fuzz/*_fuzz.cpp | xargs -n1 basename | sed 's/\.cpp$//')
 targets="${FUZZ_TARGETS:-$(ls fuzz/*_fuzz.cpp | xargs -n1 basename | sed 's/\.cpp$//')}"
