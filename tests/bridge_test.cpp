@@ -328,11 +328,13 @@ TEST_CASE("server killed with kill -9 mid-stream and restarted on the same stora
   server.kill9();
   // Local publishing goes on (the store absorbs it); the bridge lags and retries.
   REQUIRE(wait_until([&] { return (*b)->stats().state == BridgeState::Retrying; }));
-  const std::uint64_t acked_at_kill = (*b)->stats().total.acked;
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // an outage, not a timing check
   const BridgeStats during = (*b)->stats();
   CHECK(during.last_error.size() > 0);
-  CHECK(during.total.acked == acked_at_kill);
+  // `acked` may still grow here: a lane's window collected its PubAcks before
+  // the kill and the handler calls of those messages ack afterwards (slowly
+  // under TSan: 1808 -> 2198 seen). Not connected is what the outage shows.
+  CHECK(during.state != BridgeState::Connected);
   REQUIRE(server.start());
   producer.join();
   REQUIRE(wait_until([&] { return (*b)->stats().total.acked >= n; }, std::chrono::seconds(180)));
