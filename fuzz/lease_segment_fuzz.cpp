@@ -16,6 +16,7 @@
 #include <string>
 
 #include "lanebus/lease.hpp"
+#include "lease_table.hpp"
 
 namespace {
 
@@ -54,8 +55,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.allow_volatile_epoch = true;
   o.epoch_path = scratch() + "/leases.epoch";
   o.lock_timeout = std::chrono::milliseconds(1);
-  o.boot_id_override = "fuzz-boot";
-  auto t = lanebus::LeaseTable::open(path, o);
+  lanebus::detail::LeaseTableHooks hooks;
+  hooks.boot_id_override = "fuzz-boot";
+  auto t = lanebus::detail::open_lease_table_with_hooks(path, o, hooks);
   if (t.ok()) {
     // An accepted segment must hold together for reads.
     (void)(*t)->list();

@@ -720,8 +720,19 @@ Result<std::vector<std::string>> LmdbWalk::main_keys() {
   if (rc != 0) return lmdb_error(rc, "verify: walk the main database in", path_);
   std::vector<std::string> keys;
   MDB_val k{}, v{};
+  // The main database holds one key per named database (a few dozen). A key
+  // longer than LMDB's maximum or an endless run of keys means a damaged
+  // page: refuse it before copying (store_open_fuzz found a key size that
+  // asked for gigabytes).
+  const std::size_t max_key = static_cast<std::size_t>(mdb_env_get_maxkeysize(env_));
+  constexpr std::size_t kMaxNamedDatabases = 1u << 16;
   rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
   while (rc == 0) {
+    if (k.mv_size > max_key || keys.size() >= kMaxNamedDatabases) {
+      mdb_cursor_close(c);
+      return Status(Code::Corruption, "verify: the main database of " + path_ +
+                                          " holds a key longer than LMDB allows or too many keys (damaged page)");
+    }
     keys.emplace_back(static_cast<const char*>(k.mv_data), k.mv_size);
     rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
   }
