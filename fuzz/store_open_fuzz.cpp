@@ -53,7 +53,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     done += static_cast<std::size_t>(n);
   }
   ::close(fd);
-  auto report = detail::verify_store_in_child(dir);
+  // A damaged page can make LMDB loop: give the walk 2 s without a line and 2.5 s in all
+  // (well inside libFuzzer's -timeout=10), then it is killed and reported.
+  detail::VerifyOptions vo;
+  vo.stall_timeout = std::chrono::milliseconds(2000);
+  vo.time_limit = std::chrono::milliseconds(2500);
+  auto report = detail::verify_store_in_child(dir, vo);
   if (!report.ok()) return 0;
   if (report->walk_died) {
     for (const auto& p : report->problems) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,8 @@
 #include <string>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -450,6 +453,7 @@ Result<VerifyReport> verify_store(const std::string& directory, const VerifyOpti
 Result<VerifyReport> verify_store_in_child(const std::string& directory, const VerifyOptions& options) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return Status(Code::IOError, "verify " + q(directory) + ": pipe: " + std::strerror(errno));
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int e = errno;
@@ -461,6 +465,9 @@ Result<VerifyReport> verify_store_in_child(const std::string& directory, const V
     // The child: die by the signal itself (no handler inherited from the
     // application or a sanitizer turns a crash into an exit code).
     for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) std::signal(sig, SIG_DFL);
+    // A walk looping on a damaged page must not outlive a caller that died.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(4);
     std::signal(SIGPIPE, SIG_IGN);
     ::close(fds[0]);
     const int out = fds[1];
@@ -515,7 +522,26 @@ Result<VerifyReport> verify_store_in_child(const std::string& directory, const V
     }
   };
   char chunk[4096];
+  bool stalled = false;
+  const auto started = std::chrono::steady_clock::now();
   for (;;) {
+    if (options.stall_timeout.count() > 0 || options.time_limit.count() > 0) {
+      long wait_ms = options.stall_timeout.count() > 0 ? static_cast<long>(options.stall_timeout.count()) : -1;
+      if (options.time_limit.count() > 0) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              started + options.time_limit - std::chrono::steady_clock::now())
+                              .count();
+        wait_ms = wait_ms < 0 ? std::max<long>(0, left) : std::min<long>(wait_ms, std::max<long>(0, left));
+      }
+      pollfd pfd{fds[0], POLLIN, 0};
+      const int pr = ::poll(&pfd, 1, static_cast<int>(wait_ms));
+      if (pr < 0 && errno == EINTR) continue;
+      if (pr == 0) {  // no line for stall_timeout: the walk loops on a damaged page
+        stalled = true;
+        ::kill(pid, SIGKILL);
+        break;
+      }
+    }
     ssize_t n = ::read(fds[0], chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -540,7 +566,9 @@ Result<VerifyReport> verify_store_in_child(const std::string& directory, const V
   // The child died: a page LMDB could not read (or a sanitizer stopped it).
   report.walk_died = true;
   report.problem_count = problems_seen + 1;
-  std::string why = WIFSIGNALED(status) ? std::string("died with ") + signal_name(WTERMSIG(status)) + " (" +
+  std::string why = stalled ? "was killed: no end after its time limit or no line for its stall timeout ("
+                                  + std::to_string(options.stall_timeout.count()) + " ms)"
+                   : WIFSIGNALED(status) ? std::string("died with ") + signal_name(WTERMSIG(status)) + " (" +
                                               std::to_string(WTERMSIG(status)) + ")"
                                         : "exited with status " + std::to_string(WEXITSTATUS(status));
   std::string p = "the verify walk " + why + ": LMDB could not read a damaged page";

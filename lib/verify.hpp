@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <chrono>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,17 @@ struct VerifyOptions {
   std::uint64_t progress_every = 50000;
   /// Problems kept in VerifyReport::problems (all are counted).
   std::size_t max_problems_listed = 100;
+  /// verify_store_in_child only: a child that sends no line (progress, a
+  /// problem, its summary) for this long is killed and the walk reported as
+  /// died. A damaged branch page can make LMDB's cursor loop for ever
+  /// (store_open_fuzz found one); an intact walk reports at least every
+  /// `progress_every` records, far more often. 0 = wait for ever.
+  std::chrono::milliseconds stall_timeout{30000};
+  /// verify_store_in_child only: kill the child after this long in all, even
+  /// while it still sends lines (a loop over a damaged page that keeps
+  /// reporting the same problem). 0 = no limit (the default: a healthy walk of
+  /// a large store takes as long as it takes).
+  std::chrono::milliseconds time_limit{0};
 };
 
 /// What a walk found.
