@@ -15,25 +15,13 @@
 #include <filesystem>
 #include <string>
 
+#include "scratch_dir.hpp"
 #include "lanebus/lease.hpp"
 #include "lease_table.hpp"
 
 namespace {
 
-// A private directory on tmpfs (fsync is free there), removed at exit
-// (libFuzzer ends with exit(); the verify child leaves with _exit).
-const std::string& scratch() {
-  static char path[64] = "/dev/shm/lanebus-fuzz-lease-XXXXXX";
-  static const std::string dir = [] {
-    if (mkdtemp(path) == nullptr) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    });
-    return std::string(path);
-  }();
-  return dir;
-}
+const std::string& scratch() { return lanebus::fuzz::scratch_dir("lease"); }
 
 }  // namespace
 

@@ -15,26 +15,14 @@
 #include <filesystem>
 #include <string>
 
+#include "scratch_dir.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "verify.hpp"
 
 namespace {
 
-// A private directory on tmpfs (fsync is free there), removed at exit
-// (libFuzzer ends with exit(); the verify child leaves with _exit).
-const std::string& scratch() {
-  static char path[64] = "/dev/shm/lanebus-fuzz-store-XXXXXX";
-  static const std::string dir = [] {
-    if (mkdtemp(path) == nullptr) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    });
-    return std::string(path);
-  }();
-  return dir;
-}
+const std::string& scratch() { return lanebus::fuzz::scratch_dir("store"); }
 
 }  // namespace
 
