@@ -2,15 +2,21 @@
 // libFuzzer target: opening a store from fuzzed bytes (the input is data.mdb).
 // The verify walk runs in a child process (verify_store_in_child, what
 // StoreOptions::verify_on_open does): LMDB may crash there on a damaged page,
-// which only kills the child. When the walk passes, this process opens the
+// which only kills the child (forked from a small zygote process, see
+// start_zygote). When the walk passes, this process opens the
 // store and reads everything: that must never crash (ASan/UBSan watch it). A
 // walk child that died of a sanitizer report (an exit status, not a signal)
 // is a bug in lanebus's walk and stops the fuzzer.
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -24,7 +30,92 @@ namespace {
 
 const std::string& scratch() { return lanebus::fuzz::scratch_dir("store"); }
 
+// The verdict on one input's walk.
+enum Verdict : char { kNoReport = 'n', kWalkDied = 'd', kWalkBug = 'b', kDamaged = 'x', kIntact = 'o' };
+
+Verdict walk(const std::string& dir) {
+  // A damaged page can make LMDB loop: give the walk 2 s without a line and 2.5 s in all
+  // (well inside libFuzzer's -timeout=10), then it is killed and reported.
+  lanebus::detail::VerifyOptions vo;
+  vo.stall_timeout = std::chrono::milliseconds(2000);
+  vo.time_limit = std::chrono::milliseconds(2500);
+  auto report = lanebus::detail::verify_store_in_child(dir, vo);
+  if (!report.ok()) return kNoReport;
+  if (report->walk_died) {
+    // A walk child that died of a sanitizer report (an exit status, not a
+    // signal) is a bug in lanebus's walk.
+    for (const auto& p : report->problems) {
+      if (p.find("exited with status") != std::string::npos) return kWalkBug;
+    }
+    return kWalkDied;
+  }
+  return report->ok() ? kIntact : kDamaged;
+}
+
+// The walk children are forked from a small "zygote" process started before
+// libFuzzer loads its corpus: forking the fuzzer itself (hundreds of MB of
+// ASan heap and shadow to copy page tables for) cost ~10 ms an input. The
+// zygote reads a request byte, forks the walk child as verify_on_open does,
+// and answers with the verdict. It dies with the fuzzer (PR_SET_PDEATHSIG).
+int g_to_zygote = -1, g_from_zygote = -1;
+pid_t g_zygote = -1;
+
+void start_zygote() {
+  int req[2], rsp[2];
+  if (::pipe2(req, O_CLOEXEC) != 0 || ::pipe2(rsp, O_CLOEXEC) != 0) std::abort();
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) std::abort();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(0);
+    ::close(req[1]);
+    ::close(rsp[0]);
+    const std::string dir = scratch();
+    for (;;) {
+      char c;
+      const ssize_t n = ::read(req[0], &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1) ::_exit(0);  // the fuzzer is gone
+      const char v = walk(dir);
+      ssize_t w;
+      while ((w = ::write(rsp[1], &v, 1)) < 0 && errno == EINTR) {
+      }
+      if (w != 1) ::_exit(1);
+    }
+  }
+  ::close(req[0]);
+  ::close(rsp[1]);
+  g_zygote = pid;
+  g_to_zygote = req[1];
+  g_from_zygote = rsp[0];
+}
+
+Verdict walk_in_zygote() {
+  const char c = 'w';
+  char v = 0;
+  ssize_t w, r;
+  while ((w = ::write(g_to_zygote, &c, 1)) < 0 && errno == EINTR) {
+  }
+  while ((r = ::read(g_from_zygote, &v, 1)) < 0 && errno == EINTR) {
+  }
+  if (w != 1 || r != 1) {
+    int st = 0;
+    (void)::waitpid(g_zygote, &st, 0);
+    std::fprintf(stderr, "store_open_fuzz: the walk zygote died (%s %d)\n", WIFSIGNALED(st) ? "signal" : "exit status",
+                 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    __builtin_trap();
+  }
+  return static_cast<Verdict>(v);
+}
+
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  (void)scratch();  // made before the zygote forks, so both use the same directory
+  start_zygote();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace lanebus;
@@ -41,20 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     done += static_cast<std::size_t>(n);
   }
   ::close(fd);
-  // A damaged page can make LMDB loop: give the walk 2 s without a line and 2.5 s in all
-  // (well inside libFuzzer's -timeout=10), then it is killed and reported.
-  detail::VerifyOptions vo;
-  vo.stall_timeout = std::chrono::milliseconds(2000);
-  vo.time_limit = std::chrono::milliseconds(2500);
-  auto report = detail::verify_store_in_child(dir, vo);
-  if (!report.ok()) return 0;
-  if (report->walk_died) {
-    for (const auto& p : report->problems) {
-      if (p.find("exited with status") != std::string::npos) __builtin_trap();
-    }
-    return 0;
-  }
-  if (!report->ok()) return 0;
+  const Verdict v = walk_in_zygote();
+  if (v == kWalkBug) __builtin_trap();
+  if (v != kIntact) return 0;
   StoreOptions o;
   o.directory = dir;
   o.read_only = true;

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -640,8 +642,33 @@ Result<std::unique_ptr<LmdbWalk>> LmdbWalk::open(const std::string& path) {
     return lmdb_error(rc, "verify: stat", path);
   }
   w->page_size_ = st.ms_psize;
+  // Where LMDB mapped data.mdb (mdb_env_info names the address only for
+  // MDB_FIXEDMAP): the mapping of this inode in /proc/self/maps.
+  if (FILE* maps = std::fopen("/proc/self/maps", "re"); maps != nullptr) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, maps) != nullptr) {
+      unsigned long long lo = 0, hi = 0, off = 0, ino = 0;
+      char perms[8] = {}, dev[16] = {};
+      if (std::sscanf(line, "%llx-%llx %7s %llx %15s %llu", &lo, &hi, perms, &off, dev, &ino) == 6 && off == 0 &&
+          ino == static_cast<unsigned long long>(dst.st_ino) && hi > lo &&
+          std::strstr(line, "/data.mdb") != nullptr) {
+        w->map_begin_ = reinterpret_cast<const char*>(static_cast<std::uintptr_t>(lo));
+        w->map_end_ = w->map_begin_ + std::min<unsigned long long>(hi - lo, size);
+        break;
+      }
+    }
+    std::fclose(maps);
+  }
   if (info.me_last_txnid == mdb_txn_id(w->txn_)) w->snapshot_pages_ = info.me_last_pgno + 1;
   return w;
+}
+
+bool LmdbWalk::inside_map(const void* data, std::size_t size) const noexcept {
+  const auto* p = static_cast<const char*>(data);
+  if (size == 0) return true;
+  if (map_begin_ == nullptr) return true;  // mapping not found: no check (never seen on Linux)
+  return p >= map_begin_ && p < map_end_ &&
+         size <= static_cast<std::size_t>(map_end_ - p);
 }
 
 LmdbWalk::~LmdbWalk() {
@@ -683,11 +710,35 @@ Status LmdbWalk::scan_freelist(const std::function<void(std::uint64_t, std::uint
   if (rc != 0) return lmdb_error(rc, "verify: walk the free-page database in", path_);
   MDB_val k{}, v{};
   rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+  std::uint64_t prev_txnid = 0;
+  bool first = true;
   while (rc == 0) {
+    // Keys are transaction ids (size_t) in ascending order. A key of another
+    // size, or one out of order, means a damaged page, on which the cursor may
+    // revisit the same entries for ever: stop the scan there.
+    if (k.mv_size != sizeof(std::size_t)) {
+      mdb_cursor_close(c);
+      return Status(Code::Corruption, "verify: the free-page database of " + path_ + " has a key of " +
+                                           std::to_string(k.mv_size) + " bytes after transaction " +
+                                           std::to_string(prev_txnid) + " (a damaged page)");
+    }
+    if (!inside_map(k.mv_data, k.mv_size) || !inside_map(v.mv_data, v.mv_size)) {
+      mdb_cursor_close(c);
+      return Status(Code::Corruption, "verify: the free-page database of " + path_ +
+                                           " has an entry that points outside data.mdb (a damaged page)");
+    }
     std::uint64_t txnid = 0;
-    if (k.mv_size == sizeof(std::size_t)) std::memcpy(&txnid, k.mv_data, sizeof(std::size_t));
+    std::memcpy(&txnid, k.mv_data, sizeof(std::size_t));
+    if (!first && txnid <= prev_txnid) {
+      mdb_cursor_close(c);
+      return Status(Code::Corruption, "verify: the free-page database of " + path_ + " lists transaction " +
+                                           std::to_string(txnid) + " after " + std::to_string(prev_txnid) +
+                                           " (keys out of order: a damaged page)");
+    }
+    prev_txnid = txnid;
+    first = false;
     // The value is an ID list: a count, then that many page numbers (size_t each).
-    bool bad = k.mv_size != sizeof(std::size_t) || v.mv_size < sizeof(std::size_t) || v.mv_size % sizeof(std::size_t) != 0;
+    bool bad = v.mv_size < sizeof(std::size_t) || v.mv_size % sizeof(std::size_t) != 0;
     std::uint64_t n = 0;
     if (!bad) {
       std::size_t count = 0;
@@ -728,10 +779,18 @@ Result<std::vector<std::string>> LmdbWalk::main_keys() {
   constexpr std::size_t kMaxNamedDatabases = 1u << 16;
   rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
   while (rc == 0) {
-    if (k.mv_size > max_key || keys.size() >= kMaxNamedDatabases) {
+    if (k.mv_size > max_key || keys.size() >= kMaxNamedDatabases || !inside_map(k.mv_data, k.mv_size)) {
       mdb_cursor_close(c);
       return Status(Code::Corruption, "verify: the main database of " + path_ +
                                           " holds a key longer than LMDB allows or too many keys (damaged page)");
+    }
+    if (!keys.empty()) {
+      MDB_val prev{keys.back().size(), keys.back().data()};
+      if (mdb_cmp(txn_, dbi, &prev, &k) >= 0) {
+        mdb_cursor_close(c);
+        return Status(Code::Corruption, "verify: the main database of " + path_ +
+                                            " lists its keys out of order (damaged page)");
+      }
     }
     keys.emplace_back(static_cast<const char*>(k.mv_data), k.mv_size);
     rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
@@ -758,8 +817,25 @@ Status LmdbWalk::scan(const std::string& name, const std::function<bool(std::str
   rc = mdb_cursor_open(txn_, dbi, &c);
   if (rc != 0) return lmdb_error(rc, "verify: walk database " + quoted(name) + " in", path_);
   MDB_val k{}, v{};
+  // Keys come in ascending order; one that does not means a damaged page on
+  // which the cursor may revisit the same entries for ever: stop there.
+  std::string prev;
+  bool first = true;
   rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
   while (rc == 0) {
+    if (!inside_map(k.mv_data, k.mv_size) || !inside_map(v.mv_data, v.mv_size)) {
+      mdb_cursor_close(c);
+      return Status(Code::Corruption, "verify: database " + quoted(name) + " of " + path_ +
+                                          " has a record that points outside data.mdb (damaged page)");
+    }
+    MDB_val pv{prev.size(), prev.data()};
+    if (!first && mdb_cmp(txn_, dbi, &pv, &k) >= 0) {
+      mdb_cursor_close(c);
+      return Status(Code::Corruption, "verify: database " + quoted(name) + " of " + path_ +
+                                          " lists its keys out of order (damaged page)");
+    }
+    prev.assign(static_cast<const char*>(k.mv_data), k.mv_size);
+    first = false;
     if (!visit(std::string_view(static_cast<const char*>(k.mv_data), k.mv_size),
                std::string_view(static_cast<const char*>(v.mv_data), v.mv_size))) {
       break;

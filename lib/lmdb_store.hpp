@@ -285,6 +285,10 @@ class LmdbWalk {
   MDB_txn* txn_ = nullptr;
   std::uint64_t page_size_ = 0;
   std::uint64_t snapshot_pages_ = 0;
+  // The mapped file: a key or value of a damaged page may point outside it.
+  const char* map_begin_ = nullptr;
+  const char* map_end_ = nullptr;
+  bool inside_map(const void* data, std::size_t size) const noexcept;
 };
 
 }  // namespace lanebus::detail

@@ -23,7 +23,9 @@ struct VerifyOptions {
   std::function<void(std::string_view line)> progress;
   /// A progress line every this many records of a database (0 = only per database).
   std::uint64_t progress_every = 50000;
-  /// Problems kept in VerifyReport::problems (all are counted).
+  /// Problems kept in VerifyReport::problems (all are counted). In
+  /// verify_store_in_child also the problems passed to `progress`: the child
+  /// sends only these many over its pipe, the summary counts the rest.
   std::size_t max_problems_listed = 100;
   /// verify_store_in_child only: a child that sends no line (progress, a
   /// problem, its summary) for this long is killed and the walk reported as
