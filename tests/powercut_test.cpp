@@ -85,6 +85,7 @@ struct Figures {
   int cuts = 0;
   int torn = 0;          // cuts that kept some unsynced pages and lost others
   int with_unsynced = 0; // cuts with any write not yet durable
+  int in_flight = 0;     // writes whose process was killed inside them (undone, never redone)
   std::uint64_t unsynced_pages = 0;
   std::uint64_t verified = 0;  // publish checks (message found, CRC equal)
   std::uint64_t lost_in_bound = 0;  // Async: lost although a later flush succeeded
@@ -185,10 +186,11 @@ class PowerCutRun {
     faults::CutReport rep = faults::power_cut(data_, journal_, rng, device);
     figures_.cuts += 1;
     if (rep.records > 0) figures_.with_unsynced += 1;
+    figures_.in_flight += static_cast<int>(rep.in_flight);
     if (rep.torn()) figures_.torn += 1;
     figures_.unsynced_pages += rep.pages;
     if (std::getenv("LANEBUS_POWERCUT_TRACE") != nullptr) {
-      MESSAGE("cut " << cut << ": unsynced writes " << rep.records << ", pages " << rep.pages << ", kept " << rep.kept);
+      MESSAGE("cut " << cut << ": unsynced writes " << rep.records << ", pages " << rep.pages << ", kept " << rep.kept << ", in flight " << rep.in_flight);
     }
     // Fold this cut's reports into the oracle.
     std::vector<std::pair<std::string, std::uint64_t>> new_events, new_jobs;
@@ -450,7 +452,7 @@ TEST_CASE("power cut: every Sync publish, committed offset, attempt, DLQ entry a
   run.final_drain();
   const auto& f = run.figures();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  MESSAGE("sync: cuts=" << f.cuts << " with_unsynced_writes=" << f.with_unsynced << " torn=" << f.torn
+  MESSAGE("sync: cuts=" << f.cuts << " with_unsynced_writes=" << f.with_unsynced << " in_flight_writes=" << f.in_flight << " torn=" << f.torn
                         << " unsynced_pages=" << f.unsynced_pages << " publish_checks=" << f.verified
                         << " publishes=" << run.oracle().events.size() + run.oracle().jobs.size()
                         << " idempotency_keys=" << run.all_idem().size()
@@ -478,7 +480,7 @@ TEST_CASE("power cut: Async loses at most the publishes of the last flush interv
   }
   const auto& f = run.figures();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  MESSAGE("async: cuts=" << f.cuts << " with_unsynced_writes=" << f.with_unsynced << " publish_checks=" << f.verified
+  MESSAGE("async: cuts=" << f.cuts << " with_unsynced_writes=" << f.with_unsynced << " in_flight_writes=" << f.in_flight << " publish_checks=" << f.verified
                          << " flushes=" << f.flushes << " lost_recent=" << f.lost_recent
                          << " lost_despite_later_flush=" << f.lost_in_bound << " lost_older_than_bound=" << f.lost_beyond_interval
                          << " oldest_loss_ms=" << f.max_loss_age_ms << " bound_ms=" << run.async_bound_ms()

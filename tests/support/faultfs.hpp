@@ -47,6 +47,10 @@ struct UndoRecord {
   std::uint64_t old_size = 0;  ///< File size before the write.
   std::string old_bytes;       ///< What [offset, offset + old_bytes.size()) held before.
   std::string new_bytes;       ///< What the write wrote at offset.
+  /// The write returned. A record whose process was killed between appending
+  /// it and the write's return may or may not have reached the page cache:
+  /// it is undone but never redone.
+  bool done = false;
 };
 
 /// The complete records of the journal, oldest first. A torn last record (its
@@ -56,7 +60,7 @@ inline std::vector<UndoRecord> read_journal(const std::string& path) {
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<UndoRecord> out;
   struct Header {
-    std::uint32_t magic, reserved;
+    std::uint32_t magic, done;
     std::uint64_t offset, len, old_len, old_size;
   };
   std::size_t pos = 0;
@@ -74,6 +78,7 @@ inline std::vector<UndoRecord> read_journal(const std::string& path) {
     r.old_size = h.old_size;
     r.old_bytes = data.substr(pos + sizeof h, h.old_len);
     r.new_bytes = data.substr(pos + sizeof h + h.old_len, h.len);
+    r.done = h.done != 0;
     out.push_back(std::move(r));
     pos += total;
   }
@@ -94,6 +99,7 @@ struct CutReport {
   std::size_t records = 0;  ///< Writes not durable at the cut.
   std::size_t pages = 0;    ///< Their pages.
   std::size_t kept = 0;     ///< Pages that reached the disk anyway.
+  std::size_t in_flight = 0;  ///< Writes whose process died before they returned (undone, never redone).
   /// Some pages of the unsynced writes were kept and some lost.
   bool torn() const { return kept > 0 && kept < pages; }
 };
@@ -119,8 +125,15 @@ inline CutReport power_cut(const std::string& data_file, const std::string& jour
     std::size_t rec;
     std::uint64_t from, to;  // within the record's new bytes
   };
+  // Only writes that returned can be redone. The Ordered device keeps a
+  // prefix in write order, so it stops before the first one that did not.
   std::vector<Page> pages;
   for (std::size_t i = 0; i < recs.size(); ++i) {
+    if (!recs[i].done) {
+      ++rep.in_flight;
+      if (device == Device::Ordered) break;
+      continue;
+    }
     const std::uint64_t off = recs[i].offset, len = recs[i].new_bytes.size();
     for (std::uint64_t p = 0; p < len;) {
       std::uint64_t next = ((off + p) / 4096 + 1) * 4096 - off;
