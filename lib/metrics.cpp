@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // MetricsWindow, Monitor, the SLA evaluator and the Prometheus / JSON exports
-// (SPEC §7), plus the exposition writers shared with the CLI.
+// (doc/observability.md), plus the exposition writers shared with the CLI.
 //
 // Design notes:
 // - Nothing here touches the bus's hot path: every number is a difference of
