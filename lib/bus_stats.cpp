@@ -27,6 +27,8 @@ void add_counters(LaneCounters& into, const LaneCounters& c) noexcept {
   into.dropped += c.dropped;
   into.in_flight += c.in_flight;
   into.skipped += c.skipped;
+  into.claimed += c.claimed;
+  into.overdue += c.overdue;
 }
 
 }  // namespace
@@ -104,6 +106,10 @@ BusStats BusCore::stats() const {
           const GroupLaneInfo& pi = persisted[gl->lane];
           lc.in_flight = ends[gl->lane] > pi.committed ? ends[gl->lane] - pi.committed : 0;
           lc.skipped += pi.skipped;
+          if (t->is_queue) {
+            lc.claimed = pi.in_flight;
+            lc.overdue = pi.overdue;
+          }
         }
         add_counters(gs.total, lc);
         gs.lanes.push_back(lc);

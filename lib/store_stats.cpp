@@ -46,6 +46,10 @@ Result<BusStats> read_store_stats(DurableStore& store) {
         c.in_flight = lanes[lane].end_offset > from ? lanes[lane].end_offset - from : 0;
         c.acked = gi.committed;
         c.skipped = gi.skipped;
+        if (t.is_queue) {
+          c.claimed = gi.in_flight;
+          c.overdue = gi.overdue;
+        }
         if (c.in_flight > 0) {
           ReadLimits one;
           one.max_messages = 1;
@@ -59,6 +63,8 @@ Result<BusStats> read_store_stats(DurableStore& store) {
         gs.total.in_flight += c.in_flight;
         gs.total.acked += c.acked;
         gs.total.skipped += c.skipped;
+        gs.total.claimed += c.claimed;
+        gs.total.overdue += c.overdue;
         gs.lanes.push_back(c);
       }
       ts.groups.push_back(std::move(gs));

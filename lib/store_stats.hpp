@@ -16,8 +16,9 @@ class DurableStore;
 /// offset, published = their sum, durable = true. Per group and lane:
 /// in_flight = lag (end offset minus max(committed, first retained offset)),
 /// acked = committed offset (so the consume rate is the committed offset's
-/// progress), skipped = lost to retention; oldest_unprocessed_ns = created_at
-/// of the message at the committed offset. What only the consuming process
+/// progress), skipped = lost to retention, and for queues claimed / overdue
+/// (claims not yet acked / past their deadline); oldest_unprocessed_ns =
+/// created_at of the oldest message at a committed offset. What only the consuming process
 /// knows (handler outcomes, latency, stuck calls) stays 0. The DLQ counters are
 /// read from the store's DLQ. store_error is set when the store is unusable.
 /// Errors: storage codes of the reads.

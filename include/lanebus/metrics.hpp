@@ -59,7 +59,9 @@ LANEBUS_API const char* to_string(SlaState state) noexcept;
 /// The instant classification, without hold: Breached when
 /// oldest_age_seconds >= sla; AtRisk when projected_seconds >= page_fraction *
 /// sla (+infinity counts); else Ok. projected_seconds is oldest age + drain
-/// time. Pure function, for tests and for tools that keep their own history.
+/// time. Pure function: the one SLA rule, which MetricsWindow applies at every
+/// sample before its hold (so `lanebus stats` and `lanebus serve`, which feed a
+/// MetricsWindow from the store, judge by it too).
 LANEBUS_API SlaState classify_sla(const SlaPolicy& policy, double oldest_age_seconds,
                                   double projected_seconds) noexcept;
 
