@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// bench/idempotency: the idempotency tables (SPEC §4) and transactional
+// bench/idempotency: the idempotency tables (doc/idempotency.md) and transactional
 // consume next to what a user would otherwise write, in one run:
 //   hot_lookup   claim() of a key already done (hot tier)   vs std::unordered_map + std::mutex
 //   durable_claim claim() of new keys, Sync store, 4 threads  vs raw LMDB: one fsynced txn per put

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Durable topics (SPEC §3): an "orders" topic with 8 lanes keyed by customer,
+// Durable topics (doc/durable.md): an "orders" topic with 8 lanes keyed by customer,
 // a "billing" group handling each customer's orders in order, and an
 // "analytics" group that starts later, replays from offset 0, is restarted
 // halfway and resumes where it left off.

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Exactly-once e-mail (SPEC §4): at-least-once delivery + an idempotency table
+// Exactly-once e-mail (doc/idempotency.md): at-least-once delivery + an idempotency table
 // keyed by the business key ("welcome-e100"), never by a delivery id.
 //
 // Steps: two consumers race on welcome-e100 (exactly one claims and sends);

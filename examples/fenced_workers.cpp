@@ -1,7 +1,7 @@
 // lanebus — MIT License.
 // Two worker processes share a lease table and a durable store; worker A freezes past its TTL,
-// worker B takes over, and lanebus::FencedResource rejects A's late write (StaleToken). The
-// reference's simulation, with real processes and the public API only.
+// worker B takes over, and lanebus::FencedResource rejects A's late write (StaleToken), with
+// real processes and the public API only (doc/leases.md).
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>

@@ -1,7 +1,7 @@
 // lanebus — MIT License.
 // A producer outruns a slow consumer for a while, then stops; a Monitor samples
 // the bus and the SLA evaluator moves from ok to at_risk and back to ok as the
-// consumer catches up. The reference's 60 s persist SLA, scaled down to 2 s.
+// consumer catches up. A 60 s SLA (doc/observability.md), scaled down to 2 s.
 //
 // Timeline (consumer: 500 msg/s; SLA 2 s, page at 75 % = 1.5 s, window 0.5 s):
 //   0.0 s - 0.6 s  producer at 250 msg/s: no lag, ok

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The dead-letter workflow (SPEC §5): a producer renames a field, three
+// The dead-letter workflow (doc/dlq.md): a producer renames a field, three
 // payments fail to deserialize, use up their retries and land in the DLQ as
 // permanent; the consumer is fixed; an operator replays them with the CLI
 // (`lanebus dlq replay`); each is processed once — one had already charged

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// A durable work queue of shipments (SPEC §3, §5) that keeps up and recovers:
+// A durable work queue of shipments (doc/durable.md, doc/retries.md) that keeps up and recovers:
 //
 // 1. One carrier API is down. Its shipments retry with backoff, and with
 //    GroupOptions::key_parallel_retry only that carrier's shipments wait: the

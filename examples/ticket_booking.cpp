@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Exactly-once effects inside the store (SPEC §4, transactional consume): a
+// Exactly-once effects inside the store (doc/idempotency.md, transactional consume): a
 // seat counter decremented by booking events, with forced redeliveries (a
 // flaky handler and a producer that sends some bookings twice), ends exactly
 // at the number of distinct bookings.

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// libFuzzer target: name validation (SPEC §1) for topics/groups and leases.
+// libFuzzer target: name validation (doc/topics.md) for topics/groups and leases.
 // Property: no crash; an accepted name obeys the rule.
 #include <cstddef>
 #include <cstdint>

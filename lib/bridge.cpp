@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Bridge to NATS JetStream (SPEC §10, include/lanebus/bridge.hpp). The only
+// Bridge to NATS JetStream (doc/bridge.md, include/lanebus/bridge.hpp). The only
 // file that includes nats.h: every natsStatus / jsErrCode becomes a Status here.
 //
 // Design notes

@@ -22,7 +22,7 @@
 // - Memory: everything (slots, rings, groups, consumer tables) is allocated
 //   when a topic or group is created; the hot path never allocates.
 //
-// - Durable topics and queues (SPEC §3) do not use slots or rings: publish
+// - Durable topics and queues (doc/durable.md) do not use slots or rings: publish
 //   appends to the DurableStore (group commit on its writer thread); the
 //   store's append listener, and a poller for other processes' appends and
 //   expired queue claims, schedule the durable GroupLanes; a worker running

@@ -7,29 +7,9 @@
 #include <string>
 
 #include "bus_impl.hpp"
+#include "store_stats.hpp"
 
 namespace lanebus::detail {
-
-namespace {
-
-// A group's totals: the sum of its lanes' counters, field by field.
-void add_counters(LaneCounters& into, const LaneCounters& c) noexcept {
-  into.delivered += c.delivered;
-  into.acked += c.acked;
-  into.retried += c.retried;
-  into.rejected += c.rejected;
-  into.failed += c.failed;
-  into.timed_out += c.timed_out;
-  into.stuck += c.stuck;
-  into.stuck_now += c.stuck_now;
-  into.set_aside += c.set_aside;
-  into.duplicates_skipped += c.duplicates_skipped;
-  into.dropped += c.dropped;
-  into.in_flight += c.in_flight;
-  into.skipped += c.skipped;
-}
-
-}  // namespace
 
 BusStats BusCore::stats() const {
   BusStats out;
@@ -53,11 +33,11 @@ BusStats BusCore::stats() const {
     ts.is_queue = t->is_queue;
     ts.durable = t->durable;
     ts.lanes = t->options.lanes;
-    std::vector<std::uint64_t> ends;
+    std::vector<LaneInfo> lane_infos;
     if (t->durable) {
       for (std::uint32_t i = 0; i < t->options.lanes; ++i) {
-        auto e = store_->end_offset(t->store_topic, i);
-        ends.push_back(e.ok() ? *e : 0);
+        auto li = store_->lane_info(t->store_topic, i);
+        lane_infos.push_back(li.ok() ? *li : LaneInfo{});
       }
     }
     ts.unrouted = t->unrouted.load(std::memory_order_relaxed);
@@ -100,24 +80,25 @@ BusStats BusCore::stats() const {
         lc.dropped = gl->dropped.load(std::memory_order_relaxed);
         lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
         lc.skipped = gl->skipped.load(std::memory_order_relaxed);
-        if (t->durable && gl->lane < persisted.size() && gl->lane < ends.size()) {
-          const GroupLaneInfo& pi = persisted[gl->lane];
-          lc.in_flight = ends[gl->lane] > pi.committed ? ends[gl->lane] - pi.committed : 0;
-          lc.skipped += pi.skipped;
+        std::int64_t oldest = gl->oldest_ns.load(std::memory_order_relaxed);
+        if (t->durable) {
+          oldest = 0;
+          if (gl->lane < persisted.size() && gl->lane < lane_infos.size()) {
+            // The store's view, as `lanebus stats` reads it (read_group_lane).
+            const GroupLaneInfo& pi = persisted[gl->lane];
+            auto r = read_group_lane(*store_, t->store_topic, gl->lane, lane_infos[gl->lane], pi.committed);
+            lc.in_flight = r.ok() ? r->lag : 0;
+            oldest = r.ok() ? r->oldest_created_ns : 0;
+            lc.skipped += pi.skipped;
+            if (t->is_queue) {
+              lc.claimed = pi.in_flight;
+              lc.overdue = pi.overdue;
+            }
+          }
         }
-        add_counters(gs.total, lc);
+        add_lane_counters(gs.total, lc);
         gs.lanes.push_back(lc);
         gl->latency.add_to(gs.latency);
-        std::int64_t oldest = gl->oldest_ns.load(std::memory_order_relaxed);
-        if (t->durable && gl->lane < persisted.size() && lc.in_flight > 0) {
-          // The message at the committed offset is the oldest unfinished one.
-          ReadLimits one;
-          one.max_messages = 1;
-          auto r = store_->read(t->store_topic, gl->lane, persisted[gl->lane].committed, one);
-          oldest = (r.ok() && !r->messages.empty()) ? r->messages.front().header.created_at_ns : 0;
-        } else if (t->durable) {
-          oldest = 0;
-        }
         if (oldest != 0 && (gs.oldest_unprocessed_ns == 0 || oldest < gs.oldest_unprocessed_ns))
           gs.oldest_unprocessed_ns = oldest;
       }

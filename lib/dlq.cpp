@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The dead-letter queue (SPEC §5) on the durable store's `dlq` / `dlq_audit`
+// The dead-letter queue (doc/dlq.md) on the durable store's `dlq` / `dlq_audit`
 // tables: entry and audit encodings, arrivals, review, retention, quota,
 // automatic transient replay and the persisted counters.
 //
@@ -691,7 +691,7 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
         }
         if (!ref->fence.empty()) {
           // A fenced topic accepts appends only under the current lease
-          // generation's token (SPEC §6); an operator's replay holds none.
+          // generation's token (doc/leases.md); an operator's replay holds none.
           if (lenient) continue;
           return Status(Code::InvalidArgument, "dlq replay: origin topic " + q(e.topic) + " of entry " +
                                                    std::to_string(id) + " is fenced by lease " + q(ref->fence) +

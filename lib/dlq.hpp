@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DlqStore: the dead-letter queue (SPEC §5) kept in the durable store's `dlq`
+// DlqStore: the dead-letter queue (doc/dlq.md) kept in the durable store's `dlq`
 // and `dlq_audit` tables — moves that commit with the failed message's ack,
 // the review API (list/show/replay/archive/purge/audit), retention, quota,
 // automatic transient replay, poison bookkeeping and persisted counters.

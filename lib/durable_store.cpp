@@ -613,7 +613,7 @@ Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& opt
     return Status(Code::InvalidArgument, "open store " + q(options.directory) +
                                              ": max_batch, max_pending and retention_batch must be > 0");
   }
-  if (options.verify_on_open) {  // issue 10: the walk in a child that may die (lib/verify.hpp)
+  if (options.verify_on_open) {  // the walk in a child that may die (lib/verify.hpp)
     auto report = verify_store_in_child(options.directory);
     if (!report.ok() && report.code() != Code::NotFound) return report.status();
     if (report.ok() && !report->ok()) {
@@ -1079,7 +1079,7 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
       if (!bookkeeping_only) {
         // At the maximum: fail the appends (nothing of them was committed) and
         // give acks / offset commits / retention, which are small and free
-        // space, one more try alone (RELIABILITY R5: headroom for acks).
+        // space, one more try alone (headroom for acks).
         bool any = false;
         for (WriteOp& op : ops) {
           if (op.excluded) continue;
@@ -1109,7 +1109,7 @@ Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   if (!topic.ok()) return topic.status();
   auto ls = ctx.lane(r.topic_id, r.lane);
   if (!ls.ok()) return ls.status();
-  // Fenced topics (SPEC §6, lib/fence.cpp): decided here, in the transaction,
+  // Fenced topics (doc/leases.md, lib/fence.cpp): decided here, in the transaction,
   // against the high-water as left by earlier ops of this batch, before
   // anything of this op is written. A duplicate writes nothing.
   FencePlan fence;

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DurableStore: the durable engine of SPEC §3 on LMDB — per-lane append-only
+// DurableStore: the durable engine (doc/durable.md) on LMDB — per-lane append-only
 // logs, group commit by one writer thread, group offsets, queue in-flight state,
 // retention, and reading for replay. Internal API for the Bus to plug in.
 #pragma once
@@ -40,7 +40,7 @@ struct TopicSpec {
   std::uint32_t lanes = 8;  ///< 1..4096; fixed at creation (another count = Conflict).
   bool is_queue = false;    ///< Queue (competing consumers) or topic (fan-out); fixed.
   RetentionOptions retention{};
-  /// Fenced lanes (SPEC §6; doc/leases.md "Fenced lanes and resources"): the
+  /// Fenced lanes (doc/leases.md "Fenced lanes and resources"): the
   /// lease name that fences appends, "" = not fenced. Fixed at creation
   /// (reopening with another fence or scope = Conflict). Every append then
   /// needs a header.fencing_token: below the high-water -> StaleToken; equal ->
@@ -167,7 +167,7 @@ struct ClaimOptions {
   /// they survive restarts. Default 30 s.
   std::chrono::milliseconds visibility{30000};
   /// true: at most one message of the lane is in flight at a time (lane
-  /// order, SPEC §1). false: any deliverable message among the next
+  /// order, doc/topics.md). false: any deliverable message among the next
   /// `scan_limit` may be claimed (competing consumers inside a lane).
   bool ordered = true;
   std::uint32_t scan_limit = 1024;
@@ -175,7 +175,7 @@ struct ClaimOptions {
 
 /// A claimed queue message. The attempt count and deadline were committed
 /// (and in Sync mode fsynced) before claim returned, so a message that crashes
-/// its consumer is seen with attempt+1 next time (poison detection, SPEC §5).
+/// its consumer is seen with attempt+1 next time (poison detection, doc/dlq.md).
 struct ClaimedMessage {
   StoredMessage message;  ///< message.header.attempt = attempt.
   std::uint32_t attempt = 0;
@@ -208,7 +208,7 @@ enum class StoreTable : std::uint8_t {
   IdempotencyAge,  ///< `idem_age`: done records by time, for durable retention
   Dlq,             ///< `dlq`: dead-letter entries
   DlqAudit,        ///< `dlq_audit`: who replayed / archived / purged what, when
-  Fence,           ///< `fence`: fencing high-water marks (SPEC §6)
+  Fence,           ///< `fence`: fencing high-water marks (doc/leases.md)
   User,            ///< `user`: handlers' own tables (transactional consume)
 };
 inline constexpr int kStoreTables = 6;

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Fenced sinks (SPEC §6): fenced durable lanes (LaneFences, used by
+// Fenced sinks (doc/leases.md): fenced durable lanes (LaneFences, used by
 // DurableStore::apply_append) and FencedResource, both keeping their
 // high-water marks in the store's `fence` table.
 #include "lanebus/fence.hpp"

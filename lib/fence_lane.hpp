@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Fenced durable lanes (SPEC §6, "Fenced sinks"): the check-and-advance of a
+// Fenced durable lanes (doc/leases.md "Fenced lanes and resources"): the check-and-advance of a
 // topic's fence that DurableStore runs inside the write transaction accepting
 // an append, and the shared key layout of the `fence` table. Internal.
 #pragma once

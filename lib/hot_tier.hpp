@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// HotTier: the in-memory front of an idempotency table (SPEC §4). A bounded
+// HotTier: the in-memory front of an idempotency table (doc/idempotency.md). A bounded
 // cache of (key → state, written_at) with a TTL, in pre-allocated nodes linked
 // into a Boost.Intrusive hash set (lookup) and list (LRU order).
 //

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// IdempotencyImpl: the two tiers behind IdempotencyTable (SPEC §4) — the
+// IdempotencyImpl: the two tiers behind IdempotencyTable (doc/idempotency.md) — the
 // in-memory HotTier with a TTL in front of durable records in the store's
 // `idem` table, decided inside the store's write transactions.
 #pragma once

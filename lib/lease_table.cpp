@@ -11,7 +11,7 @@
 //   between the copy and the mutation). A process killed anywhere inside the
 //   operation leaves the robust mutex "owner died": the next locker gets
 //   EOWNERDEAD, copies the pre-image back, clears the flag and only then calls
-//   pthread_mutex_consistent (RELIABILITY §3.1 item 3). The token counter is
+//   pthread_mutex_consistent. The token counter is
 //   never rolled back: a token taken by a dead operation is simply skipped.
 // - Creation: the segment is built in a temporary file (O_CREAT|O_EXCL, 0600,
 //   fchmod), published with a release store of `ready`, and only then

@@ -24,7 +24,7 @@
 namespace lanebus::detail {
 namespace {
 
-// The process-wide registry of open environments (RELIABILITY §3.2 item 9).
+// The process-wide registry of open environments (LMDB: a file is opened once per process).
 // A global is unavoidable here: LMDB's rule is per process, not per Bus.
 std::mutex& registry_mutex() {
   static std::mutex m;
@@ -425,7 +425,7 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
   if (config.read_only) flags |= MDB_RDONLY;
   if (config.no_sync) flags |= MDB_NOSYNC;
   // Opening can fail transiently while another process opens or closes the
-  // same environment (LMDB caveat; RELIABILITY §3.2 item 16): bounded retry.
+  // same environment (an LMDB caveat): bounded retry.
   for (int attempt = 0;; ++attempt) {
     rc = mdb_env_open(env, path.c_str(), flags, 0600);
     if (rc == 0) break;
@@ -449,7 +449,7 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
   MDB_envinfo info{};
   mdb_env_info(env, &info);
   out->map_size_.store(info.me_mapsize, std::memory_order_relaxed);
-  // Stale slots of dead processes pin pages (RELIABILITY §0: 17x growth).
+  // Stale slots of dead processes pin old pages, which makes the file grow.
   int dead = 0;
   mdb_reader_check(env, &dead);
   return out;
@@ -606,7 +606,7 @@ Result<std::uint64_t> LmdbEnv::used_bytes() {
 }  // namespace lanebus::detail
 
 // ---------------------------------------------------------------- LmdbWalk
-// (issue 10: the verify walk; see lib/verify.cpp)
+// (the verify walk; see lib/verify.cpp)
 
 namespace lanebus::detail {
 

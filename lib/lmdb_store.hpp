@@ -227,7 +227,7 @@ class LmdbEnv {
 }  // namespace lanebus::detail
 
 // ---------------------------------------------------------------- verify walk
-// (issue 10: `lanebus verify` and StoreOptions::verify_on_open; used by lib/verify.cpp)
+// (`lanebus verify` and StoreOptions::verify_on_open; used by lib/verify.cpp)
 
 namespace lanebus::detail {
 

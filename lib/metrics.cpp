@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // MetricsWindow, Monitor, the SLA evaluator and the Prometheus / JSON exports
-// (SPEC §7), plus the exposition writers shared with the CLI.
+// (doc/observability.md), plus the exposition writers shared with the CLI.
 //
 // Design notes:
 // - Nothing here touches the bus's hot path: every number is a difference of
@@ -538,14 +538,19 @@ void MetricsWindow::recompute() {
         } else if (gm.drain_seconds) {
           r.projected_seconds = age + *gm.drain_seconds;
         }
-        r.risk_condition = r.projected_seconds && *r.projected_seconds >= r.threshold_seconds;
+        // The instant verdict is classify_sla's (the one rule, also for tools); the hold
+        // turns an instant AtRisk into a page only once it has lasted. An unknown age
+        // (nullopt) is not a breach; an unknown projection is no risk yet.
+        const SlaState instant =
+            classify_sla(*policy, gm.oldest_age_seconds.value_or(0.0), r.projected_seconds.value_or(0.0));
+        r.risk_condition = r.projected_seconds && instant != SlaState::Ok;
         if (r.risk_condition) {
           if (!tr->risk_since_ns) tr->risk_since_ns = now.steady_ns;
           r.risk_held_seconds = static_cast<double>(now.steady_ns - *tr->risk_since_ns) / 1e9;
         } else {
           tr->risk_since_ns.reset();
         }
-        if (gm.oldest_age_seconds && *gm.oldest_age_seconds >= r.sla_seconds) {
+        if (gm.oldest_age_seconds && instant == SlaState::Breached) {
           r.state = SlaState::Breached;
         } else if (!r.projected_seconds) {
           r.state = SlaState::Unknown;
@@ -713,6 +718,7 @@ std::string to_prometheus(const MetricsSnapshot& s) {
     const char* name;
     const char* help;
     std::uint64_t LaneCounters::*field;
+    bool durable_queues_only = false;  // claims live in the store: only durable queue lanes have them
   };
   static constexpr Counter kCounters[] = {
       {"lanebus_delivered_total", "Handler calls (every attempt).", &LaneCounters::delivered},
@@ -744,10 +750,16 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       {"lanebus_set_aside_messages",
        "Messages held back by key_parallel_retry: in retry backoff, or behind one of their key.",
        &LaneCounters::set_aside},
+      {"lanebus_claimed_messages", "Durable queue messages claimed by a consumer and not yet acked.",
+       &LaneCounters::claimed, true},
+      {"lanebus_overdue_claims",
+       "Durable queue claims past their deadline: a consumer died with them or a handler overran attempt_timeout.",
+       &LaneCounters::overdue, true},
   };
   for (const Counter& c : kGauges) {
     w.family(c.name, "gauge", c.help);
     each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+      if (c.durable_queues_only && !(t.is_queue && t.durable)) return;
       for (const auto& l : g.lanes) w.sample_u64(c.name, lane_labels(t, g, l.lane), l.counters.*(c.field));
     });
   }
@@ -896,6 +908,8 @@ void counters_json(detail::JsonWriter& j, const LaneCounters& c) {
   j.key("dropped"); j.u64(c.dropped);
   j.key("skipped"); j.u64(c.skipped);
   j.key("in_flight"); j.u64(c.in_flight);
+  j.key("claimed"); j.u64(c.claimed);
+  j.key("overdue"); j.u64(c.overdue);
   j.end_object();
 }
 

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Name validation (SPEC §1).
+// Name validation (doc/topics.md).
 #include "names.hpp"
 
 #include <string>

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The naming rule of SPEC §1: dotted paths of [a-z0-9_-] segments, at most 200 bytes.
+// The naming rule (doc/topics.md): dotted paths of [a-z0-9_-] segments, at most 200 bytes.
 #pragma once
 
 #include <string_view>

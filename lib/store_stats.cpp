@@ -9,6 +9,39 @@
 
 namespace lanebus::detail {
 
+void add_lane_counters(LaneCounters& into, const LaneCounters& c) noexcept {
+  into.delivered += c.delivered;
+  into.acked += c.acked;
+  into.retried += c.retried;
+  into.rejected += c.rejected;
+  into.failed += c.failed;
+  into.timed_out += c.timed_out;
+  into.stuck += c.stuck;
+  into.stuck_now += c.stuck_now;
+  into.set_aside += c.set_aside;
+  into.duplicates_skipped += c.duplicates_skipped;
+  into.dropped += c.dropped;
+  into.in_flight += c.in_flight;
+  into.skipped += c.skipped;
+  into.claimed += c.claimed;
+  into.overdue += c.overdue;
+}
+
+Result<GroupLaneReading> read_group_lane(DurableStore& store, const TopicRef& topic, std::uint32_t lane,
+                                         const LaneInfo& info, std::uint64_t committed) {
+  GroupLaneReading out;
+  const std::uint64_t from = std::max(committed, info.first_offset);
+  out.lag = info.end_offset > from ? info.end_offset - from : 0;
+  if (out.lag > 0) {
+    ReadLimits one;
+    one.max_messages = 1;
+    auto m = store.read(topic, lane, from, one);
+    if (!m.ok()) return m.status();
+    if (!m->messages.empty()) out.oldest_created_ns = m->messages.front().header.created_at_ns;
+  }
+  return out;
+}
+
 Result<BusStats> read_store_stats(DurableStore& store) {
   BusStats out;
   out.name = store.options().directory;
@@ -40,25 +73,19 @@ Result<BusStats> read_store_stats(DurableStore& store) {
       for (std::uint32_t lane = 0; lane < t.lanes && lane < info->size(); ++lane) {
         const GroupLaneInfo& gi = (*info)[lane];
         LaneCounters c;
-        // Retention may have deleted messages the group never read: they are
-        // skipped, not waiting.
-        const std::uint64_t from = std::max(gi.committed, lanes[lane].first_offset);
-        c.in_flight = lanes[lane].end_offset > from ? lanes[lane].end_offset - from : 0;
+        auto r = read_group_lane(store, t, lane, lanes[lane], gi.committed);
+        if (!r.ok()) return r.status();
+        c.in_flight = r->lag;
         c.acked = gi.committed;
         c.skipped = gi.skipped;
-        if (c.in_flight > 0) {
-          ReadLimits one;
-          one.max_messages = 1;
-          auto m = store.read(t, lane, from, one);
-          if (!m.ok()) return m.status();
-          if (!m->messages.empty()) {
-            const std::int64_t created = m->messages.front().header.created_at_ns;
-            if (gs.oldest_unprocessed_ns == 0 || created < gs.oldest_unprocessed_ns) gs.oldest_unprocessed_ns = created;
-          }
+        if (t.is_queue) {
+          c.claimed = gi.in_flight;
+          c.overdue = gi.overdue;
         }
-        gs.total.in_flight += c.in_flight;
-        gs.total.acked += c.acked;
-        gs.total.skipped += c.skipped;
+        const std::int64_t created = r->oldest_created_ns;
+        if (created != 0 && (gs.oldest_unprocessed_ns == 0 || created < gs.oldest_unprocessed_ns))
+          gs.oldest_unprocessed_ns = created;
+        add_lane_counters(gs.total, c);
         gs.lanes.push_back(c);
       }
       ts.groups.push_back(std::move(gs));

@@ -10,14 +10,37 @@
 namespace lanebus::detail {
 
 class DurableStore;
+struct LaneInfo;
+struct TopicRef;
+
+/// A group's totals: the sum of its lanes' counters, field by field.
+void add_lane_counters(LaneCounters& into, const LaneCounters& c) noexcept;
+
+/// What the metrics know of one durable group lane, from the store.
+struct GroupLaneReading {
+  /// Retained messages at or after the committed offset (what retention
+  /// deleted before the group read it is skipped, not waiting).
+  std::uint64_t lag = 0;
+  /// created_at of the oldest of them; 0 when none waits (or it is unknown).
+  std::int64_t oldest_created_ns = 0;
+};
+
+/// The one derivation of a durable group lane's lag and oldest unprocessed
+/// message, used by read_store_stats and by Bus::stats (so a Monitor in the
+/// process and `lanebus stats` on the store agree). `lane` is read as `info`
+/// (lane_info); `committed` is the group's committed offset in it. Errors:
+/// storage codes of the read of the oldest message.
+Result<GroupLaneReading> read_group_lane(DurableStore& store, const TopicRef& topic, std::uint32_t lane,
+                                         const LaneInfo& info, std::uint64_t committed);
 
 /// One reading of `store` (read transactions only; safe on a read-only open
 /// while other processes write). Per topic: lane_published[i] = the lane's end
 /// offset, published = their sum, durable = true. Per group and lane:
-/// in_flight = lag (end offset minus max(committed, first retained offset)),
+/// in_flight = lag (read_group_lane),
 /// acked = committed offset (so the consume rate is the committed offset's
-/// progress), skipped = lost to retention; oldest_unprocessed_ns = created_at
-/// of the message at the committed offset. What only the consuming process
+/// progress), skipped = lost to retention, and for queues claimed / overdue
+/// (claims not yet acked / past their deadline); oldest_unprocessed_ns =
+/// the oldest over the lanes (read_group_lane). What only the consuming process
 /// knows (handler outcomes, latency, stuck calls) stays 0. The DLQ counters are
 /// read from the store's DLQ. store_error is set when the store is unusable.
 /// Errors: storage codes of the reads.

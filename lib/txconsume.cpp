@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Transactional consume (SPEC §4): user tables, the Transaction handle and
+// Transactional consume (doc/idempotency.md): user tables, the Transaction handle and
 // the commit of a handler's effects with its ack.
 #include <algorithm>
 #include <bit>

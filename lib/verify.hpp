@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The verify walk (issue 10): read every page and record of a durable store and
+// The verify walk: read every page and record of a durable store and
 // check it against doc/storage-format.md. Used by `lanebus verify` and
 // StoreOptions::verify_on_open.
 #pragma once

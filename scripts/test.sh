@@ -25,7 +25,7 @@ if [ ! -f "$dir/build.ninja" ]; then
 fi
 meson compile -C "$dir"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-# Every suppression in tests/tsan.supp says why (STYLE §6).
+# Every suppression in tests/tsan.supp says why.
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 # A failing suite still gets its closing line below; the script then exits non-zero.
 rc=0

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Zero allocation on the hot path (SPEC §2): after warm-up, 100,000 publishes
+// Zero allocation on the hot path (doc/benchmarks.md): after warm-up, 100,000 publishes
 // and their deliveries (fan-out to two groups, and a queue) allocate nothing;
 // neither do the hot-path failures, nor a publisher thread started after
 // warm-up, nor the retry and DropOldest paths.

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Memory after a burst (issue 15): a burst of LANEBUS_BURST_MESSAGES (default
+// Memory after a burst: a burst of LANEBUS_BURST_MESSAGES (default
 // 2,000,000; 200,000 under sanitizers, where each message costs 5-10x more)
 // published to topics whose slowest group lags far behind (Block backpressure,
 // and DropOldest), once drained, leaves the process's resident set within 10 %

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Durable topics and queues through the Bus API (SPEC §3): restart and resume,
+// Durable topics and queues through the Bus API (doc/durable.md): restart and resume,
 // replay and seek, queue redelivery with persisted attempts, bad input.
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The in-process bus (SPEC §2) with real threads: per-key order, fan-out,
+// The in-process bus (doc/topics.md) with real threads: per-key order, fan-out,
 // competing consumers, lane exclusivity, backpressure, unsubscribe, shutdown,
 // handler failures and bad input.
 #include <doctest/doctest.h>

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Corruption past the header (issue 10, item 5): random bytes flipped in random
+// Corruption past the header: random bytes flipped in random
 // pages of a real store (topics, a queue with claims, groups, DLQ entries,
 // idempotency records), then opening, reading, `lanebus stat`, `lanebus tail`,
 // `lanebus verify` and StoreOptions::verify_on_open. Each either succeeds with

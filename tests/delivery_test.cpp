@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Delivery under a stuck handler and per-key retry (SPEC §5, issue 9), black
+// Delivery under a stuck handler and per-key retry (doc/retries.md), black
 // box through the public API: a handler running past attempt_timeout is
 // counted and shown as stuck while the other lanes flow, shutdown names the
 // lane that held it up, and key_parallel_retry lets the other keys of a lane
@@ -158,7 +158,7 @@ void stuck_handler_is_counted_and_other_lanes_flow(Kind kind) {
     REQUIRE(o);
     CHECK_MESSAGE(o->stuck_now == 0, "lane " << l);
   }
-  // One lane never runs on two workers of one bus at once (SPEC §1), stuck or not.
+  // One lane never runs on two workers of one bus at once (doc/topics.md), stuck or not.
   CHECK(blocker_calls.load() == 1);
 
   gate.open = true;

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The dead-letter queue (issue 4) on a real LMDB store in a temp directory:
+// The dead-letter queue on a real LMDB store in a temp directory:
 // arrivals (atomic with the ack), the review API, audit, retention, quota,
 // automatic transient replay (injected clock), counters and classification.
 #include <doctest/doctest.h>

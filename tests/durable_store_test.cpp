@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // DurableStore contract tests: restart, replay, seek by time, retention, queues,
-// group commit, map growth and the bad-input / fault cases of SPEC §3.
+// group commit, map growth and the bad-input / fault cases of doc/durable.md.
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// I/O faults through the public Bus (issue 10, items 3-4), injected into
+// I/O faults through the public Bus, injected into
 // data.mdb by the faultfs shim (tests/support/faultfs.cpp, preloaded by meson):
 // - an fsync that fails with EIO (and, as on Linux, drops the dirty pages):
 //   the store refuses every later write until it is reopened, never fsyncs

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Worker processes for fence_multiprocess_test: the reference scenario's A and B, a
+// Worker processes for fence_multiprocess_test: the freeze/takeover scenario's A and B, a
 // contending worker, and a flooding appender to kill -9. All write through a fenced
 // durable lane of a real LMDB store, confirmed by a real LeaseTable.
 #include <signal.h>

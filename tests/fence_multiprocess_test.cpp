@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // Fenced durable lanes across real processes, real SIGSTOP/SIGCONT/SIGKILL, a real LMDB
-// store and a real LeaseTable: the reference scenario, 4 contending workers under a
+// store and a real LeaseTable: the freeze/takeover scenario, 4 contending workers under a
 // pausing nemesis (each with a fence-off negative control), and kill -9 mid-batch.
 #include <doctest/doctest.h>
 #include <signal.h>

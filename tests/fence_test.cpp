@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Fenced sinks (SPEC §6) in one process, with a real LMDB store and a real LeaseTable:
+// Fenced sinks (doc/leases.md) in one process, with a real LMDB store and a real LeaseTable:
 // fenced durable lanes (barrier, stale, duplicates, forged barriers, batching, restart,
 // reboot, per-lane slots, the test-only switch) and the store-level FencedResource check
 // (every code; fence_api_test covers the public calls).

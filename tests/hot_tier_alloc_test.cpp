@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The idempotency hot tier allocates nothing after warm-up (SPEC §2): lookups
+// The idempotency hot tier allocates nothing after warm-up (doc/idempotency.md): lookups
 // never, and inserts neither once it reached hot_capacity or a stable
 // working set. Its own executable: the allocation counter replaces malloc,
 // so under sanitizers it exits 77 (SKIP) and takes nothing else with it.

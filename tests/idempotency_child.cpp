@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (mode == "race") {
       // Stay alive (holding a claimed key) until every racer has claimed: a
-      // claim of a process that exited is void at once (SPEC §4).
+      // claim of a process that exited is void at once (doc/idempotency.md).
       const std::string end = std::string(argv[4]) + ".end";
       while (!std::filesystem::exists(end)) std::this_thread::sleep_for(std::chrono::microseconds(100));
       return 0;

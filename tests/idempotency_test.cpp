@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Idempotency tables (SPEC §4): the contract of claim / complete / status /
+// Idempotency tables (doc/idempotency.md): the contract of claim / complete / status /
 // release, races between threads and between processes, the two tiers across
 // a restart, claims of dead owners (real kill -9), the record format of older
 // releases, retention, the hot tier's memory, and consumer groups that skip
@@ -279,7 +279,7 @@ TEST_CASE("a consumer group with an idempotency scope skips done keys on a durab
   CHECK(r.code() == Code::InvalidName);
 }
 
-// ---------------------------------------------------------------- owners (SPEC §4)
+// ---------------------------------------------------------------- owners (doc/idempotency.md)
 
 TEST_CASE("a claim whose owner was killed with kill -9 is taken over at once, not after claim_timeout") {
   TempDir tmp;
@@ -551,9 +551,8 @@ TEST_CASE("expire deletes done records older than durable_retention, oldest firs
   CHECK(s2.status("k3").code() == Code::NotFound);
 }
 
-// Needs the bus's maintenance loop to call IdempotencyImpl::expire for every
-// scope (lib/bus.cpp, owned by the lead). Skipped until that lands; run it with
-// `idempotency_test --no-skip -tc="*bus's maintenance*"`.
+// The bus's maintenance (lib/delivery.cpp) calls IdempotencyImpl::expire for
+// every scope about once a second.
 TEST_CASE("the bus's maintenance deletes done records after durable_retention") {
   TempDir tmp;
   auto bus = Bus::open(lanebus::test::store_bus(tmp.path)).value();

@@ -63,7 +63,7 @@ LeaseOwner owner_or_die() {
 
 void sleep_ms(long ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
-// Worker A of the reference scenario: acquire, renew twice, freeze (a real
+// Worker A of the freeze/takeover scenario: acquire, renew twice, freeze (a real
 // SIGSTOP it raises at a known point), then, once resumed, write with its old
 // token as if it still held the lease.
 int scenario_a(const std::string& table_path, const std::string& sink_path, long ttl_ms, bool fence) {

@@ -1,6 +1,6 @@
 // lanebus — MIT License.
-// Leases across real processes with real SIGSTOP/SIGCONT: the reference's freeze/takeover
-// scenario step for step, and 4 contending workers under a pausing nemesis, each with a
+// Leases across real processes with real SIGSTOP/SIGCONT: the freeze/takeover
+// scenario of doc/leases.md step for step, and 4 contending workers under a pausing nemesis, each with a
 // negative control (fence check off) that shows the stale write getting through.
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -57,7 +57,7 @@ struct ScenarioResult {
   std::vector<lanebus::test::SinkWrite> writes;
 };
 
-// The reference's worked example, with real processes: A acquires and renews
+// The freeze/takeover scenario, with real processes: A acquires and renews
 // twice, is frozen past the TTL, B takes over and writes, A resumes and writes.
 ScenarioResult run_scenario(bool fence) {
   TempDir dir;

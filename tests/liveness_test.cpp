@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Liveness after a crash (issue 9, SPEC §4): a consumer killed while its
+// Liveness after a crash (doc/idempotency.md): a consumer killed while its
 // handler holds a message's idempotency claim must not stall that key — and
 // the rest of its lane — for claim_timeout (5 min). A fresh consumer drains
 // the queue within about the visibility timeout, and every message's handler

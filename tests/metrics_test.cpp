@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Observability (SPEC §7): the SLA evaluator on the reference's worked example
+// Observability (doc/observability.md): the SLA evaluator on its worked example
 // with controlled clocks and counters, blips, hot keys and latency quantiles
 // through a real Bus, and both exports read back by independent parsers
 // written here from the format specifications (not from our own strings).
@@ -41,7 +41,7 @@ constexpr std::int64_t kSec = 1'000'000'000;
 constexpr std::int64_t kWall0 = 1'700'000'000 * kSec;
 
 /// One topic "orders" (1 lane) with one group "persist": the counters the
-/// reference's worked example talks about.
+/// worked example of doc/observability.md talks about.
 BusStats one_group(std::uint64_t published, std::uint64_t acked, std::uint64_t lag, std::int64_t oldest_ns,
                    std::uint64_t retried = 0) {
   LaneCounters c;
@@ -651,7 +651,7 @@ TEST_CASE("the store's dead-letter queue is in the snapshot, the exports and the
   CHECK_MESSAGE(json.has_value(), err);
 }
 
-// ---------------------------------------------------------------- stuck handlers, set-aside messages (issue 9)
+// ---------------------------------------------------------------- stuck handlers, set-aside messages
 
 namespace {
 

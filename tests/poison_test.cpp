@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Poison messages (SPEC §5): a handler that abort()s on one payload crashes
+// Poison messages (doc/dlq.md): a handler that abort()s on one payload crashes
 // its process; after poison_after_crashes restarts the message is in the DLQ
 // classified poison, and the rest of its lane was processed.
 #include <doctest/doctest.h>

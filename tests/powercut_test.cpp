@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Simulated power loss (issue 10, items 1-2): several real processes publish,
+// Simulated power loss: several real processes publish,
 // consume, dead-letter and complete idempotency keys through the public Bus
 // while the faultfs shim (tests/support/faultfs.cpp) journals every write to
 // data.mdb that is not durable yet. At a random moment every process is

@@ -1,14 +1,16 @@
 // lanebus — MIT License.
 // `lanebus stats` on a live store (held open read-write by this process): lag,
 // committed offsets and oldest unprocessed age in every output format, rates
-// from --watch readings, a clean exit on SIGINT, clear errors, and the overdue
-// claim of a queue handler stuck past attempt_timeout (`stats` and `stat`).
+// from --watch readings, a clean exit on SIGINT, clear errors, the overdue
+// claim of a queue handler stuck past attempt_timeout (`stats` and `stat`), and
+// that the CLI and the library's MetricsWindow agree on the same store.
 #include <doctest/doctest.h>
 
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -19,6 +21,7 @@
 #include "lanebus/lanebus.hpp"
 #include "process.hpp"
 #include "scratch_dir.hpp"
+#include "store_stats.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
 
@@ -104,16 +107,18 @@ TEST_CASE("lanebus stats --json reads lag, committed offsets and the oldest unpr
   const Json& t = (*j)["topics"][0];
   CHECK(t["name"].str() == "orders");
   CHECK(t["published"].num() == 14);
-  CHECK(t["publish_rate"].is_null());  // one reading: no rate
-  CHECK(t["lanes"][0]["end_offset"].num() == 10);
+  CHECK((*j)["window_seconds"].num() == 0);  // one reading: no rates
+  CHECK((*j)["samples"].num() == 1);
+  CHECK(t["publish_rate"].num() == 0);
+  CHECK(t["lane_load"][0]["published"].num() == 10);  // the lane's end offset
   const Json* b = group(t, "billing");
   REQUIRE(b);
   CHECK((*b)["lag"].num() == 4);
-  CHECK((*b)["lanes"][0]["committed"].num() == 6);
+  CHECK((*b)["lanes"][0]["counters"]["acked"].num() == 6);  // the committed offset
   CHECK((*b)["lanes"][1]["lag"].num() == 0);
   CHECK((*b)["oldest_age_seconds"].num() >= 30.0);
   CHECK((*b)["oldest_age_seconds"].num() < 3600.0);
-  CHECK((*b)["consume_rate"].is_null());
+  CHECK((*b)["consume_rate"].num() == 0);
   CHECK((*b)["drain_seconds"].is_null());
   const Json* a = group(t, "audit");
   REQUIRE(a);
@@ -142,7 +147,10 @@ TEST_CASE("lanebus stats --prom passes the exposition checker and carries per-la
   auto unknown = d.find("lanebus_sla_state", {{"group", "billing"}, {"state", "unknown"}});
   REQUIRE(unknown.size() == 1);
   CHECK(unknown[0]->value == 1);
-  CHECK(d.find("lanebus_consume_rate_per_second").empty());
+  auto span = d.find("lanebus_metrics_window_seconds");
+  REQUIRE(span.size() == 1);
+  CHECK(span[0]->value == 0);
+  CHECK(d.find("lanebus_projected_drain_seconds", {{"group", "billing"}}).empty());  // unknown: left out
 }
 
 TEST_CASE("lanebus stats --watch derives rates from consecutive readings and exits 0 on SIGINT") {
@@ -153,7 +161,7 @@ TEST_CASE("lanebus stats --watch derives rates from consecutive readings and exi
   std::string error;
   auto first = lanebus::test::parse_json(c.read_line(), &error);
   REQUIRE_MESSAGE(first, error);
-  CHECK((*first)["interval_seconds"].is_null());
+  CHECK((*first)["window_seconds"].num() == 0);
   // Between readings: 50 new messages in lane 1, billing consumes 20 of them.
   f.append(1, 50, 0);
   REQUIRE(f.store->commit_offset(f.billing, 1, 24).ok());
@@ -164,7 +172,7 @@ TEST_CASE("lanebus stats --watch derives rates from consecutive readings and exi
     auto j = lanebus::test::parse_json(c.read_line(), &error);
     REQUIRE_MESSAGE(j, error);
     const Json& t = (*j)["topics"][0];
-    CHECK((*j)["interval_seconds"].num() > 0);
+    CHECK((*j)["window_seconds"].num() > 0);
     if (!t["publish_rate"].is_null() && t["publish_rate"].num() > 0) saw_publish_rate = true;
     const Json* b = group(t, "billing");
     REQUIRE(b);
@@ -242,8 +250,8 @@ QueueReading read_queue(const std::string& tool, const std::string& store_dir, c
     r.found = true;
     r.lag = (*g)["lag"].num();
     for (const Json& l : std::get<Json::Array>((*g)["lanes"].v)) {
-      r.in_flight.push_back(l["in_flight"].num());
-      r.overdue.push_back(l["overdue"].num());
+      r.in_flight.push_back(l["counters"]["claimed"].num());
+      r.overdue.push_back(l["counters"]["overdue"].num());
     }
   }
   return r;
@@ -356,4 +364,119 @@ TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuc
   CHECK(calls.load() >= 1);
   REQUIRE(run(tool + " stats " + store_dir, &out) == 0);
   CHECK(out.find("overdue: stuck or dead consumer") == std::string::npos);
+}
+
+namespace {
+
+/// The library's view of the fixture's store: read_store_stats readings added to
+/// a MetricsWindow the way `lanebus stats` does (the last two readings; the SLA
+/// hold is the reading interval), one reading per entry of `steady_ns`. Returns
+/// the snapshot after each reading.
+std::vector<MetricsSnapshot> library_view(detail::DurableStore& store, std::optional<SlaPolicy> sla,
+                                          const std::vector<std::int64_t>& steady_ns) {
+  MetricsOptions mo;
+  mo.max_samples = 2;
+  mo.window = std::chrono::hours(24 * 365);
+  mo.default_sla = sla;
+  auto window = MetricsWindow::create(mo).value();
+  std::vector<MetricsSnapshot> out;
+  for (std::int64_t t : steady_ns) {
+    REQUIRE(window.add(detail::read_store_stats(store).value(), t, wall_now()).ok());
+    out.push_back(window.snapshot());
+  }
+  return out;
+}
+
+std::string sla_state(const Json& g) { return g["sla"].is_null() ? "none" : g["sla"]["state"].str(); }
+
+}  // namespace
+
+TEST_CASE("lanebus stats and the library's MetricsWindow agree on lag, oldest age and SLA verdicts of one store") {
+  Fixture f;
+  if (f.tool.empty()) return;
+  // A third group that is done: lag 0, so ok under any SLA.
+  detail::GroupRef ledger = f.store->open_group(f.topic, "ledger").value();
+  REQUIRE(f.store->commit_offset(ledger, 0, 10).ok());
+  REQUIRE(f.store->commit_offset(ledger, 1, 4).ok());
+
+  // One reading under two SLAs: 25 s (the 30 s old message breaches it) and 60 s
+  // (nothing breached; with one reading billing and audit are unknown, ledger ok).
+  for (const int sla_s : {25, 60}) {
+    CAPTURE(sla_s);
+    const SlaPolicy policy{std::chrono::seconds(sla_s), 0.75, std::chrono::nanoseconds(0)};
+    const MetricsSnapshot lib = library_view(*f.store, policy, {kSec}).back();
+    std::string out, error;
+    REQUIRE(run(f.tool + " stats " + f.store_dir + " --json --sla " + std::to_string(sla_s), &out) == 0);
+    auto j = lanebus::test::parse_json(out, &error);
+    REQUIRE_MESSAGE(j, error << "\n" << out);
+    REQUIRE(run(f.tool + " stats " + f.store_dir + " --prom --sla " + std::to_string(sla_s), &out) == 0);
+    const auto prom = lanebus::test::parse_prometheus(out);
+    for (const auto& e : prom.errors) FAIL_CHECK(e);
+
+    const TopicMetrics* lt = lib.find_topic("orders");
+    REQUIRE(lt);
+    const Json& t = (*j)["topics"][0];
+    REQUIRE(t["groups"].size() == lt->groups.size());
+    for (const GroupMetrics& lg : lt->groups) {
+      CAPTURE(lg.name);
+      const Json* g = group(t, lg.name);
+      REQUIRE(g);
+      REQUIRE(lg.sla);
+      // The verdict: JSON and Prometheus both say the library's state.
+      CHECK(sla_state(*g) == to_string(lg.sla->state));
+      auto st = prom.find("lanebus_sla_state", {{"topic", "orders"}, {"group", lg.name}, {"state", to_string(lg.sla->state)}});
+      REQUIRE(st.size() == 1);
+      CHECK(st[0]->value == 1);
+      // Lag, in total and per lane.
+      CHECK((*g)["lag"].num() == static_cast<double>(lg.lag));
+      for (const GroupLaneMetrics& ll : lg.lanes) {
+        CHECK((*g)["lanes"][ll.lane]["lag"].num() == static_cast<double>(ll.lag));
+        auto lag = prom.find("lanebus_consumer_lag_messages",
+                             {{"topic", "orders"}, {"group", lg.name}, {"lane", std::to_string(ll.lane)}});
+        REQUIRE(lag.size() == 1);
+        CHECK(lag[0]->value == static_cast<double>(ll.lag));
+      }
+      // The oldest age: the same message, read a moment apart.
+      REQUIRE(lg.oldest_age_seconds);
+      CHECK(std::abs((*g)["oldest_age_seconds"].num() - *lg.oldest_age_seconds) < 10.0);
+    }
+    const std::string want_billing = sla_s == 25 ? "breached" : "unknown";
+    CHECK(to_string(lib.find_group("orders", "billing")->sla->state) == want_billing);
+    CHECK(to_string(lib.find_group("orders", "audit")->sla->state) == want_billing);
+    CHECK(to_string(lib.find_group("orders", "ledger")->sla->state) == std::string("ok"));
+  }
+
+  // Under --watch the SLA hold is one interval: a stalled group (messages wait,
+  // nothing is committed) is unknown at the first reading (no rate yet), ok at
+  // the second (the risk is new) and at_risk from the third, in the CLI and in
+  // the library fed the same readings.
+  constexpr std::int64_t kInterval = 200'000'000;  // --watch 0.2
+  const SlaPolicy watched{std::chrono::seconds(600), 0.75, std::chrono::nanoseconds(kInterval)};
+  const auto lib = library_view(*f.store, watched, {kSec, kSec + kInterval, kSec + 2 * kInterval});
+  lanebus::test::Child c({f.tool, "stats", f.store_dir, "--json", "--watch", "0.2", "--sla", "600"});
+  REQUIRE(c.started());
+  for (std::size_t reading = 0; reading < lib.size(); ++reading) {
+    CAPTURE(reading);
+    std::string error;
+    auto j = lanebus::test::parse_json(c.read_line(), &error);
+    REQUIRE_MESSAGE(j, error);
+    const Json& t = (*j)["topics"][0];
+    for (const char* name : {"billing", "audit", "ledger"}) {
+      CAPTURE(name);
+      const Json* g = group(t, name);
+      REQUIRE(g);
+      const GroupMetrics* lg = lib[reading].find_group("orders", name);
+      REQUIRE(lg);
+      REQUIRE(lg->sla);
+      CHECK(sla_state(*g) == to_string(lg->sla->state));
+      CHECK((*g)["stalled"].boolean() == lg->stalled);
+      CHECK((*g)["lag"].num() == static_cast<double>(lg->lag));
+    }
+  }
+  CHECK(to_string(lib[0].find_group("orders", "audit")->sla->state) == std::string("unknown"));
+  CHECK(to_string(lib[1].find_group("orders", "audit")->sla->state) == std::string("ok"));
+  CHECK(to_string(lib[2].find_group("orders", "audit")->sla->state) == std::string("at_risk"));
+  CHECK(to_string(lib[2].find_group("orders", "ledger")->sla->state) == std::string("ok"));
+  c.signal(SIGINT);
+  CHECK(c.wait() == 0);
 }

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Transactional consume (SPEC §4): handler writes, outbox publishes, the dedup
+// Transactional consume (doc/idempotency.md): handler writes, outbox publishes, the dedup
 // record and the ack commit together — including under kill -9 at random
 // moments, with real processes.
 #include <doctest/doctest.h>

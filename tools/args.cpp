@@ -3,6 +3,7 @@
 #include "args.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -15,6 +16,16 @@ bool parse_u64(const char* s, std::uint64_t* out) {
   char* end = nullptr;
   unsigned long long v = std::strtoull(s, &end, 10);
   if (errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool parse_seconds(const char* s, double* out) {
+  if (s == nullptr || *s == '\0') return false;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (errno != 0 || *end != '\0' || !(v > 0) || !std::isfinite(v)) return false;
   *out = v;
   return true;
 }

@@ -13,6 +13,9 @@ namespace lanebus::tool {
 /// A decimal u64 with nothing else around it ("" / "-1" / "12x" are refused).
 bool parse_u64(const char* s, std::uint64_t* out);
 
+/// A finite number of seconds > 0, fractions allowed ("0.5"; "" / "0" / "-1" / "1s" / "inf" are refused).
+bool parse_seconds(const char* s, double* out);
+
 /// `lanebus tail DIR TOPIC [--from ...] [--lane N] [--count N]`.
 struct TailArgs {
   std::string dir, topic;

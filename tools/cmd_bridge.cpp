@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // `lanebus bridge DIR --nats URL --out TOPIC=SUBJECT[@STREAM]... --in STREAM:CONSUMER=TOPIC...`:
-// a standalone bridge process on a store the application shares (issue 13).
+// a standalone bridge process on a store the application shares.
 // Stops cleanly on SIGTERM / SIGINT; prints a progress line every --progress-ms.
 #include <signal.h>
 

@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // `lanebus dlq list|show|replay|archive|purge|audit|stats DIR ...`: review the
-// dead-letter queue of a durable store (issue 4). Reads open the store
+// dead-letter queue of a durable store. Reads open the store
 // read-only; mutations open it read-write (alongside a live process) and are
 // audited under the --operator name.
 #include <cinttypes>

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "durable_store.hpp"
 #include "lanebus/metrics_server.hpp"
@@ -38,16 +39,6 @@ void serve_usage(std::FILE* out) {
                "with lanebus::MetricsServer in that process). Opens the store read-only. The first line\n"
                "on stdout names the URL. Exit status: 0 after a signal, 1 when the store cannot be read\n"
                "or the address cannot be bound, 2 for a usage error.\n");
-}
-
-bool parse_seconds(const char* s, double* out) {
-  if (s == nullptr || *s == '\0') return false;
-  errno = 0;
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  if (errno != 0 || *end != '\0' || !(v > 0) || !std::isfinite(v)) return false;
-  *out = v;
-  return true;
 }
 
 std::chrono::nanoseconds to_ns(double s) { return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9)); }

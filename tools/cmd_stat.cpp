@@ -40,7 +40,7 @@ int cmd_stat(int argc, char** argv) {
     stat_usage(stderr);
     return 2;
   }
-  // The reads run in a child: a damaged LMDB page kills it, not the tool (issue 10).
+  // The reads run in a child: a damaged LMDB page kills it, not the tool.
   return run_guarded("stat", argv[1], [&] { return stat_main(argv[1]); });
 }
 

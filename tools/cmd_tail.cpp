@@ -63,7 +63,7 @@ int cmd_tail(int argc, char** argv) {
     tail_usage(stderr);
     return 2;
   }
-  // The reads run in a child: a damaged LMDB page kills it, not the tool (issue 10).
+  // The reads run in a child: a damaged LMDB page kills it, not the tool.
   return run_guarded("tail", args.dir, [&] { return tail_main(args); });
 }
 

@@ -7,29 +7,29 @@
 namespace lanebus::tool {
 
 /// `lanebus bridge DIR --nats URL --out TOPIC=SUBJECT[@STREAM]... --in STREAM:CONSUMER=TOPIC...`:
-/// mirror durable topics to and from NATS JetStream (issue 13; built when libnats is found).
+/// mirror durable topics to and from NATS JetStream (built when libnats is found).
 int cmd_bridge(int argc, char** argv);
 
-/// `lanebus dlq list|show|replay|archive|purge|audit|stats DIR ...`: review the dead-letter queue (issue 4).
+/// `lanebus dlq list|show|replay|archive|purge|audit|stats DIR ...`: review the dead-letter queue.
 int cmd_dlq(int argc, char** argv);
 
 /// `lanebus leases PATH`: list the leases of a lease table segment.
 int cmd_leases(int argc, char** argv);
 
-/// `lanebus serve DIR [--listen HOST:PORT] [--sla SECONDS]`: serve a store's metrics over HTTP (issue 14).
+/// `lanebus serve DIR [--listen HOST:PORT] [--sla SECONDS]`: serve a store's metrics over HTTP.
 int cmd_serve(int argc, char** argv);
 
 /// `lanebus stat DIR`: topics, lanes, offsets, groups and lag of a durable store.
 int cmd_stat(int argc, char** argv);
 
 /// `lanebus stats DIR [--json|--prom] [--watch SECONDS] [--sla SECONDS]`: lag, oldest
-/// unprocessed age, rates and drain time of a live durable store (issue 6).
+/// unprocessed age, rates and drain time of a live durable store.
 int cmd_stats(int argc, char** argv);
 
 /// `lanebus tail DIR TOPIC [--from ...] [--lane N] [--count N]`: print stored messages.
 int cmd_tail(int argc, char** argv);
 
-/// `lanebus verify DIR [--quiet] [--progress N]`: walk every page and record; exit 1 on damage (issue 10).
+/// `lanebus verify DIR [--quiet] [--progress N]`: walk every page and record; exit 1 on damage.
 int cmd_verify(int argc, char** argv);
 
 }  // namespace lanebus::tool

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Running a command's store reads in a child process (issue 10): LMDB does not
+// Running a command's store reads in a child process: LMDB does not
 // checksum its pages, and a damaged branch page can make it read outside the
 // map. The child dies then, and the tool reports Corruption instead of crashing.
 #pragma once

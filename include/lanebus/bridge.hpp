@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Bridge (SPEC §10): mirrors durable topics to and from NATS JetStream, with
+// Bridge (doc/bridge.md): mirrors durable topics to and from NATS JetStream, with
 // at-least-once delivery, per-key order and message ids for broker-side dedup.
 // Built only when libnats (nats.c) is found (Meson option `nats`).
 #pragma once

@@ -233,7 +233,7 @@ class LANEBUS_API Bus {
   /// group in this bus), ShutDown, storage codes.
   Status seek(const Topic& topic, std::string_view group, const StartPosition& position);
 
-  /// The idempotency table of `scope` (SPEC §4), created on first use and
+  /// The idempotency table of `scope` (doc/idempotency.md), created on first use and
   /// kept in the bus's store (durable tier) behind an in-memory hot tier.
   /// Later calls with the same scope return the same table (their options
   /// are ignored). Valid while the Bus lives.

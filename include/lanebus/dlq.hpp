@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The dead-letter queue of SPEC §5: what a DLQ entry keeps, how failures are
+// The dead-letter queue (doc/dlq.md): what a DLQ entry keeps, how failures are
 // classified (transient / permanent / poison), the review filters, the audit
 // record, DLQ retention and quota, and the DLQ counters.
 #pragma once
@@ -18,7 +18,7 @@
 
 namespace lanebus {
 
-/// Why a message is in the DLQ, decided once, when it arrives (SPEC §5).
+/// Why a message is in the DLQ, decided once, when it arrives (doc/dlq.md).
 enum class ErrorClass : std::uint8_t {
   /// The retry budget ran out on retry()/timeouts (an unavailable dependency).
   /// Replayed automatically after a cool-down (DlqOptions::transient_cooldown).
@@ -48,7 +48,7 @@ LANEBUS_API const char* to_string(DlqState s) noexcept;
 LANEBUS_API std::optional<ErrorClass> parse_error_class(std::string_view text) noexcept;
 LANEBUS_API std::optional<DlqState> parse_dlq_state(std::string_view text) noexcept;
 
-/// Decide the class of a message that leaves the normal flow (SPEC §5, issue 4).
+/// Decide the class of a message that leaves the normal flow (doc/dlq.md).
 ///
 /// - `last`: the kind of the last outcome a handler returned (Retry also stands
 ///   for a caught exception and for a timed-out attempt). REQUIRES: not Ack.
@@ -154,7 +154,7 @@ struct DlqAuditRecord {
   std::vector<std::uint64_t> ids;  ///< Which entries (sorted, unique).
 };
 
-/// What to do when an add would exceed the DLQ quota (RELIABILITY R13).
+/// What to do when an add would exceed the DLQ quota (doc/dlq.md).
 enum class DlqOverflow : std::uint8_t {
   /// add fails with QuotaExceeded and nothing changes; the Bus keeps the
   /// message in its queue (backpressure) and counts the refusal.
@@ -166,7 +166,7 @@ enum class DlqOverflow : std::uint8_t {
 
 /// DLQ settings, per store. Plain struct; every field has a default.
 struct DlqOptions {
-  // ---- retention (its own setting, SPEC §5; applied by expire()) ----
+  // ---- retention (its own setting, doc/dlq.md; applied by expire()) ----
   /// Delete entries (any state) that arrived longer ago than this. Default
   /// 14 days (usually longer than a topic's retention); 0 = keep.
   std::chrono::milliseconds retention_max_age{std::chrono::hours(24 * 14)};
@@ -176,7 +176,7 @@ struct DlqOptions {
   /// Default 4096. Must be > 0.
   std::uint32_t expire_batch = 4096;
 
-  // ---- quota (applied on every add; RELIABILITY R13) ----
+  // ---- quota (applied on every add) ----
   /// Most entries held (0 = no limit). Default 1,000,000.
   std::uint64_t max_entries = 1'000'000;
   /// Most bytes of encoded entries held (0 = no limit). Default 1 GiB.
@@ -222,7 +222,7 @@ struct Access;
 class BusCore;
 }  // namespace detail
 
-/// The bus's dead-letter queue, for review (SPEC §5): list, show, replay,
+/// The bus's dead-letter queue, for review (doc/dlq.md): list, show, replay,
 /// archive, purge, audit, counters — the same operations as `lanebus dlq`.
 /// Obtained from Bus::dead_letters(); valid while the Bus lives. Every
 /// mutation validates all ids first (nothing changes on any error) and

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Options of the durable layer (SPEC §3): where and how messages are stored in
+// Options of the durable layer (doc/durable.md): where and how messages are stored in
 // LMDB, how long they are kept, and where a consumer group starts reading.
 #pragma once
 

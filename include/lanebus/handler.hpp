@@ -16,7 +16,7 @@ namespace lanebus {
 /// - ack: done; the group moves past the message.
 /// - retry(reason): a transient failure; the same message is delivered again
 ///   (before any later message of its lane) until the group's max_attempts,
-///   then it counts as failed (and, once the DLQ lands, goes there).
+///   then it counts as failed and goes to the DLQ (with a store; doc/dlq.md).
 /// - reject(reason): a permanent failure; never retried.
 ///
 /// The reason is copied (truncated to kMaxReason bytes), so building an

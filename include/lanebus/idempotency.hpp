@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Idempotency tables (SPEC §4): claim / complete / status / release of a
+// Idempotency tables (doc/idempotency.md): claim / complete / status / release of a
 // stable business key, atomic across threads and processes sharing a store.
 #pragma once
 

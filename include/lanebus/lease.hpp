@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // LeaseTable: leases with fencing tokens in a shared-memory segment used by every
-// process on the machine (SPEC §6). LeaseOwner, Lease, LeaseInfo, LeaseGuard.
+// process on the machine (doc/leases.md). LeaseOwner, Lease, LeaseInfo, LeaseGuard.
 #pragma once
 
 #include <atomic>
@@ -56,7 +56,7 @@ class LeaseTableImpl;
 //   LeaseTableOptions::lock_timeout (a SIGSTOPped process inside an operation
 //   stalls others only up to that bound, then they get Busy).
 //
-// Names follow SPEC §1 with '/' also allowed as a separator: segments of
+// Names follow the naming rule of doc/topics.md with '/' also allowed as a separator: segments of
 // [a-z0-9_-], separated by '.' or '/', at most kMaxLeaseNameBytes bytes.
 
 /// Longest lease name, in bytes.

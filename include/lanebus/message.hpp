@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The message header of SPEC §1, the outgoing message a publisher fills in, and
+// The message header (stored form: doc/storage-format.md), the outgoing message a publisher fills in, and
 // MessageView, the non-owning view a handler receives.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace detail {
 struct Access;
 }  // namespace detail
 
-/// The fixed-size part of every message header (SPEC §1). The variable parts
+/// The fixed-size part of every message header. The variable parts
 /// (key, idempotency key) travel next to it. The same struct is stored by the
 /// durable layer, so its fields are plain integers with fixed meaning.
 struct MessageHeader {
@@ -24,7 +24,7 @@ struct MessageHeader {
   std::int64_t created_at_ns = 0;
   /// Free for the application: ties a message to the request that caused it. 0 = none.
   std::uint64_t correlation_id = 0;
-  /// Fencing token of the lease the publisher held (SPEC §6). 0 = none.
+  /// Fencing token of the lease the publisher held (doc/leases.md). 0 = none.
   std::uint64_t fencing_token = 0;
   /// Delivery attempt, starting at 1 for the first delivery to a group.
   std::uint32_t attempt = 0;
@@ -43,7 +43,7 @@ struct OutgoingMessage {
   std::string_view key{};
   /// The payload bytes. Must not be empty.
   std::string_view payload{};
-  /// The stable business key used for deduplication (SPEC §4). Optional.
+  /// The stable business key used for deduplication (doc/idempotency.md). Optional.
   std::string_view idempotency_key{};
   std::uint64_t correlation_id = 0;
   std::uint64_t fencing_token = 0;

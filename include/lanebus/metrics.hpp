@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Observability (SPEC §7): rates, lag, drain time, latency quantiles, per-lane
+// Observability (doc/observability.md): rates, lag, drain time, latency quantiles, per-lane
 // load and an SLA evaluator, computed on read from BusStats counter snapshots;
 // export as Prometheus text exposition and JSON.
 #pragma once
@@ -28,8 +28,8 @@ class Bus;
 struct SlaPolicy {
   /// The promised end-to-end time. Default 60 s. Must be > 0.
   std::chrono::nanoseconds sla{std::chrono::seconds(60)};
-  /// Page when the projected time reaches this fraction of `sla` (the
-  /// reference pages at 75 %: 45 s of a 60 s SLA). Default 0.75. In (0, 1].
+  /// Page when the projected time reaches this fraction of `sla` (75 %:
+  /// 45 s of a 60 s SLA). Default 0.75. In (0, 1].
   double page_fraction = 0.75;
   /// How long the risk condition must hold, seen at every sample, before the
   /// state becomes AtRisk: a lag blip that clears within it is not a page.
@@ -59,7 +59,9 @@ LANEBUS_API const char* to_string(SlaState state) noexcept;
 /// The instant classification, without hold: Breached when
 /// oldest_age_seconds >= sla; AtRisk when projected_seconds >= page_fraction *
 /// sla (+infinity counts); else Ok. projected_seconds is oldest age + drain
-/// time. Pure function, for tests and for tools that keep their own history.
+/// time. Pure function: the one SLA rule, which MetricsWindow applies at every
+/// sample before its hold (so `lanebus stats` and `lanebus serve`, which feed a
+/// MetricsWindow from the store, judge by it too).
 LANEBUS_API SlaState classify_sla(const SlaPolicy& policy, double oldest_age_seconds,
                                   double projected_seconds) noexcept;
 
@@ -110,9 +112,9 @@ struct SlaReport {
 // ---------------------------------------------------------------- snapshots
 
 /// Dead-letter queue metrics. The DLQ is kept per store (one per bus), so the
-/// bus-wide value is MetricsSnapshot::dlq; GroupMetrics::dlq stays
-/// unavailable (its fields nullopt, never a made-up zero) until the DLQ keeps
-/// per-group counters. A bus without a store has no DLQ (available = false).
+/// bus-wide value is MetricsSnapshot::dlq; GroupMetrics::dlq is unavailable
+/// (its fields nullopt, never a made-up zero): the DLQ keeps no per-group
+/// counters. A bus without a store has no DLQ (available = false).
 struct DlqMetrics {
   bool available = false;
   std::optional<std::uint64_t> depth;         ///< Messages in the DLQ.

@@ -14,7 +14,7 @@ namespace lanebus {
 
 class LeaseTable;
 
-/// What publish does when a topic has no free message slot (SPEC §2).
+/// What publish does when a topic has no free message slot (doc/topics.md).
 enum class Backpressure : std::uint8_t {
   /// Wait up to TopicOptions::block_timeout for room, then fail with TimedOut.
   Block,
@@ -47,7 +47,7 @@ struct TopicOptions {
   /// Most consumer groups the topic can have at once. Default 16.
   std::uint32_t max_groups = 16;
 
-  // ---- durability (SPEC §3) ----
+  // ---- durability (doc/durable.md) ----
   /// Store every message in the bus's LMDB store (BusOptions::store) before
   /// publish reports success. Requires a bus opened with a store directory.
   /// capacity, slot_bytes and backpressure do not apply (the store's
@@ -55,7 +55,7 @@ struct TopicOptions {
   bool durable = false;
   /// Retention of a durable topic's log (age, bytes, count per lane; 0 = keep).
   RetentionOptions retention{};
-  /// Fence the durable topic by this lease name (SPEC §6), "" = not fenced.
+  /// Fence the durable topic by this lease name (doc/leases.md), "" = not fenced.
   /// Every publish must then carry OutgoingMessage::fencing_token: a token
   /// below the topic's high-water is refused with StaleToken; an equal one is
   /// accepted (a repeat of an idempotency key in the same generation is
@@ -71,7 +71,7 @@ struct TopicOptions {
 
 /// Per consumer group (topic subscription) or queue consumer set.
 struct GroupOptions {
-  // ---- retry policy (SPEC §5) ----
+  // ---- retry policy (doc/retries.md) ----
   /// Deliveries of one message before it counts as failed (retry outcomes and
   /// handler exceptions both use attempts). Default 3. Minimum 1.
   std::uint32_t max_attempts = 3;
@@ -107,7 +107,7 @@ struct GroupOptions {
   /// Default 0 = no budget.
   std::chrono::milliseconds attempt_timeout{0};
 
-  /// Per-key retry without head-of-line blocking (SPEC §5). false (default):
+  /// Per-key retry without head-of-line blocking (doc/retries.md). false (default):
   /// a message waiting out its retry backoff holds back its whole lane.
   /// true: it holds back only the later messages of its own key; the other
   /// keys of the lane keep flowing. The held key's later messages are set
@@ -156,7 +156,7 @@ struct BusOptions {
   /// before abandoning them. Default 5 s.
   std::chrono::milliseconds close_timeout{5000};
   /// Record end-to-end latency histograms and the age of the oldest
-  /// unprocessed message per group and lane (SPEC §7). Costs one clock read
+  /// unprocessed message per group and lane (doc/observability.md). Costs one clock read
   /// and a few relaxed stores per message. Default true.
   bool metrics = true;
   /// Most topics and queues the bus can hold. Default 1024.
@@ -164,7 +164,7 @@ struct BusOptions {
   /// Most consumers (subscriptions) one group can have at once. Default 64.
   std::uint32_t max_consumers_per_group = 64;
 
-  // ---- durable store (SPEC §3) ----
+  // ---- durable store (doc/durable.md) ----
   /// The LMDB store for durable topics and queues. An empty
   /// store.directory (the default) means an in-memory bus: creating a durable
   /// topic then fails with InvalidArgument.
@@ -173,7 +173,7 @@ struct BusOptions {
   /// (TopicOptions::fence). Must outlive the Bus. nullptr: every barrier is
   /// refused with FenceViolation. Default nullptr.
   LeaseTable* lease_table = nullptr;
-  /// The dead-letter queue kept in the store (SPEC §5): where messages go
+  /// The dead-letter queue kept in the store (doc/dlq.md): where messages go
   /// that were rejected or used up max_attempts (or crashed their consumer
   /// poison_after_crashes times), its retention, quota and the cool-down of
   /// automatic transient replay. Without a store, failures are only counted.

@@ -61,6 +61,11 @@ struct LaneCounters {
   std::uint64_t skipped = 0;    ///< Durable: messages deleted by retention before the group read them.
   std::uint64_t in_flight = 0;  ///< Gauge: queued for the group in this lane (ephemeral), or
                                 ///< stored and not yet consumed (durable: lag in messages).
+  /// Gauges of durable queues, read from the store (any process's claims): messages claimed and not
+  /// yet acked, and of those the claims past their deadline (a consumer died with them, or a handler
+  /// overran attempt_timeout and its claim was ended). 0 for other lanes.
+  std::uint64_t claimed = 0;
+  std::uint64_t overdue = 0;
 };
 
 struct GroupStats {

@@ -19,13 +19,13 @@ enum class Code : std::uint8_t {
   Ok = 0,
   // --- arguments ---
   InvalidArgument,  ///< A parameter is out of range or malformed (empty payload, zero lanes, ...).
-  InvalidName,      ///< A topic, queue, group or lease name breaks the naming rule (SPEC §1).
+  InvalidName,      ///< A topic, queue, group or lease name breaks the naming rule (doc/topics.md).
   PayloadTooLarge,  ///< Key + idempotency key + payload do not fit the topic's slot size.
   Conflict,         ///< The name exists with different settings (e.g. another lane count).
   // --- flow ---
   WouldBlock,     ///< A try_ call found no room (fail-fast backpressure); nothing was published.
   TimedOut,       ///< A blocking call waited its whole timeout; nothing was published.
-  QuotaExceeded,  ///< A namespace quota refused the call (SPEC §8).
+  QuotaExceeded,  ///< A quota refused the call (the message names it).
   // --- lifecycle ---
   ShutDown,  ///< The Bus (or table) is shut down or shutting down.
   NotFound,  ///< No topic, group, lease or entry by that name or id.

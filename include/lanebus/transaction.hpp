@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Transactional consume (SPEC §4): a handler's own LMDB writes, its outbox
+// Transactional consume (doc/idempotency.md): a handler's own LMDB writes, its outbox
 // publishes, the dedup record and the ack commit in one transaction.
 #pragma once
 
