@@ -23,6 +23,7 @@
 #include "durable_store.hpp"
 #include "exposition.hpp"
 #include "lanebus/metrics.hpp"
+#include "store_stats.hpp"
 
 namespace lanebus::tool {
 namespace {
@@ -659,15 +660,24 @@ int cmd_stats(int argc, char** argv) {
       return 1;
     }
     View v = derive(*cur, prev ? &*prev : nullptr, sla, prev_risk);
+    // Bridges' status records (lib/store_stats.hpp, doc/bridge.md): their state and counters.
+    const std::int64_t bridges_now = wall_now();
+    auto bridges = detail::read_bridge_status(**store, bridges_now);
+    if (!bridges.ok()) bridges = std::vector<BridgeStats>{};
     switch (format) {
       case Format::Table:
         if (watch && tty) std::printf("\x1b[H\x1b[2J");  // home + clear: redraw in place
         print_table(dir, v, sla);
+        std::fputs(detail::bridge_status_text(*bridges, bridges_now).c_str(), stdout);
         if (watch) std::printf(tty ? "\n(every %gs; Ctrl-C to quit)\n" : "\n", *watch);
         break;
-      case Format::Json:
-        std::printf("%s\n", to_json_doc(dir, v, sla).c_str());
+      case Format::Json: {
+        std::string doc = to_json_doc(dir, v, sla);
+        if (!bridges->empty() && !doc.empty() && doc.back() == '}')  // one more member: "bridges"
+          doc.insert(doc.size() - 1, ",\"bridges\":" + detail::bridges_json(*bridges, bridges_now));
+        std::printf("%s\n", doc.c_str());
         break;
+      }
       case Format::Prom:
         std::printf("%s%s", prev ? "\n" : "", to_prom_doc(v, sla).c_str());
         break;

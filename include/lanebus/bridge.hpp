@@ -89,6 +89,14 @@ struct BridgeOptions {
   /// mirror_in: how long the record "stream sequence S was stored" is kept;
   /// a redelivery after that would be stored again. Default 7 days.
   std::chrono::milliseconds dedup_retention{std::chrono::hours(24 * 7)};
+
+  // ---- status record ----
+  /// How often the bridge writes its state and counters to the store (and at
+  /// each state change), under its `name`: `lanebus stats` and `lanebus serve`
+  /// of other processes show them, and mark them stale when they stop
+  /// changing. Bridges sharing a store need distinct names. 0 = never.
+  /// Default 1 s.
+  std::chrono::milliseconds status_interval{1000};
 };
 
 /// Per mirror_out call.
