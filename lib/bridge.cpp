@@ -28,10 +28,10 @@
 // 1. Out: the handler returns ack only after a PubAck for that message.
 // 2. In: natsMsg_Ack runs only after the commit that stored (or found) the
 //    message's sequence record.
-// 4. In, limits-retention streams: messages are stored in stream-sequence
-//    order; the mark W only grows, in the commit that stores sequence W.
 // 3. The connection outlives every handler call and in-thread: close() closes
 //    subscriptions and joins threads before it closes the connection.
+// 4. In, limits-retention streams: messages are stored in stream-sequence
+//    order; the mark W only grows, in the commit that stores sequence W.
 #include "lanebus/bridge.hpp"
 
 #include <nats/nats.h>
