@@ -847,7 +847,8 @@ std::string to_prometheus(const MetricsSnapshot& s) {
              "Bridge connection state as a state set: 1 for the current state (connected, retrying, failed).");
     for (const BridgeStats& b : s.bridges)
       for (BridgeState st : {BridgeState::Connected, BridgeState::Retrying, BridgeState::Failed})
-        w.sample_u64("lanebus_bridge_state", {{"bridge", b.name}, {"state", to_string(st)}}, b.state == st ? 1 : 0);
+        w.sample_u64("lanebus_bridge_state", {{"bridge", b.name}, {"state", to_string(st)}},
+                     b.state == st && !b.stopped ? 1 : 0);  // a stopped bridge (status record): none
     struct Counter {
       const char* name;
       const char* type;

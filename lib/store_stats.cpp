@@ -275,7 +275,7 @@ std::string bridges_json(const std::vector<BridgeStats>& bridges, std::int64_t n
   for (const BridgeStats& b : bridges) {
     j.begin_object();
     j.key("name"); j.string(b.name);
-    j.key("state"); j.string(to_string(b.state));
+    j.key("state"); j.string(b.stopped ? "stopped" : to_string(b.state));
     j.key("last_error"); j.string(b.last_error);
     j.key("last_error_ns"); j.i64(b.last_error_ns);
     j.key("reconnects"); j.u64(b.reconnects);

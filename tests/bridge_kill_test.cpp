@@ -358,6 +358,7 @@ TEST_CASE("lanebus stats from another process shows the bridge's status record; 
     }
     CHECK(c.wait() == 0);
     const std::string json = run_stats(tool, dir, {"--json"});
+    CHECK_MESSAGE(json.find("\"name\":\"edge-1\",\"state\":\"stopped\"") != std::string::npos, json);
     CHECK_MESSAGE(json.find("\"stopped\":true,\"stale\":false") != std::string::npos, json);
     CHECK(!out_mirror(json).empty());  // counters count from the process start: nothing new to send here
     const std::string text = run_stats(tool, dir, {});
