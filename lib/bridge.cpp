@@ -15,6 +15,11 @@
 //   "stream sequence S was stored" (scope bridge-in.<stream>.<consumer>); only
 //   after that commit are the messages acked. A crash between commit and ack
 //   redelivers messages whose record exists: they are acked, not stored again.
+//   Order: the same commit keeps the mark "stored through sequence W"; a
+//   message is stored only while every delivery of the consumer was seen in
+//   order, else the consumer is rewound to W + 1 (see run_in).
+// - Status: a record of state and counters in the store (store_stats.hpp),
+//   rewritten every status_interval and at each state change.
 // - Connection: nats.c reconnects for ever (MaxReconnect -1). A server that is
 //   down at open is retried the same way (RetryOnFailedConnect), but the first
 //   attempt is made without it so that a refused login is reported at open.
@@ -25,6 +30,8 @@
 //    message's sequence record.
 // 3. The connection outlives every handler call and in-thread: close() closes
 //    subscriptions and joins threads before it closes the connection.
+// 4. In, limits-retention streams: messages are stored in stream-sequence
+//    order; the mark W only grows, in the commit that stores sequence W.
 #include "lanebus/bridge.hpp"
 
 #include <nats/nats.h>
@@ -39,10 +46,13 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 #include "access.hpp"
 #include "bus_impl.hpp"
 #include "idempotency.hpp"
 #include "names.hpp"
+#include "store_stats.hpp"
 
 namespace lanebus {
 namespace detail {
@@ -270,9 +280,17 @@ struct InMirror {
   std::string stream;
   std::string consumer;
   IdempotencyImpl* seen = nullptr;
-  natsSubscription* sub = nullptr;  // owned by the in-thread
+  std::string mark_key;  // user-table key of the mark "stored through stream sequence W"
+  // Owned by the in-thread (and by mirror_in before the thread starts):
+  natsSubscription* sub = nullptr;
+  bool mark_loaded = false;
+  bool have_mark = false;            // a mark is in the store (this mirror stored before)
+  std::uint64_t stored_through = 0;  // W: every sequence <= W is stored (or was acked before the mirror began)
+  bool guard = true;                 // order guard on: the stream has limits retention (rewinds are safe)
+  std::uint64_t next_dseq = 1;       // E: the consumer sequence of the next delivery
+  bool rewind = false;               // re-create the consumer at W + 1 before the next fetch
   std::thread thread;
-  std::atomic<std::uint64_t> acked{0}, duplicates{0}, redelivered{0}, stored{0}, pending{0};
+  std::atomic<std::uint64_t> acked{0}, duplicates{0}, redelivered{0}, stored{0}, pending{0}, rewinds{0};
 };
 
 class BridgeImpl {
@@ -318,6 +336,18 @@ class BridgeImpl {
   /// not be created. Other codes: could not tell (server unreachable).
   Status ensure_stream(OutMirror& m);
   Status bind_in(InMirror& m);
+  /// The status record (store_stats.hpp): written every status_interval and
+  /// at each state change by status_thread_, and once more by close().
+  void run_status();
+  void write_status(bool stopped);
+  BridgeState current_state() const {
+    return failed_.load(std::memory_order_acquire) ? BridgeState::Failed
+           : connected()                             ? BridgeState::Connected
+                                                     : BridgeState::Retrying;
+  }
+  Status load_mark(InMirror& m);
+  /// Re-create m's consumer (same configuration) delivering from `start`; see run_in.
+  Status rewind_in(InMirror& m, std::uint64_t start);
   void run_in(InMirror* m);
   bool connected() const { return nc_ != nullptr && natsConnection_Status(nc_) == NATS_CONN_STATUS_CONNECTED; }
   void note_error(std::string_view what, bool fatal) {
@@ -352,6 +382,7 @@ class BridgeImpl {
   bool stopping_ = false;   // guarded by stop_mu_
   bool closed_cb_ = false;  // guarded by stop_mu_: on_closed ran
   std::atomic<bool> closing_{false};
+  std::thread status_thread_;
 
   mutable std::mutex err_mu_;
   std::string last_error_;
@@ -467,7 +498,43 @@ Status BridgeImpl::open() {
   st = natsConnection_JetStream(&js_, nc_, &jo);
   if (st != NATS_OK) return fail(st, "JetStream context");
   stats_id_ = core_->add_bridge_stats([this](const BusStats& bs) { return snapshot(bs); });
+  if (options_.status_interval.count() > 0) status_thread_ = std::thread([this] { run_status(); });
   return Status();
+}
+
+void BridgeImpl::write_status(bool stopped) {
+  const BusStats bs = core_->stats();
+  const BridgeStats b = snapshot(bs);
+  std::string value = encode_bridge_status(b, static_cast<std::uint32_t>(::getpid()), options_.status_interval.count(),
+                                           now_ns(), stopped);
+  std::string key = bridge_status_key(options_.name);
+  auto put = [key, value](StoreTxn& t) -> Status { return t.put(StoreTable::User, key, value); };
+  if (stopped) {
+    (void)core_->store()->write(put);  // the last word: synchronous
+  } else {
+    // Batched into the writer's next transaction; a failure shows as a stale record.
+    (void)core_->store()->write_async(put, [](const Status&) {});
+  }
+}
+
+void BridgeImpl::run_status() {
+  const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(options_.status_interval);
+  const auto poll = std::min<std::chrono::steady_clock::duration>(interval, std::chrono::milliseconds(100));
+  auto last_write = std::chrono::steady_clock::time_point::min();
+  int last_state = -1;
+  std::unique_lock<std::mutex> l(stop_mu_);
+  while (!stopping_) {
+    l.unlock();
+    const int state = static_cast<int>(current_state());
+    const auto now = std::chrono::steady_clock::now();
+    if (state != last_state || now - last_write >= interval) {
+      write_status(false);
+      last_write = now;
+      last_state = state;
+    }
+    l.lock();
+    stop_cv_.wait_for(l, poll, [&] { return stopping_; });
+  }
 }
 
 Status BridgeImpl::ensure_stream(OutMirror& m) {
@@ -770,39 +837,182 @@ Status BridgeImpl::mirror_out(const Topic& topic, TopicImpl* t, std::string_view
   return Status();
 }
 
-Status BridgeImpl::bind_in(InMirror& m) {
+namespace {
+
+std::string le64(std::uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+std::uint64_t from_le64(std::string_view s) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8 && i < s.size(); ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i])) << (8 * i);
+  return v;
+}
+
+/// The consumer the bridge creates: explicit ack, at most one fetch unacked.
+/// start > 0: deliver from that stream sequence; else deliver all.
+void default_consumer_config(jsConsumerConfig& cc, const InMirror& m, const BridgeOptions& o, std::uint64_t start) {
+  jsConsumerConfig_Init(&cc);
+  cc.Durable = m.consumer.c_str();
+  cc.AckPolicy = js_AckExplicit;
+  cc.DeliverPolicy = start > 0 ? js_DeliverByStartSequence : js_DeliverAll;
+  cc.OptStartSeq = start;
+  cc.AckWait = ms_to_ns(o.ack_wait);
+  cc.MaxAckPending = static_cast<int64_t>(o.fetch_batch);
+}
+
+}  // namespace
+
+// In-direction order (doc/bridge.md, "In: per-key order"). JetStream delivers
+// a consumer's messages the first time in stream-sequence order, and numbers
+// every delivery with a consumer sequence (dseq). A delivery the bridge never
+// saw (taken by a pull request of a killed bridge process, or lost in the
+// socket when the server died) is redelivered only after ack_wait, behind
+// newer messages. So the in-thread stores a message only while it has seen
+// every delivery since the consumer was bound (dseq == E, the next expected),
+// and keeps the mark W ("every sequence <= W is stored") in the same commit.
+// Anything else (a dseq gap, an unknown redelivery, a failed commit) rewinds:
+// the consumer is deleted and re-created with the same configuration and
+// DeliverByStartSequence W + 1, and the thread subscribes afresh. A bind of a
+// consumer with unacked deliveries or a waiting pull request (a killed
+// bridge's) rewinds the same way, so after a restart the stream is stored in
+// sequence order from W + 1. Rewinds delete the consumer, which is safe only
+// on a stream with limits retention; on interest or work-queue streams the
+// guard is off (order after a crash is then best effort; no loss, no duplicate).
+
+Status BridgeImpl::load_mark(InMirror& m) {
+  if (m.mark_loaded) return Status();
+  std::uint64_t w = 0;
+  bool have = false;
+  Status s = core_->store()->read([&](StoreTxn& t) -> Status {
+    auto v = t.get(StoreTable::User, m.mark_key);
+    if (v.ok()) {
+      have = true;
+      w = from_le64(*v);
+      return Status();
+    }
+    return v.code() == Code::NotFound ? Status() : v.status();
+  });
+  if (!s.ok()) return s;
+  m.have_mark = have;
+  m.stored_through = w;
+  m.mark_loaded = true;
+  return Status();
+}
+
+Status BridgeImpl::rewind_in(InMirror& m, std::uint64_t start) {
+  if (m.sub != nullptr) {  // deliveries of the old consumer queued here are dropped with it
+    natsSubscription_Destroy(m.sub);
+    m.sub = nullptr;
+  }
+  start = std::max<std::uint64_t>(start, 1);
   jsConsumerInfo* ci = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = js_GetConsumerInfo(&ci, js_, m.stream.c_str(), m.consumer.c_str(), nullptr, &jerr);
-  if (st == NATS_OK) {
-    jsConsumerInfo_Destroy(ci);
-  } else if (jerr == JSStreamNotFoundErr) {
-    return Status(Code::NotFound, "bridge: stream \"" + m.stream + "\" does not exist on the server");
-  } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
+  jsConsumerConfig cc;
+  if (st == NATS_OK && ci->Config != nullptr) {
+    cc = *ci->Config;  // the same configuration (filter, ack wait, ...), only the start moves
+    cc.DeliverPolicy = js_DeliverByStartSequence;
+    cc.OptStartSeq = start;
+    cc.OptStartTime = 0;
+    jerr = static_cast<jsErrCode>(0);
+    natsStatus ds = js_DeleteConsumer(js_, m.stream.c_str(), m.consumer.c_str(), nullptr, &jerr);
+    if (ds != NATS_OK && ds != NATS_NOT_FOUND && jerr != JSConsumerNotFoundErr) {
+      jsConsumerInfo_Destroy(ci);
+      return Status(Code::IOError, "bridge: rewinding consumer \"" + m.consumer + "\" of stream \"" + m.stream +
+                                       "\": delete: " + nats_text(ds, jerr));
+    }
+  } else if (st == NATS_OK || st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
+    if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
+    ci = nullptr;
     if (!options_.create_consumers)
       return Status(Code::NotFound, "bridge: consumer \"" + m.consumer + "\" of stream \"" + m.stream +
                                         "\" does not exist (BridgeOptions::create_consumers is false)");
-    jsConsumerConfig cc;
-    jsConsumerConfig_Init(&cc);
-    cc.Durable = m.consumer.c_str();
-    cc.AckPolicy = js_AckExplicit;
-    cc.DeliverPolicy = js_DeliverAll;
-    cc.AckWait = ms_to_ns(options_.ack_wait);
-    // At most one fetch unacknowledged: after a crash the server must redeliver
-    // the lost batch before anything newer, or per-key order would break.
-    cc.MaxAckPending = static_cast<int64_t>(options_.fetch_batch);
-    jerr = static_cast<jsErrCode>(0);
-    st = js_AddConsumer(&ci, js_, m.stream.c_str(), &cc, nullptr, &jerr);
-    if (st != NATS_OK) {
-      if (jerr == JSStreamNotFoundErr)
-        return Status(Code::NotFound, "bridge: stream \"" + m.stream + "\" does not exist on the server");
-      return Status(Code::IOError, "bridge: cannot create consumer \"" + m.consumer + "\" of stream \"" + m.stream +
-                                       "\": " + nats_text(st, jerr));
-    }
-    jsConsumerInfo_Destroy(ci);
+    default_consumer_config(cc, m, options_, start);
   } else {
     return Status(Code::IOError, "bridge: consumer \"" + m.consumer + "\" of stream \"" + m.stream +
                                      "\": cannot look it up: " + nats_text(st, jerr));
+  }
+  jsConsumerInfo* created = nullptr;
+  jerr = static_cast<jsErrCode>(0);
+  st = js_AddConsumer(&created, js_, m.stream.c_str(), &cc, nullptr, &jerr);
+  if (ci != nullptr) jsConsumerInfo_Destroy(ci);  // after the add: cc points into it
+  if (st != NATS_OK)
+    return Status(Code::IOError, "bridge: rewinding consumer \"" + m.consumer + "\" of stream \"" + m.stream +
+                                     "\" to sequence " + std::to_string(start) + ": " + nats_text(st, jerr));
+  jsConsumerInfo_Destroy(created);
+  m.next_dseq = 1;
+  // Relaxed: a statistic.
+  m.rewinds.fetch_add(1, std::memory_order_relaxed);
+  return Status();
+}
+
+Status BridgeImpl::bind_in(InMirror& m) {
+  if (Status s = load_mark(m); !s.ok()) return s;
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus st = js_GetStreamInfo(&si, js_, m.stream.c_str(), nullptr, &jerr);
+  if (st != NATS_OK) {
+    if (st == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr)
+      return Status(Code::NotFound, "bridge: stream \"" + m.stream + "\" does not exist on the server");
+    return Status(Code::IOError, "bridge: stream \"" + m.stream + "\": cannot look it up: " + nats_text(st, jerr));
+  }
+  m.guard = si->Config == nullptr || si->Config->Retention == js_LimitsPolicy;
+  jsStreamInfo_Destroy(si);
+
+  if (m.rewind && m.guard) {
+    m.rewind = false;
+    if (Status s = rewind_in(m, m.stored_through + 1); !s.ok()) {
+      m.rewind = true;
+      return s;
+    }
+  } else {
+    m.rewind = false;
+    jsConsumerInfo* ci = nullptr;
+    jerr = static_cast<jsErrCode>(0);
+    st = js_GetConsumerInfo(&ci, js_, m.stream.c_str(), m.consumer.c_str(), nullptr, &jerr);
+    if (st == NATS_OK) {
+      // Clean: nothing delivered and unacked, no pull request waiting (a killed
+      // bridge's), nothing delivered past the mark. Then the consumer's next
+      // delivery is the true next one and it is used as it is.
+      const bool clean = ci->NumAckPending == 0 && ci->NumWaiting == 0 &&
+                         (!m.have_mark || ci->Delivered.Stream <= m.stored_through);
+      const std::uint64_t delivered_dseq = ci->Delivered.Consumer, delivered_sseq = ci->Delivered.Stream;
+      const std::uint64_t ack_floor = ci->AckFloor.Stream;
+      jsConsumerInfo_Destroy(ci);
+      if (clean || !m.guard) {
+        m.next_dseq = delivered_dseq + 1;
+        if (!m.have_mark) m.stored_through = delivered_sseq;  // acked before this mirror began
+      } else {
+        // First bind without a mark: what was acked is the ack floor.
+        if (!m.have_mark) m.stored_through = ack_floor;
+        if (Status s = rewind_in(m, m.stored_through + 1); !s.ok()) return s;
+      }
+    } else if (jerr == JSStreamNotFoundErr) {
+      return Status(Code::NotFound, "bridge: stream \"" + m.stream + "\" does not exist on the server");
+    } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
+      if (!options_.create_consumers)
+        return Status(Code::NotFound, "bridge: consumer \"" + m.consumer + "\" of stream \"" + m.stream +
+                                          "\" does not exist (BridgeOptions::create_consumers is false)");
+      jsConsumerConfig cc;
+      // With a mark (the consumer was deleted meanwhile): resume after it.
+      default_consumer_config(cc, m, options_, m.have_mark ? m.stored_through + 1 : 0);
+      jerr = static_cast<jsErrCode>(0);
+      st = js_AddConsumer(&ci, js_, m.stream.c_str(), &cc, nullptr, &jerr);
+      if (st != NATS_OK) {
+        if (jerr == JSStreamNotFoundErr)
+          return Status(Code::NotFound, "bridge: stream \"" + m.stream + "\" does not exist on the server");
+        return Status(Code::IOError, "bridge: cannot create consumer \"" + m.consumer + "\" of stream \"" +
+                                         m.stream + "\": " + nats_text(st, jerr));
+      }
+      jsConsumerInfo_Destroy(ci);
+      m.next_dseq = 1;
+    } else {
+      return Status(Code::IOError, "bridge: consumer \"" + m.consumer + "\" of stream \"" + m.stream +
+                                       "\": cannot look it up: " + nats_text(st, jerr));
+    }
   }
   jsSubOptions so;
   jsSubOptions_Init(&so);
@@ -822,7 +1032,7 @@ void BridgeImpl::run_in(InMirror* m) {
   std::int64_t backoff = ms_to_ns(options_.backoff_initial);
   std::vector<AppendRequest> reqs;
   std::vector<std::string> seqs;
-  std::vector<char> dup;
+  std::vector<char> dup, known_dup;
   while (true) {
     {
       std::lock_guard<std::mutex> l(stop_mu_);
@@ -857,20 +1067,50 @@ void BridgeImpl::run_in(InMirror* m) {
       sleep_backoff(backoff);
       continue;
     }
+    // Which messages to store (in delivery order) and which to ack; `take`
+    // stops at the first anomaly: the rest is neither stored nor acked.
     reqs.clear();
     seqs.clear();
+    known_dup.clear();
+    std::uint64_t next_dseq = m->next_dseq, through = m->stored_through;
+    int take = list.Count;
+    bool anomaly = false;
     for (int i = 0; i < list.Count; ++i) {
       natsMsg* msg = list.Msgs[i];
       jsMsgMetaData* meta = nullptr;
-      std::uint64_t seq = 0;
-      std::int64_t ts = 0;
-      if (natsMsg_GetMetaData(&meta, msg) == NATS_OK) {
-        seq = meta->Sequence.Stream;
-        ts = meta->Timestamp;
-        // Relaxed: statistics.
-        if (meta->NumDelivered > 1) m->redelivered.fetch_add(1, std::memory_order_relaxed);
-        m->pending.store(meta->NumPending, std::memory_order_relaxed);
-        jsMsgMetaData_Destroy(meta);
+      if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) {
+        take = i;
+        anomaly = true;
+        break;
+      }
+      const std::uint64_t seq = meta->Sequence.Stream, dseq = meta->Sequence.Consumer;
+      const std::int64_t ts = meta->Timestamp;
+      const bool again = meta->NumDelivered > 1;
+      // Relaxed: statistics.
+      if (again) m->redelivered.fetch_add(1, std::memory_order_relaxed);
+      m->pending.store(meta->NumPending, std::memory_order_relaxed);
+      jsMsgMetaData_Destroy(meta);
+      if (m->guard) {
+        // Stored in sequence order or not at all: every delivery seen (dseq ==
+        // E); a first delivery past W is the next sequence; a redelivery past
+        // W is one the bridge never stored in order. Either anomaly rewinds.
+        const bool in_order = dseq == next_dseq && (seq <= through || !again);
+        const bool old_copy = dseq < next_dseq && seq <= through;  // a late copy of a stored message
+        if (!in_order && !old_copy) {
+          take = i;
+          anomaly = true;
+          break;
+        }
+        if (dseq == next_dseq) ++next_dseq;
+        if (seq <= through) {
+          seqs.push_back(std::to_string(seq));
+          reqs.emplace_back();  // a copy of a stored message: acked, not stored
+          known_dup.push_back(1);
+          continue;
+        }
+        through = seq;
+      } else {
+        through = std::max(through, seq);
       }
       const char* hv = nullptr;
       std::string key, idem;
@@ -886,33 +1126,53 @@ void BridgeImpl::run_in(InMirror* m) {
       r.header.created_at_ns = created > 0 ? created : (ts > 0 ? ts : r.header.created_at_ns);
       reqs.push_back(std::move(r));
       seqs.push_back(std::to_string(seq));
+      known_dup.push_back(0);
     }
     dup.assign(reqs.size(), 0);
-    Status cs = core_->store()->write([&](StoreTxn& t) -> Status {
-      std::fill(dup.begin(), dup.end(), 0);  // the store may run this again (map growth)
-      for (std::size_t i = 0; i < reqs.size(); ++i) {
-        auto rec = m->seen->status_in(t, seqs[i]);
-        if (rec.ok() && rec->state == ClaimState::Done) {
-          dup[i] = 1;
-          continue;
+    const bool any_new = std::find(known_dup.begin(), known_dup.end(), 0) != known_dup.end();
+    Status cs;
+    const bool wrote = any_new || (!reqs.empty() && through != m->stored_through);
+    if (wrote) {
+      cs = core_->store()->write([&](StoreTxn& t) -> Status {
+        std::fill(dup.begin(), dup.end(), 0);  // the store may run this again (map growth)
+        for (std::size_t i = 0; i < reqs.size(); ++i) {
+          if (known_dup[i]) {
+            dup[i] = 1;
+            continue;
+          }
+          auto rec = m->seen->status_in(t, seqs[i]);
+          if (rec.ok() && rec->state == ClaimState::Done) {
+            dup[i] = 1;
+            continue;
+          }
+          if (!rec.ok() && rec.code() != Code::NotFound) return rec.status();
+          auto a = t.append(reqs[i]);
+          if (!a.ok()) return a.status();
+          Status c = m->seen->complete_in(t, seqs[i], {}, false);
+          if (!c.ok()) return c;
         }
-        if (!rec.ok() && rec.code() != Code::NotFound) return rec.status();
-        auto a = t.append(reqs[i]);
-        if (!a.ok()) return a.status();
-        Status c = m->seen->complete_in(t, seqs[i], {}, false);
-        if (!c.ok()) return c;
-      }
-      return Status();
-    });
+        if (through != m->stored_through || !m->have_mark) return t.put(StoreTable::User, m->mark_key, le64(through));
+        return Status();
+      });
+    }
     if (!cs.ok()) {
-      // Not acked: JetStream redelivers after ack_wait.
+      // Not acked: JetStream redelivers after ack_wait; with the guard on, the
+      // consumer is rewound to W + 1 instead, so the order holds.
       note_error("bridge: storing messages of \"" + m->stream + "\" in \"" + m->topic->name + "\": " + cs.to_string(),
                  false);
       natsMsgList_Destroy(&list);
+      if (m->guard) {
+        m->rewind = true;
+        natsSubscription_Destroy(m->sub);
+        m->sub = nullptr;
+      }
       sleep_backoff(backoff);
       continue;
     }
-    for (int i = 0; i < list.Count; ++i) {
+    if (wrote) m->have_mark = true;
+    m->stored_through = through;
+    m->next_dseq = next_dseq;
+    for (int i = 0; i < take; ++i) {
       if (dup[static_cast<std::size_t>(i)]) {
         m->duplicates.fetch_add(1, std::memory_order_relaxed);
       } else {
@@ -921,6 +1181,13 @@ void BridgeImpl::run_in(InMirror* m) {
       if (natsMsg_Ack(list.Msgs[i], nullptr) == NATS_OK) m->acked.fetch_add(1, std::memory_order_relaxed);
     }
     natsMsgList_Destroy(&list);
+    if (anomaly) {
+      // A delivery went elsewhere (or came back out of order): store nothing
+      // past W until the consumer is re-created at W + 1.
+      m->rewind = true;
+      natsSubscription_Destroy(m->sub);
+      m->sub = nullptr;
+    }
     backoff = ms_to_ns(options_.backoff_initial);
   }
   if (m->sub != nullptr) {
@@ -953,6 +1220,9 @@ Status BridgeImpl::mirror_in(std::string_view stream, std::string_view consumer,
   auto table = core_->idempotency("bridge-in." + name_segment(stream) + "." + name_segment(consumer), io);
   if (!table.ok()) return table.status();
   m->seen = detail::Access::impl(**table);
+  auto mk = user_key_public("bridge", "in-mark/" + m->stream + "/" + m->consumer);
+  if (!mk.ok()) return mk.status();
+  m->mark_key = std::move(*mk);
   if (connected()) {
     Status s = bind_in(*m);
     if (s.code() == Code::NotFound || s.code() == Code::InvalidArgument) return s;
@@ -967,9 +1237,7 @@ Status BridgeImpl::mirror_in(std::string_view stream, std::string_view consumer,
 BridgeStats BridgeImpl::snapshot(const BusStats& bus) const {
   BridgeStats out;
   out.name = options_.name;
-  out.state = failed_.load(std::memory_order_acquire) ? BridgeState::Failed
-              : connected()                             ? BridgeState::Connected
-                                                        : BridgeState::Retrying;
+  out.state = current_state();
   {
     std::lock_guard<std::mutex> l(err_mu_);
     out.last_error = last_error_;
@@ -984,6 +1252,7 @@ BridgeStats BridgeImpl::snapshot(const BusStats& bus) const {
     out.total.stored += s.stored;
     out.total.dead_lettered += s.dead_lettered;
     out.total.lag += s.lag;
+    out.total.rewinds += s.rewinds;
     out.mirrors.push_back(s);
   };
   std::lock_guard<std::mutex> l(mirrors_mu_);
@@ -1015,6 +1284,7 @@ BridgeStats BridgeImpl::snapshot(const BusStats& bus) const {
     s.redelivered = m->redelivered.load(std::memory_order_relaxed);
     s.stored = m->stored.load(std::memory_order_relaxed);
     s.lag = m->pending.load(std::memory_order_relaxed);
+    s.rewinds = m->rewinds.load(std::memory_order_relaxed);
     add(s);
   }
   return out;
@@ -1030,6 +1300,10 @@ Status BridgeImpl::close() {
     stopping_ = true;
   }
   stop_cv_.notify_all();
+  if (status_thread_.joinable()) {
+    status_thread_.join();
+    write_status(true);
+  }
   std::vector<std::unique_ptr<OutMirror>> outs;
   std::vector<std::unique_ptr<InMirror>> ins;
   {

@@ -61,6 +61,8 @@ class JsonWriter {
   void i64(std::int64_t v);
   void boolean(bool b);
   void null();
+  /// A complete JSON value written elsewhere, inserted as it is.
+  void raw(std::string_view json);
   std::string take() { return std::move(out_); }
 
  private:

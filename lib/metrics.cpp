@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "exposition.hpp"
+#include "store_stats.hpp"
 #include "lanebus/bus.hpp"
 #include "sync.hpp"
 
@@ -224,6 +225,11 @@ void JsonWriter::boolean(bool b) {
 void JsonWriter::null() {
   before_value();
   out_ += "null";
+}
+
+void JsonWriter::raw(std::string_view json) {
+  before_value();
+  out_ += json;
 }
 
 }  // namespace detail
@@ -853,7 +859,8 @@ std::string to_prometheus(const MetricsSnapshot& s) {
              "Bridge connection state as a state set: 1 for the current state (connected, retrying, failed).");
     for (const BridgeStats& b : s.bridges)
       for (BridgeState st : {BridgeState::Connected, BridgeState::Retrying, BridgeState::Failed})
-        w.sample_u64("lanebus_bridge_state", {{"bridge", b.name}, {"state", to_string(st)}}, b.state == st ? 1 : 0);
+        w.sample_u64("lanebus_bridge_state", {{"bridge", b.name}, {"state", to_string(st)}},
+                     b.state == st && !b.stopped ? 1 : 0);  // a stopped bridge (status record): none
     struct Counter {
       const char* name;
       const char* type;
@@ -874,10 +881,27 @@ std::string to_prometheus(const MetricsSnapshot& s) {
          &BridgeMirrorStats::stored},
         {"lanebus_bridge_dead_lettered_total", "counter", "Messages dead-lettered as too large for the server (out).",
          &BridgeMirrorStats::dead_lettered},
+        {"lanebus_bridge_rewinds_total", "counter",
+         "Consumer re-created at the first un-stored sequence to keep sequence order (in).",
+         &BridgeMirrorStats::rewinds},
         {"lanebus_bridge_lag_messages", "gauge",
          "Out: stored and not yet acknowledged by JetStream; in: pending in the JetStream consumer.",
          &BridgeMirrorStats::lag},
     };
+    // Status records read from the store (`lanebus serve`): how old each is.
+    bool records = false;
+    for (const BridgeStats& b : s.bridges) records = records || b.status_written_ns != 0;
+    if (records) {
+      const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count();
+      w.family("lanebus_bridge_status_age_seconds", "gauge",
+               "Age of the bridge's status record in the store; large when the bridge process died or hangs.");
+      for (const BridgeStats& b : s.bridges)
+        if (b.status_written_ns != 0)
+          w.sample("lanebus_bridge_status_age_seconds", {{"bridge", b.name}},
+                   static_cast<double>(now - b.status_written_ns) / 1e9);
+    }
     for (const Counter& c : counters) {
       w.family(c.name, c.type, c.help);
       for (const BridgeStats& b : s.bridges)
@@ -1069,35 +1093,9 @@ std::string to_json(const MetricsSnapshot& s) {
   j.end_array();
   if (!s.bridges.empty()) {  // absent without bridges: the output of a bus without one is unchanged
     j.key("bridges");
-    j.begin_array();
-    for (const BridgeStats& b : s.bridges) {
-      j.begin_object();
-      j.key("name"); j.string(b.name);
-      j.key("state"); j.string(to_string(b.state));
-      j.key("last_error"); j.string(b.last_error);
-      j.key("last_error_ns"); j.i64(b.last_error_ns);
-      j.key("reconnects"); j.u64(b.reconnects);
-      j.key("mirrors");
-      j.begin_array();
-      for (const BridgeMirrorStats& m : b.mirrors) {
-        j.begin_object();
-        j.key("direction"); j.string(m.direction);
-        j.key("topic"); j.string(m.topic);
-        j.key("stream"); j.string(m.stream);
-        j.key("via"); j.string(m.via);
-        j.key("published"); j.u64(m.published);
-        j.key("acked"); j.u64(m.acked);
-        j.key("duplicates"); j.u64(m.duplicates);
-        j.key("redelivered"); j.u64(m.redelivered);
-        j.key("stored"); j.u64(m.stored);
-        j.key("dead_lettered"); j.u64(m.dead_lettered);
-        j.key("lag"); j.u64(m.lag);
-        j.end_object();
-      }
-      j.end_array();
-      j.end_object();
-    }
-    j.end_array();
+    j.raw(detail::bridges_json(s.bridges, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count()));
   }
   j.end_object();
   return j.take();

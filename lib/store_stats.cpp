@@ -3,9 +3,11 @@
 #include "store_stats.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "dlq.hpp"
 #include "durable_store.hpp"
+#include "exposition.hpp"
 
 namespace lanebus::detail {
 
@@ -98,7 +100,243 @@ Result<BusStats> read_store_stats(DurableStore& store) {
     out.dlq_available = true;
     out.dlq = *counters;
   }
+  auto bridges = read_bridge_status(store, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               std::chrono::system_clock::now().time_since_epoch())
+                                               .count());
+  if (!bridges.ok()) return bridges.status();
+  out.bridges = std::move(*bridges);
   return out;
+}
+
+// ---------------------------------------------------------------- bridge status records
+
+namespace {
+
+constexpr std::uint8_t kBridgeStatusFormat = 1;
+constexpr std::size_t kMaxStatusString = 1000;
+
+void put_int(std::string& out, std::uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_str(std::string& out, std::string_view v) {
+  v = v.substr(0, kMaxStatusString);
+  put_int(out, v.size(), 2);
+  out.append(v);
+}
+
+struct Reader {
+  std::string_view in;
+  bool ok = true;
+  std::uint64_t get(int bytes) {
+    if (in.size() < static_cast<std::size_t>(bytes)) {
+      ok = false;
+      return 0;
+    }
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[static_cast<std::size_t>(i)])) << (8 * i);
+    in.remove_prefix(static_cast<std::size_t>(bytes));
+    return v;
+  }
+  std::string str() {
+    const std::size_t n = get(2);
+    if (!ok || in.size() < n) {
+      ok = false;
+      return {};
+    }
+    std::string v(in.substr(0, n));
+    in.remove_prefix(n);
+    return v;
+  }
+};
+
+constexpr std::uint64_t BridgeMirrorStats::*kMirrorCounters[] = {
+    &BridgeMirrorStats::published, &BridgeMirrorStats::acked,         &BridgeMirrorStats::duplicates,
+    &BridgeMirrorStats::redelivered, &BridgeMirrorStats::stored,     &BridgeMirrorStats::dead_lettered,
+    &BridgeMirrorStats::lag,       &BridgeMirrorStats::rewinds};
+
+std::string seconds_text(std::int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1fs", static_cast<double>(std::max<std::int64_t>(ns, 0)) / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+std::string bridge_status_key(std::string_view bridge_name) {
+  std::string k = "bridge";
+  k.push_back('\0');
+  k += "status/";
+  k.append(bridge_name.substr(0, 400));
+  return k;
+}
+
+std::string encode_bridge_status(const BridgeStats& s, std::uint32_t pid, std::int64_t interval_ms,
+                                 std::int64_t written_ns, bool stopped) {
+  std::string out;
+  put_int(out, kBridgeStatusFormat, 1);
+  put_int(out, static_cast<std::uint8_t>(s.state), 1);
+  put_int(out, stopped ? 1 : 0, 1);
+  put_int(out, 0, 1);
+  put_int(out, pid, 4);
+  put_int(out, static_cast<std::uint64_t>(interval_ms), 8);
+  put_int(out, static_cast<std::uint64_t>(written_ns), 8);
+  put_int(out, static_cast<std::uint64_t>(s.last_error_ns), 8);
+  put_int(out, s.reconnects, 8);
+  put_str(out, s.name);
+  put_str(out, s.last_error);
+  const std::size_t n = std::min<std::size_t>(s.mirrors.size(), 1000);
+  put_int(out, n, 2);
+  for (std::size_t i = 0; i < n; ++i) {
+    const BridgeMirrorStats& m = s.mirrors[i];
+    put_str(out, m.direction);
+    put_str(out, m.topic);
+    put_str(out, m.stream);
+    put_str(out, m.via);
+    for (auto f : kMirrorCounters) put_int(out, m.*f, 8);
+  }
+  return out;
+}
+
+Result<BridgeStats> decode_bridge_status(std::string_view value, std::int64_t now_ns) {
+  Reader r{value};
+  BridgeStats b;
+  const auto format = r.get(1);
+  if (r.ok && format != kBridgeStatusFormat)
+    return Status(Code::Corruption, "bridge status record: unknown format " + std::to_string(format));
+  const auto state = r.get(1);
+  if (r.ok && state > static_cast<std::uint8_t>(BridgeState::Failed))
+    return Status(Code::Corruption, "bridge status record: unknown state " + std::to_string(state));
+  b.state = static_cast<BridgeState>(state);
+  b.stopped = (r.get(1) & 1) != 0;
+  (void)r.get(1);
+  b.status_pid = static_cast<std::uint32_t>(r.get(4));
+  b.status_interval_ms = static_cast<std::int64_t>(r.get(8));
+  b.status_written_ns = static_cast<std::int64_t>(r.get(8));
+  b.last_error_ns = static_cast<std::int64_t>(r.get(8));
+  b.reconnects = r.get(8);
+  b.name = r.str();
+  b.last_error = r.str();
+  const std::size_t n = r.get(2);
+  for (std::size_t i = 0; r.ok && i < n; ++i) {
+    BridgeMirrorStats m;
+    m.direction = r.str();
+    m.topic = r.str();
+    m.stream = r.str();
+    m.via = r.str();
+    for (auto f : kMirrorCounters) m.*f = r.get(8);
+    b.total.published += m.published;
+    b.total.acked += m.acked;
+    b.total.duplicates += m.duplicates;
+    b.total.redelivered += m.redelivered;
+    b.total.stored += m.stored;
+    b.total.dead_lettered += m.dead_lettered;
+    b.total.lag += m.lag;
+    b.total.rewinds += m.rewinds;
+    b.mirrors.push_back(std::move(m));
+  }
+  if (!r.ok) return Status(Code::Corruption, "bridge status record: truncated (" + std::to_string(value.size()) + " bytes)");
+  const std::int64_t limit = std::max<std::int64_t>(3 * b.status_interval_ms, 5000) * 1'000'000;
+  b.stale = !b.stopped && now_ns - b.status_written_ns > limit;
+  return b;
+}
+
+Result<std::vector<BridgeStats>> read_bridge_status(DurableStore& store, std::int64_t now_ns) {
+  std::vector<BridgeStats> out;
+  const std::string prefix = bridge_status_key("");
+  Status s = store.read([&](StoreTxn& t) -> Status {
+    out.clear();
+    return t.scan(StoreTable::User, prefix, prefix, [&](std::string_view key, std::string_view value) {
+      auto b = decode_bridge_status(value, now_ns);
+      if (b.ok()) {
+        out.push_back(std::move(*b));
+      } else {  // shown, not fatal: the rest of the stats stays readable
+        BridgeStats bad;
+        bad.name = std::string(key.substr(prefix.size()));
+        bad.state = BridgeState::Failed;
+        bad.last_error = b.status().to_string();
+        bad.stale = true;
+        out.push_back(std::move(bad));
+      }
+      return true;
+    });
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
+std::string bridge_status_text(const std::vector<BridgeStats>& bridges, std::int64_t now_ns) {
+  std::string out;
+  char buf[512];
+  for (const BridgeStats& b : bridges) {
+    const std::int64_t age = now_ns - b.status_written_ns;
+    std::snprintf(buf, sizeof buf, "\nbridge %s  state=%s  pid=%u  updated %s ago", b.name.c_str(),
+                  b.stopped ? "stopped" : to_string(b.state), b.status_pid, seconds_text(age).c_str());
+    out += buf;
+    if (b.stale) out += "  STALE: not updated for " + seconds_text(age) + " (the bridge process died or hangs)";
+    out += "\n";
+    if (!b.last_error.empty())
+      out += "  last_error: " + b.last_error +
+             (b.last_error_ns > 0 ? " (" + seconds_text(now_ns - b.last_error_ns) + " ago)" : std::string()) + "\n";
+    std::snprintf(buf, sizeof buf, "  reconnects=%llu\n", static_cast<unsigned long long>(b.reconnects));
+    out += buf;
+    for (const BridgeMirrorStats& m : b.mirrors) {
+      const bool in = m.direction == "in";
+      std::snprintf(buf, sizeof buf,
+                    "  %-3s %s %s %s (%s)  published=%llu acked=%llu duplicates=%llu redelivered=%llu stored=%llu "
+                    "dead_lettered=%llu lag=%llu rewinds=%llu\n",
+                    m.direction.c_str(), in ? m.stream.c_str() : m.topic.c_str(), "->",
+                    in ? m.topic.c_str() : m.stream.c_str(), m.via.c_str(),
+                    static_cast<unsigned long long>(m.published), static_cast<unsigned long long>(m.acked),
+                    static_cast<unsigned long long>(m.duplicates), static_cast<unsigned long long>(m.redelivered),
+                    static_cast<unsigned long long>(m.stored), static_cast<unsigned long long>(m.dead_lettered),
+                    static_cast<unsigned long long>(m.lag), static_cast<unsigned long long>(m.rewinds));
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string bridges_json(const std::vector<BridgeStats>& bridges, std::int64_t now_ns) {
+  JsonWriter j;
+  j.begin_array();
+  for (const BridgeStats& b : bridges) {
+    j.begin_object();
+    j.key("name"); j.string(b.name);
+    j.key("state"); j.string(b.stopped ? "stopped" : to_string(b.state));
+    j.key("last_error"); j.string(b.last_error);
+    j.key("last_error_ns"); j.i64(b.last_error_ns);
+    j.key("reconnects"); j.u64(b.reconnects);
+    if (b.status_written_ns != 0) {  // a record read from the store
+      j.key("status_written_ns"); j.i64(b.status_written_ns);
+      j.key("status_age_seconds"); j.number(static_cast<double>(now_ns - b.status_written_ns) / 1e9);
+      j.key("status_interval_ms"); j.i64(b.status_interval_ms);
+      j.key("pid"); j.u64(b.status_pid);
+      j.key("stopped"); j.boolean(b.stopped);
+      j.key("stale"); j.boolean(b.stale);
+    }
+    j.key("mirrors");
+    j.begin_array();
+    for (const BridgeMirrorStats& m : b.mirrors) {
+      j.begin_object();
+      j.key("direction"); j.string(m.direction);
+      j.key("topic"); j.string(m.topic);
+      j.key("stream"); j.string(m.stream);
+      j.key("via"); j.string(m.via);
+      j.key("published"); j.u64(m.published);
+      j.key("acked"); j.u64(m.acked);
+      j.key("duplicates"); j.u64(m.duplicates);
+      j.key("redelivered"); j.u64(m.redelivered);
+      j.key("stored"); j.u64(m.stored);
+      j.key("dead_lettered"); j.u64(m.dead_lettered);
+      j.key("lag"); j.u64(m.lag);
+      j.key("rewinds"); j.u64(m.rewinds);
+      j.end_object();
+    }
+    j.end_array();
+    j.end_object();
+  }
+  j.end_array();
+  return j.take();
 }
 
 }  // namespace lanebus::detail

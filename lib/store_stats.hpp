@@ -4,6 +4,11 @@
 // that another process writes (`lanebus serve`).
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"
 
@@ -44,6 +49,28 @@ Result<GroupLaneReading> read_group_lane(DurableStore& store, const TopicRef& to
 /// knows (handler outcomes, latency, stuck calls) stays 0. The DLQ counters are
 /// read from the store's DLQ. store_error is set when the store is unusable.
 /// Errors: storage codes of the reads.
+/// (Also fills BusStats::bridges from the bridges' status records, below.)
 Result<BusStats> read_store_stats(DurableStore& store);
+
+// ---- bridge status records (doc/storage-format.md, `user` db, key
+// "bridge\0status/<bridge name>"): a Bridge writes its state and counters
+// there every BridgeOptions::status_interval and at each state change, so
+// another process can show them.
+
+/// The record's value. `written_ns` = now, wall clock.
+std::string encode_bridge_status(const BridgeStats& s, std::uint32_t pid, std::int64_t interval_ms,
+                                 std::int64_t written_ns, bool stopped);
+/// Decode a record (sets the status_* fields, stopped; stale from now_ns).
+/// Errors: Corruption naming the cause.
+Result<BridgeStats> decode_bridge_status(std::string_view value, std::int64_t now_ns);
+/// The user-table key of a bridge's record.
+std::string bridge_status_key(std::string_view bridge_name);
+/// Every bridge status record in the store, by name. Errors: storage codes.
+Result<std::vector<BridgeStats>> read_bridge_status(DurableStore& store, std::int64_t now_ns);
+/// Text lines for `lanebus stats` ("" when there is no record).
+std::string bridge_status_text(const std::vector<BridgeStats>& bridges, std::int64_t now_ns);
+/// The "bridges" JSON array (also the JSON export's, metrics.cpp); the status_*
+/// fields appear only for records read from the store.
+std::string bridges_json(const std::vector<BridgeStats>& bridges, std::int64_t now_ns);
 
 }  // namespace lanebus::detail

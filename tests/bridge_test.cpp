@@ -459,3 +459,101 @@ TEST_CASE("server down for a while during publishing: local publishing is unaffe
   CHECK((*b)->stats().state == BridgeState::Connected);
   CHECK(stream_messages(server.url(), "ORDERS") == static_cast<std::int64_t>(published.load()));
 }
+
+namespace {
+
+/// A bridge process that dies with a batch in hand: a raw pull subscription
+/// to the durable consumer fetches up to `n` messages and never acks them.
+/// The connection stays open until the returned guard is destroyed (like a
+/// process that is killed later), so the deliveries stay unacked.
+struct DeadFetcher {
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+  natsSubscription* sub = nullptr;
+  int fetched = 0;
+  DeadFetcher(const std::string& url, const std::string& stream, const std::string& consumer, int n) {
+    if (natsConnection_ConnectTo(&nc, url.c_str()) != NATS_OK) return;
+    if (natsConnection_JetStream(&js, nc, nullptr) != NATS_OK) return;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream.c_str();
+    so.Consumer = consumer.c_str();
+    if (js_PullSubscribe(&sub, js, "", consumer.c_str(), nullptr, &so, nullptr) != NATS_OK) return;
+    natsMsgList list{nullptr, 0};
+    if (natsSubscription_Fetch(&list, sub, n, 5000, nullptr) == NATS_OK) fetched = list.Count;
+    natsMsgList_Destroy(&list);  // not acked
+  }
+  ~DeadFetcher() {
+    if (sub != nullptr) natsSubscription_Destroy(sub);
+    if (js != nullptr) jsCtx_Destroy(js);
+    if (nc != nullptr) natsConnection_Destroy(nc);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("in-direction: deliveries a dead bridge left unacked are not overtaken: the consumer is rewound, order holds") {
+  if (!have_server()) return;
+  TempDir tmp;
+  NatsServer server(tmp.file("nats"));
+  REQUIRE(server.start());
+  constexpr std::uint64_t kKeys = 8, kFirst = 400, kSecond = 400;
+  // Source: a store whose topic goes out to the stream ORDERS.
+  auto src = open_bus(tmp.file("src"));
+  Topic orders = durable_topic(*src, "orders", 4);
+  auto out = Bridge::open(*src, bridge_options(server.url()));
+  REQUIRE(out.ok());
+  REQUIRE((*out)->mirror_out(orders, "orders.{key}", "ORDERS").ok());
+  publish_many(orders, kFirst, kKeys);
+  REQUIRE(wait_until([&] { return stream_messages(server.url(), "ORDERS") == static_cast<std::int64_t>(kFirst); },
+                     std::chrono::seconds(60)));
+
+  // Destination store; its consumer "back" (ack wait 30 s: a redelivery would
+  // come far too late) is created by a first bridge that then goes away.
+  const std::string dst_dir = tmp.file("dst");
+  BridgeOptions bo = bridge_options(server.url());
+  bo.fetch_batch = 64;
+  auto in_stats = [](Bridge& b) {
+    for (const auto& m : b.stats().mirrors)
+      if (m.direction == "in") return m;
+    return BridgeMirrorStats{};
+  };
+  {
+    auto dst = open_bus(dst_dir);
+    Topic back = durable_topic(*dst, "orders-back", 4);
+    auto in = Bridge::open(*dst, bo);
+    REQUIRE(in.ok());
+    REQUIRE((*in)->mirror_in("ORDERS", "back", back).ok());
+    REQUIRE(wait_until([&] { return in_stats(**in).stored == kFirst; }, std::chrono::seconds(60)));
+    REQUIRE((*in)->close().ok());
+  }
+  // The bridge is gone; a "dead" one holds the next deliveries unacked.
+  publish_many(orders, kSecond, kKeys, kFirst);
+  REQUIRE(wait_until([&] { return stream_messages(server.url(), "ORDERS") == static_cast<std::int64_t>(kFirst + kSecond); },
+                     std::chrono::seconds(60)));
+  DeadFetcher dead(server.url(), "ORDERS", "back", 40);
+  REQUIRE(dead.fetched > 0);
+
+  // A new bridge on the destination store: it must not store the messages
+  // after the dead one's batch before that batch.
+  auto dst = open_bus(dst_dir);
+  Topic back = durable_topic(*dst, "orders-back", 4);
+  auto in = Bridge::open(*dst, bo);
+  REQUIRE(in.ok());
+  REQUIRE((*in)->mirror_in("ORDERS", "back", back).ok());
+  REQUIRE(wait_until([&] { return in_stats(**in).stored == kSecond; }, std::chrono::seconds(20)));
+  CHECK(in_stats(**in).rewinds >= 1);
+  OrderCheck check;
+  auto sub = dst->subscribe(back, "verify", [&](const MessageView& v) { return check.on(v); });
+  REQUIRE(sub.ok());
+  REQUIRE(wait_until([&] {
+    std::lock_guard<std::mutex> l(check.mu);
+    return check.received >= kFirst + kSecond;
+  }, std::chrono::seconds(60)));
+  std::lock_guard<std::mutex> l(check.mu);
+  CHECK(check.received == kFirst + kSecond);
+  CHECK(check.out_of_order == 0);
+  CHECK(check.duplicates == 0);
+  MESSAGE("dead fetcher held " << dead.fetched << " deliveries; the new bridge rewound " << in_stats(**in).rewinds
+                               << " time(s)");
+}

@@ -26,12 +26,16 @@ void bridge_usage(std::FILE* out) {
                "usage: lanebus bridge DIR --nats URL [--nats URL...]\n"
                "                      [--out TOPIC=SUBJECT[@STREAM]]... [--in STREAM:CONSUMER=TOPIC]...\n"
                "                      [--token T | --user U --password P | --creds FILE] [--tls-ca FILE]\n"
-               "                      [--no-create] [--lanes N] [--workers N] [--ack-wait-ms MS] [--progress-ms MS]\n\n"
+               "                      [--no-create] [--lanes N] [--workers N] [--ack-wait-ms MS] [--progress-ms MS]\n"
+               "                      [--name NAME]\n\n"
                "Mirrors durable topics of the store DIR to NATS JetStream (--out) and streams into\n"
                "durable topics (--in). SUBJECT may use {key}, {topic} and {lane}; STREAM defaults to\n"
                "the topic name upper-cased. --in creates a missing local topic with --lanes lanes (8).\n"
                "Prints a progress line every --progress-ms (1000; 0 = only at exit). SIGTERM or\n"
-               "SIGINT stops it cleanly (exit 0). Exit 1: an error; 2: usage.\n");
+               "SIGINT stops it cleanly (exit 0). Exit 1: an error; 2: usage.\n"
+               "Its state and counters are also written to the store every second under --name\n"
+               "(default lanebus-bridge; bridges sharing a store need distinct names): `lanebus stats DIR`\n"
+               "shows them, marked stale when the process is gone.\n");
 }
 
 struct OutSpec {
@@ -44,12 +48,13 @@ struct InSpec {
 void print_progress(const char* what, const BridgeStats& s) {
   std::printf(
       "bridge: %s state=%s published=%llu acked=%llu duplicates=%llu redelivered=%llu stored=%llu "
-      "dead_lettered=%llu lag=%llu reconnects=%llu%s%s\n",
+      "dead_lettered=%llu lag=%llu reconnects=%llu rewinds=%llu%s%s\n",
       what, to_string(s.state), static_cast<unsigned long long>(s.total.published),
       static_cast<unsigned long long>(s.total.acked), static_cast<unsigned long long>(s.total.duplicates),
       static_cast<unsigned long long>(s.total.redelivered), static_cast<unsigned long long>(s.total.stored),
       static_cast<unsigned long long>(s.total.dead_lettered), static_cast<unsigned long long>(s.total.lag),
-      static_cast<unsigned long long>(s.reconnects), s.last_error.empty() ? "" : " last_error=",
+      static_cast<unsigned long long>(s.reconnects), static_cast<unsigned long long>(s.total.rewinds),
+      s.last_error.empty() ? "" : " last_error=",
       s.last_error.c_str());
   std::fflush(stdout);
 }
@@ -89,6 +94,8 @@ int cmd_bridge(int argc, char** argv) {
       if (v != nullptr) --i;
     } else if (a == "--nats") {
       bo.urls.emplace_back(v);
+    } else if (a == "--name") {
+      bo.name = v;
     } else if (a == "--token") {
       bo.token = v;
     } else if (a == "--user") {

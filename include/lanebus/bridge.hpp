@@ -89,6 +89,14 @@ struct BridgeOptions {
   /// mirror_in: how long the record "stream sequence S was stored" is kept;
   /// a redelivery after that would be stored again. Default 7 days.
   std::chrono::milliseconds dedup_retention{std::chrono::hours(24 * 7)};
+
+  // ---- status record ----
+  /// How often the bridge writes its state and counters to the store (and at
+  /// each state change), under its `name`: `lanebus stats` and `lanebus serve`
+  /// of other processes show them, and mark them stale when they stop
+  /// changing. Bridges sharing a store need distinct names. 0 = never.
+  /// Default 1 s.
+  std::chrono::milliseconds status_interval{1000};
 };
 
 /// Per mirror_out call.
@@ -120,6 +128,12 @@ struct MirrorOutOptions {
 /// the local durable topic in one commit together with "stream sequence S was
 /// stored" records, and acked to JetStream only after that commit. A
 /// redelivered message is stored once. The lane comes from Lanebus-Key.
+/// Messages are stored in stream-sequence order, also across a crash of the
+/// bridge: when a delivery went elsewhere (a killed bridge's pull request, a
+/// server crash), the bridge re-creates its durable consumer (same
+/// configuration) at the first sequence it has not stored instead of letting
+/// the redelivery arrive behind newer messages (limits-retention streams;
+/// doc/bridge.md). One bridge per durable consumer.
 ///
 /// Faults: a server down at open, or going away, puts the bridge in state
 /// Retrying; it reconnects and resumes without loss. Authorization failures

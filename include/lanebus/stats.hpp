@@ -114,6 +114,8 @@ struct BridgeMirrorStats {
   std::uint64_t stored = 0;       ///< in: messages appended to the local topic.
   std::uint64_t dead_lettered = 0;  ///< out: messages sent to the DLQ (too large for the server).
   std::uint64_t lag = 0;          ///< out: stored and not yet acked by JetStream; in: pending in the consumer.
+  std::uint64_t rewinds = 0;      ///< in: consumer re-created at the first un-stored sequence to keep
+                                  ///< sequence order (after a bridge crash or a lost delivery; doc/bridge.md).
 };
 
 /// A Bridge's state and counters (Bridge::stats, BusStats::bridges).
@@ -125,6 +127,15 @@ struct BridgeStats {
   std::uint64_t reconnects = 0;   ///< Connections re-established after a loss.
   BridgeMirrorStats total{};      ///< Counters summed over mirrors (direction "").
   std::vector<BridgeMirrorStats> mirrors{};
+  // A bridge's status record read from the store by another process
+  // (`lanebus stats`, `lanebus serve`; doc/bridge.md). All 0 in a live
+  // Bridge::stats().
+  std::int64_t status_written_ns = 0;   ///< Wall clock the bridge last wrote its record.
+  std::int64_t status_interval_ms = 0;  ///< How often it writes it (and at each state change).
+  std::uint32_t status_pid = 0;         ///< The bridge's process.
+  bool stopped = false;  ///< The bridge closed cleanly: these are its last state and counters.
+  bool stale = false;    ///< Not stopped and not rewritten for 3 intervals (at least 5 s): the
+                         ///< process died or hangs; state is only the last one it wrote.
 };
 
 /// Name of a BridgeState: "connected", "retrying", "failed".
