@@ -278,6 +278,9 @@ class TopicImpl {
 
   Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
+  /// Topic::publish_batch for an ephemeral topic; message j gets id first_id + j.
+  BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
+                                   std::uint64_t first_id) noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
   AppendRequest append_request(const OutgoingMessage& m) const;
 

@@ -95,6 +95,32 @@ class MessagePool {
     }
   }
 
+  /// Up to `want` free slots taken with one CAS (publish_batch): walks `want`
+  /// links from the head and swings the head past them. The tag makes the CAS
+  /// fail if anyone pushed or popped meanwhile, so a successful CAS means the
+  /// walked links were the stack's. Returns how many it took (0: none free).
+  /// Lock-free, no allocation; seq_cst on allocated_ as in try_alloc.
+  std::uint32_t try_alloc_bulk(Slot** out, std::uint32_t want) noexcept {
+    std::uint64_t h = head_.load(std::memory_order_acquire);
+    for (;;) {
+      std::uint32_t idx = static_cast<std::uint32_t>(h);
+      if (idx == kNil || want == 0) return 0;
+      std::uint32_t got = 0;
+      std::uint32_t next = idx;
+      // Links may be stale if the stack changes under us (the CAS then fails);
+      // they are always kNil or a valid index, so the walk stays in bounds.
+      while (got < want && next != kNil) {
+        out[got++] = at(next);
+        next = next_[next].load(std::memory_order_relaxed);
+      }
+      std::uint64_t nh = (((h >> 32) + 1) << 32) | next;
+      if (head_.compare_exchange_weak(h, nh, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        allocated_.fetch_add(got, std::memory_order_seq_cst);
+        return got;
+      }
+    }
+  }
+
   /// Return a chain of `count` slots linked through `next` (first..last).
   void free_chain(Slot* first, Slot* last, std::uint32_t count) noexcept {
     std::uint32_t idx = index_of(first);
