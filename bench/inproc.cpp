@@ -905,6 +905,10 @@ void run_1to1_batch64(const Config& cfg) {
   print_line("1to1_batch64", n, lb, "moodycamel_bulk", mc,
              " batch=64 lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
                  " baseline_threads=2" + oversub(std::max(1 + w, 2)));
+  // The gain of batching itself: the same bus with one publish per message, in this run.
+  Runs single = repeat(cfg.repeats, [&] { return lanebus_throughput(1, 1, w, n, cfg); });
+  print_line("1to1_batch64", n, lb, "lanebus_publish", single,
+             " batch=64 lanebus_workers=" + std::to_string(w) + " baseline_threads=" + std::to_string(1 + w));
 }
 
 void run_metrics_overhead(const Config& cfg) {
