@@ -7,7 +7,7 @@
 // Usage: inproc [--smoke] [--run NAME] [--msgs N] [--repeats N] [--workers N] [--list]
 //   --smoke    tiny counts, one run per case (the bench-smoke test suite); checks
 //              that every case runs and loses nothing
-//   --run      one scenario: 1to1, 2to2, fanout1to4, metrics_overhead, latency1to1
+//   --run      one scenario: 1to1, 1to1_batch64, 2to2, fanout1to4, metrics_overhead, latency1to1
 //   --msgs     messages published per run (throughput cases; latency uses N/10)
 //   --workers  override the lanebus worker count of every case
 //
@@ -27,6 +27,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <span>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -612,6 +613,113 @@ Latency mc_latency(std::uint64_t n, std::uint64_t skip, const Config& cfg) {
   return summarize(samples, skip, n, end - t0);
 }
 
+// ---------------------------------------------------------------- batch publish (1to1_batch64)
+
+constexpr std::uint32_t kBatch = 64;
+
+/// 1 producer publishes n messages in spans of 64 (Publisher::publish_batch)
+/// to one topic with one group on `workers` workers.
+double lanebus_batch_throughput(int workers, std::uint64_t n, const Config& cfg) {
+  auto bus = open_bus(workers);
+  auto topic_r = bus->create_topic("bench.batch", {.lanes = 8});
+  if (!topic_r.ok()) die("create_topic: " + topic_r.status().to_string());
+  lanebus::Topic topic = *topic_r;
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  GroupDone* gd = done[0].get();
+  auto sub = bus->subscribe(topic, "group-0", [gd, n](const MessageView& m) {
+    std::uint64_t seq;
+    std::memcpy(&seq, m.payload().data(), sizeof seq);
+    do_not_optimize(seq);
+    if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == n) gd->done_ns.store(now_ns(), std::memory_order_release);
+    return Outcome::ack();
+  });
+  if (!sub.ok()) die("subscribe: " + sub.status().to_string());
+  Gate gate;
+  std::thread producer([&, pub = bus->publisher()]() mutable {
+    Msg ms[kBatch];
+    lanebus::OutgoingMessage om[kBatch];
+    gate.arrive_and_wait();
+    for (std::uint64_t i = 0; i < n;) {
+      const std::uint32_t b = static_cast<std::uint32_t>(std::min<std::uint64_t>(kBatch, n - i));
+      for (std::uint32_t j = 0; j < b; ++j) {
+        ms[j].seq = i + j;
+        om[j] = {.key = keys()[(i + j) % kKeys],
+                 .payload = std::string_view(reinterpret_cast<const char*>(&ms[j]), sizeof(Msg))};
+      }
+      std::span<const lanebus::OutgoingMessage> rest(om, b);
+      while (!rest.empty()) {  // a TimedOut batch (Block, 1 s full) publishes a prefix: go on from there
+        auto r = pub.publish_batch(topic, rest);
+        if (!r.ok() && r.status.code() != lanebus::Code::TimedOut) die("publish_batch: " + r.status.to_string());
+        rest = rest.subspan(r.published);
+      }
+      i += b;
+    }
+  });
+  std::int64_t t0 = gate.open_when(1);
+  std::int64_t end = wait_all(done, cfg, "lanebus batch");
+  producer.join();
+  if (gd->count.load() != n) die("lanebus batch: handled " + std::to_string(gd->count.load()) + " of " + std::to_string(n));
+  (void)sub->close();
+  (void)bus->shutdown(lanebus::ShutdownMode::Drain);
+  return rate(n, end - t0);
+}
+
+// GCC 12 reports a bogus -Wstringop-overflow inside moodycamel's inlined
+// ExplicitProducer::enqueue_bulk (an atomic load it thinks writes 8 bytes).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+/// moodycamel bulk: one bounded queue (4096), the producer try_enqueue_bulk's
+/// spans of 64 (yielding when full), the consumer try_dequeue_bulk's up to 64.
+double mc_bulk_throughput(std::uint64_t n, const Config& cfg) {
+  constexpr std::size_t kCapacity = 4096;
+  McQueue q(kCapacity);
+  moodycamel::ProducerToken ptok(q);
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  std::thread consumer([&] {
+    moodycamel::ConsumerToken ctok(q);
+    Msg ms[kBatch];
+    std::uint64_t got = 0;
+    unsigned idle = 0;
+    while (got < n) {
+      std::size_t k = q.try_dequeue_bulk(ctok, ms, kBatch);
+      if (k > 0) {
+        for (std::size_t j = 0; j < k; ++j) do_not_optimize(ms[j].seq);
+        got += k;
+        idle = 0;
+      } else {
+        cpu_relax();
+        if ((++idle & 63) == 0) {
+          if (cfg.smoke)
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+          else
+            std::this_thread::yield();
+        }
+      }
+    }
+    done[0]->count.store(got, std::memory_order_relaxed);
+    done[0]->done_ns.store(now_ns(), std::memory_order_release);
+  });
+  Gate gate;
+  std::thread producer([&] {
+    Msg ms[kBatch];
+    gate.arrive_and_wait();
+    for (std::uint64_t i = 0; i < n;) {
+      const std::uint32_t b = static_cast<std::uint32_t>(std::min<std::uint64_t>(kBatch, n - i));
+      for (std::uint32_t j = 0; j < b; ++j) ms[j].seq = i + j;
+      while (!q.try_enqueue_bulk(ptok, ms, b)) std::this_thread::yield();
+      i += b;
+    }
+  });
+  std::int64_t t0 = gate.open_when(1);
+  std::int64_t end = wait_all(done, cfg, "moodycamel bulk");
+  producer.join();
+  consumer.join();
+  return rate(n, end - t0);
+}
+#pragma GCC diagnostic pop
+
 // ---------------------------------------------------------------- reporting
 
 struct Runs {
@@ -789,6 +897,20 @@ void run_latency(const Config& cfg) {
   std::fflush(stdout);
 }
 
+void run_1to1_batch64(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  const int w = workers_for(cfg, 1);
+  Runs lb = repeat(cfg.repeats, [&] { return lanebus_batch_throughput(w, n, cfg); });
+  Runs mc = repeat(cfg.repeats, [&] { return mc_bulk_throughput(n, cfg); });
+  print_line("1to1_batch64", n, lb, "moodycamel_bulk", mc,
+             " batch=64 lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
+                 " baseline_threads=2" + oversub(std::max(1 + w, 2)));
+  // The gain of batching itself: the same bus with one publish per message, in this run.
+  Runs single = repeat(cfg.repeats, [&] { return lanebus_throughput(1, 1, w, n, cfg); });
+  print_line("1to1_batch64", n, lb, "lanebus_publish", single,
+             " batch=64 lanebus_workers=" + std::to_string(w) + " baseline_threads=" + std::to_string(1 + w));
+}
+
 void run_metrics_overhead(const Config& cfg) {
   const std::uint64_t n = cfg.msgs;
   const int w = workers_for(cfg, 1);
@@ -810,6 +932,9 @@ const Scenario kScenarios[] = {
      "1 producer -> 1 group (lanebus 1 worker, 16 keys over 8 lanes) vs moodycamel 1P/1C, asio strands and a "
      "mutex queue on 1 worker, zmq PUSH/PULL",
      run_1to1},
+    {"1to1_batch64",
+     "1to1 with Publisher::publish_batch in spans of 64 vs moodycamel try_enqueue_bulk / try_dequeue_bulk of 64",
+     run_1to1_batch64},
     {"2to2", "2 producers -> 2 groups, each group gets every message, vs moodycamel 2 queues x 2P, 2C", run_2to2},
     {"fanout1to4", "1 producer -> 4 groups (msgs/2 per run) vs moodycamel 4 queues, 4 consumers", run_fanout},
     {"metrics_overhead", "1to1 with BusOptions::metrics on vs off (the cost of latency/age recording)",

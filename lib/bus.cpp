@@ -52,6 +52,26 @@ Status Topic::publish_async(const OutgoingMessage& message, PublishCallback done
   return s;
 }
 
+namespace {
+/// publish_batch on a durable topic: publish each message (each waits for its commit).
+BatchPublishResult publish_batch_durable(detail::TopicImpl* t, std::span<const OutgoingMessage> ms) noexcept {
+  BatchPublishResult r;
+  for (const OutgoingMessage& m : ms) {
+    r.status = publish_durable_noexcept(t, m);
+    if (!r.status.ok()) return r;
+    ++r.published;
+  }
+  return r;
+}
+}  // namespace
+
+BatchPublishResult Topic::publish_batch(std::span<const OutgoingMessage> messages) const noexcept {
+  if (impl_ == nullptr) return {0, no_topic()};
+  if (impl_->durable) return publish_batch_durable(impl_, messages);
+  if (messages.empty()) return {};
+  return impl_->publish_batch(messages, true, impl_->bus->take_ids(messages.size()));
+}
+
 bool Topic::is_durable() const noexcept { return impl_ && impl_->durable; }
 
 std::string_view Topic::name() const noexcept { return impl_ ? std::string_view(impl_->name) : std::string_view(); }
@@ -115,6 +135,21 @@ Status Publisher::try_publish(const Topic& topic, const OutgoingMessage& message
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
   if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
   return topic.impl_->publish(message, false, next_publisher_id(*state_));
+}
+
+BatchPublishResult Publisher::publish_batch(const Topic& topic, std::span<const OutgoingMessage> messages) noexcept {
+  if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return {0, no_topic()};
+  if (topic.impl_->durable) return publish_batch_durable(topic.impl_, messages);
+  if (messages.empty()) return {};
+  detail::PublisherState& st = *state_;
+  std::uint64_t first;
+  if (st.end_id - st.next_id >= messages.size()) {
+    first = st.next_id;  // from the private block
+    st.next_id += messages.size();
+  } else {
+    first = st.bus->take_ids(messages.size());
+  }
+  return topic.impl_->publish_batch(messages, true, first);
 }
 
 // Bus

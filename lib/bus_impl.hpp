@@ -40,6 +40,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <optional>
 #include <memory>
@@ -78,10 +79,13 @@ extern thread_local BusCore* tl_running_bus;
 /// (its start time is not read: no clock read on the hot path).
 inline constexpr std::int64_t kRunningUntimed = 1;
 
-/// Wall clock, ns since the epoch (message timestamps, DLQ times).
+/// Wall clock, ns since the epoch (message timestamps, DLQ times): the clock
+/// system_clock::now reads (CLOCK_REALTIME, vDSO), called directly to skip
+/// the library wrapper on the hot path (doc/performance.md, clock reads).
 inline std::int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 inline void cpu_relax() noexcept {
@@ -278,6 +282,9 @@ class TopicImpl {
 
   Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
+  /// Topic::publish_batch for an ephemeral topic; message j gets id first_id + j.
+  BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
+                                   std::uint64_t first_id) noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
   AppendRequest append_request(const OutgoingMessage& m) const;
 

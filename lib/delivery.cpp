@@ -134,7 +134,7 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
   const Outcome::Kind kind = inv.outcome.kind();
   // A claimed key: an ack completes it (durable lanes: in the commit that
   // acks), anything else releases it so a redelivery can claim it again.
-  if (mode == AdmitMode::Claim && !(durable && kind == Outcome::Kind::Ack)) {
+  if (mode == AdmitMode::Claim && gl->group->idempotency != nullptr && !(durable && kind == Outcome::Kind::Ack)) {
     finish_key(gl, p.idempotency_key, kind == Outcome::Kind::Ack);
   }
   if (kind == Outcome::Kind::Ack) {

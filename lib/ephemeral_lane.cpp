@@ -141,7 +141,8 @@ void BusCore::run_lane(GroupLane* gl) {
       continue;
     }
     const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1};
-    const Admission a = admit(gl, p, AdmitMode::Claim);
+    // No idempotency scope (the common case): skip the out-of-line call.
+    const Admission a = g->idempotency == nullptr ? Admission::Proceed : admit(gl, p, AdmitMode::Claim);
     std::int64_t wait_ns = -1;  // the message stays (not an attempt, or a retry) and waits this long
     if (a == Admission::Later) {
       wait_ns = kHoldBusyKeyNs;  // the key is busy elsewhere: not an attempt

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 namespace lanebus::detail {
 
@@ -56,6 +57,27 @@ class LaneRing {
     // (Dekker hand-off with the worker, see bus_impl.hpp).
     cell->seq.store(pos + 1, std::memory_order_seq_cst);
     return true;
+  }
+
+  /// Append `count` values as one run of consecutive positions (publish_batch:
+  /// one read-modify-write of tail_ for the run instead of one per value).
+  /// REQUIRES: the ring cannot overflow — every entry pins a live pool slot and
+  /// the ring has as many cells as the pool has slots, so a cell we claim is at
+  /// most waiting for its previous dequeuer to finish its store (we spin).
+  /// Ends with a seq_cst fence: the caller next reads the lane's `scheduled`
+  /// flag, and every cell store must be visible before that load (the Dekker
+  /// hand-off of bus_impl.hpp; one fence for the run instead of a seq_cst
+  /// store per cell).
+  void enqueue_bulk(const std::uint32_t* values, std::uint32_t count) noexcept {
+    const std::uint64_t pos = tail_.fetch_add(count, std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      Cell* cell = &cells_[(pos + i) & mask_];
+      // acquire: pairs with the dequeuer's release that freed the cell.
+      while (cell->seq.load(std::memory_order_acquire) != pos + i) std::this_thread::yield();
+      cell->value = values[i];
+      cell->seq.store(pos + i + 1, std::memory_order_release);
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
   }
 
   /// False when empty (or when the oldest position is claimed but not yet written).

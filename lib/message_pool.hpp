@@ -34,6 +34,7 @@ struct alignas(64) Slot {
   std::uint32_t key_len = 0;
   std::uint32_t idem_len = 0;
   std::uint32_t payload_len = 0;
+  std::uint32_t index = 0;  // position in the pool, fixed at construction (index_of without a division)
   MessageHeader header;
 
   char* data() noexcept { return reinterpret_cast<char*>(this + 1); }
@@ -42,6 +43,8 @@ struct alignas(64) Slot {
   std::string_view idempotency_key() const noexcept { return {data() + key_len, idem_len}; }
   std::string_view payload() const noexcept { return {data() + key_len + idem_len, payload_len}; }
 };
+
+static_assert(sizeof(Slot) == 64, "the slot header is one cache line");
 
 class MessagePool {
  public:
@@ -54,7 +57,7 @@ class MessagePool {
         memory_(static_cast<char*>(::operator new(stride_ * capacity, std::align_val_t(64)))),
         next_(new std::atomic<std::uint32_t>[capacity]) {
     for (std::uint32_t i = 0; i < capacity_; ++i) {
-      new (memory_ + stride_ * i) Slot();
+      (new (memory_ + stride_ * i) Slot())->index = i;
       next_[i].store(i + 1 < capacity_ ? i + 1 : kNil, std::memory_order_relaxed);
     }
     head_.store(0, std::memory_order_relaxed);  // tag 0, index 0
@@ -71,9 +74,10 @@ class MessagePool {
   Slot* at(std::uint32_t index) const noexcept {
     return reinterpret_cast<Slot*>(memory_ + stride_ * static_cast<std::size_t>(index));
   }
-  std::uint32_t index_of(const Slot* s) const noexcept {
-    return static_cast<std::uint32_t>((reinterpret_cast<const char*>(s) - memory_) / stride_);
-  }
+  /// The slot's index: stored in it (the slot's first line, which every
+  /// caller touches anyway) rather than computed by dividing by the stride —
+  /// a 64-bit division is 15-40 cycles and the hot path needed 3-4 a message.
+  std::uint32_t index_of(const Slot* s) const noexcept { return s->index; }
 
   /// A free slot, or nullptr when every slot is in use. Lock-free, no allocation.
   /// seq_cst on allocated_: shutdown's Dekker check (publish increments
@@ -91,6 +95,32 @@ class MessagePool {
       if (head_.compare_exchange_weak(h, nh, std::memory_order_acq_rel, std::memory_order_acquire)) {
         allocated_.fetch_add(1, std::memory_order_seq_cst);
         return at(idx);
+      }
+    }
+  }
+
+  /// Up to `want` free slots taken with one CAS (publish_batch): walks `want`
+  /// links from the head and swings the head past them. The tag makes the CAS
+  /// fail if anyone pushed or popped meanwhile, so a successful CAS means the
+  /// walked links were the stack's. Returns how many it took (0: none free).
+  /// Lock-free, no allocation; seq_cst on allocated_ as in try_alloc.
+  std::uint32_t try_alloc_bulk(Slot** out, std::uint32_t want) noexcept {
+    std::uint64_t h = head_.load(std::memory_order_acquire);
+    for (;;) {
+      std::uint32_t idx = static_cast<std::uint32_t>(h);
+      if (idx == kNil || want == 0) return 0;
+      std::uint32_t got = 0;
+      std::uint32_t next = idx;
+      // Links may be stale if the stack changes under us (the CAS then fails);
+      // they are always kNil or a valid index, so the walk stays in bounds.
+      while (got < want && next != kNil) {
+        out[got++] = at(next);
+        next = next_[next].load(std::memory_order_relaxed);
+      }
+      std::uint64_t nh = (((h >> 32) + 1) << 32) | next;
+      if (head_.compare_exchange_weak(h, nh, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        allocated_.fetch_add(got, std::memory_order_seq_cst);
+        return got;
       }
     }
   }

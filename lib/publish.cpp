@@ -206,4 +206,154 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   return s;
 }
 
+// ---------------------------------------------------------------- publish_batch (doc/performance.md)
+//
+// publish for many messages at once, in chunks of up to kBatchChunk: one CAS
+// claims the chunk's slots, one clock read stamps them, and each lane's share
+// goes into each group's ring with one fetch_add on the ring's tail (and one
+// schedule per lane). Equivalent to publish in a loop that stops at the first
+// error (Topic::publish_batch documents the partial-batch result).
+
+namespace {
+constexpr std::uint32_t kBatchChunk = 64;
+
+void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t created_at) noexcept {
+  s->lane = lane;
+  s->key_len = static_cast<std::uint32_t>(m.key.size());
+  s->idem_len = static_cast<std::uint32_t>(m.idempotency_key.size());
+  s->payload_len = static_cast<std::uint32_t>(m.payload.size());
+  char* d = s->data();
+  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
+  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
+  std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
+  s->header.id = id;
+  s->header.created_at_ns = created_at;
+  s->header.correlation_id = m.correlation_id;
+  s->header.fencing_token = m.fencing_token;
+  s->header.attempt = 0;
+  s->header.content_type = m.content_type;
+  s->header.schema_version = m.schema_version;
+}
+}  // namespace
+
+BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
+                                            std::uint64_t first_id) noexcept {
+  BatchPublishResult r;
+  for (const OutgoingMessage& m : ms) {
+    if (m.payload.empty()) {
+      r.status = Status::from_literal(Code::InvalidArgument,
+                                      "publish_batch: a message has an empty payload (nothing published)");
+      return r;
+    }
+    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
+      r.status = Status::from_literal(Code::PayloadTooLarge,
+                                      "publish_batch: a message's key + idempotency key + payload exceed the "
+                                      "topic's slot_bytes (nothing published; raise TopicOptions::slot_bytes)");
+      return r;
+    }
+  }
+  constexpr std::uint32_t kInline = 16;
+  Slot* slots[kBatchChunk];
+  std::uint32_t lanes_of[kBatchChunk];
+  std::uint32_t run[kBatchChunk];
+  std::uint64_t done_mask = 0;
+  static_assert(kBatchChunk <= 64, "done_mask is one word");
+  while (r.published < ms.size()) {
+    if (bus->closing()) {
+      r.status = Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+      return r;
+    }
+    const OutgoingMessage* chunk = ms.data() + r.published;
+    const std::uint32_t want = static_cast<std::uint32_t>(std::min<std::size_t>(kBatchChunk, ms.size() - r.published));
+    std::uint32_t k = pool.try_alloc_bulk(slots, want);
+    if (k == 0) {
+      // Nothing free: this message waits (or fails, or drops) exactly as publish's.
+      const std::uint32_t lane = lane_for_key(chunk[0].key, options.lanes);
+      Slot* s = acquire_slot(lane, may_block);
+      if (s == nullptr) {
+        if (bus->closing()) {
+          r.status = Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+          return r;
+        }
+        refused.fetch_add(1, std::memory_order_relaxed);
+        r.status = (may_block && options.backpressure != Backpressure::FailFast)
+                       ? Status::from_literal(Code::TimedOut,
+                                              "publish: the topic stayed full for its whole block_timeout")
+                       : Status::from_literal(Code::WouldBlock,
+                                              "publish: the topic is full (all capacity slots in use)");
+        return r;
+      }
+      slots[0] = s;
+      k = 1;
+    }
+    // The pool's in_use grew (seq_cst) before this check: shutdown's Dekker, as in publish.
+    if (bus->closing()) {
+      for (std::uint32_t i = 0; i < k; ++i) pool.free(slots[i]);
+      r.status = Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+      return r;
+    }
+    // Targets, as in publish. More groups than kInline: the guard-reference
+    // path of publish, one message at a time.
+    GroupImpl* targets[kInline];
+    std::uint32_t n = 0;
+    bool overflow = false;
+    const std::uint32_t ng = group_count.load(std::memory_order_acquire);
+    for (std::uint32_t gi = 0; gi < ng; ++gi) {
+      GroupImpl* g = groups[gi].load(std::memory_order_acquire);
+      if (g == nullptr || !g->active.load(std::memory_order_acquire)) continue;
+      if (n == kInline) {
+        overflow = true;
+        break;
+      }
+      targets[n++] = g;
+    }
+    if (overflow) {
+      for (std::uint32_t i = 0; i < k; ++i) pool.free(slots[i]);
+      Status st = publish(chunk[0], may_block, first_id + r.published);
+      if (!st.ok()) {
+        r.status = st;
+        return r;
+      }
+      ++r.published;
+      continue;
+    }
+    const std::int64_t created_at = now_ns();  // one read per chunk
+    for (std::uint32_t i = 0; i < k; ++i) {
+      lanes_of[i] = lane_for_key(chunk[i].key, options.lanes);
+      fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at);
+      // relaxed: the ring append's release stores (and fence) publish it with the slot.
+      slots[i]->refs.store(n, std::memory_order_relaxed);
+    }
+    if (n == 0) {
+      for (std::uint32_t i = 0; i < k; ++i) {
+        lane_load[lanes_of[i]].published.fetch_add(1, std::memory_order_relaxed);
+        pool.free(slots[i]);
+      }
+      unrouted.fetch_add(k, std::memory_order_relaxed);
+      r.published += k;
+      continue;
+    }
+    // Each lane's messages, in span order, as one run per group ring.
+    done_mask = 0;
+    for (std::uint32_t i = 0; i < k; ++i) {
+      if (done_mask & (std::uint64_t{1} << i)) continue;
+      const std::uint32_t lane = lanes_of[i];
+      std::uint32_t len = 0;
+      for (std::uint32_t j = i; j < k; ++j) {
+        if (lanes_of[j] != lane) continue;
+        done_mask |= std::uint64_t{1} << j;
+        run[len++] = pool.index_of(slots[j]);
+      }
+      lane_load[lane].published.fetch_add(len, std::memory_order_relaxed);
+      for (std::uint32_t t = 0; t < n; ++t) {
+        GroupLane* gl = targets[t]->lanes[lane].get();
+        gl->ring.enqueue_bulk(run, len);
+        bus->schedule(gl);
+      }
+    }
+    r.published += k;
+  }
+  return r;
+}
+
 }  // namespace lanebus::detail

@@ -217,3 +217,71 @@ TEST_CASE("4 publisher threads, one started after warm-up, retries and DropOldes
   CHECK(r_retried.load() >= total / 16);  // the retry path ran
   CHECK(retried > r_retried.load());      // and the backoff retries on the drop topic
 }
+
+TEST_CASE("publish_batch after warm-up allocates nothing, nor does a partial batch on a full topic") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2}).value();
+  auto topic = bus->create_topic("alloc.batch", {.lanes = 8, .capacity = 4096}).value();
+  std::atomic<std::uint64_t> a{0}, b{0};
+  auto sa = bus->subscribe(topic, "a", [&](const MessageView&) {
+                  a.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  auto sb = bus->subscribe(topic, "b", [&](const MessageView&) {
+                  b.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  Publisher pub = bus->publisher();
+  char keys[97][4];
+  char payload[64];
+  std::memset(payload, 'x', sizeof(payload));
+  for (int k = 0; k < 97; ++k) {
+    keys[k][0] = 'k';
+    keys[k][1] = static_cast<char>('0' + k / 10);
+    keys[k][2] = static_cast<char>('0' + k % 10);
+  }
+  OutgoingMessage span[100];
+  auto run = [&](int batches, std::uint64_t base) {
+    for (int i = 0; i < batches; ++i) {
+      const int len = 1 + i % 100;  // 1..100: one and two chunks, full and partial
+      for (int j = 0; j < len; ++j)
+        span[j] = {.key = std::string_view(keys[(i + j) % 97], 3), .payload = std::string_view(payload, sizeof payload)};
+      BatchPublishResult r = (i % 2) ? pub.publish_batch(topic, std::span<const OutgoingMessage>(span, len))
+                                     : topic.publish_batch(std::span<const OutgoingMessage>(span, len));
+      REQUIRE(r.ok());
+      base += len;
+    }
+    REQUIRE(wait_until([&] { return a.load() == base && b.load() == base; }));
+    return base;
+  };
+  std::uint64_t n = run(400, 0);  // warm-up
+  lanebus::test::alloc_counting(true);
+  std::uint64_t before = lanebus::test::alloc_count();
+  n = run(2000, n);  // ~100k messages, 200k deliveries
+  std::uint64_t after = lanebus::test::alloc_count();
+  lanebus::test::alloc_counting(false);
+  INFO("allocations during ~100k batch-published messages: " << (after - before));
+  CHECK(after - before == 0);
+
+  // A partial batch: a full FailFast topic refuses the rest without allocating.
+  auto full = bus->create_topic("alloc.batch.full",
+                                {.lanes = 1, .backpressure = Backpressure::FailFast, .capacity = 8})
+                  .value();
+  std::atomic<bool> gate{false};
+  auto sf = bus->subscribe(full, "g", [&](const MessageView&) {
+                  while (!gate.load()) std::this_thread::yield();
+                  return Outcome::ack();
+                }).value();
+  for (int j = 0; j < 20; ++j) span[j] = {.key = "k", .payload = std::string_view(payload, 8)};
+  lanebus::test::alloc_counting(true);
+  before = lanebus::test::alloc_count();
+  BatchPublishResult r = full.publish_batch(std::span<const OutgoingMessage>(span, 20));
+  BatchPublishResult r2 = full.publish_batch(std::span<const OutgoingMessage>(span, 20));
+  after = lanebus::test::alloc_count();
+  lanebus::test::alloc_counting(false);
+  CHECK(after - before == 0);
+  CHECK(r.published == 8);
+  CHECK(r.status.code() == Code::WouldBlock);
+  CHECK(r2.published == 0);
+  gate = true;
+}

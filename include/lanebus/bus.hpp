@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "lanebus/export.hpp"
@@ -32,6 +33,15 @@ struct PublisherState;
 /// with no lanebus lock held; it must be short and must not block (no
 /// blocking publish, no shutdown) — hand work to your own thread instead.
 using PublishCallback = std::function<void(const Status& status, std::uint64_t offset)>;
+
+/// What Topic::publish_batch did: messages[0, published) are published, in
+/// order; `status` is OK when all were, else the reason messages[published]
+/// was not (nothing after it was attempted). See Topic::publish_batch.
+struct BatchPublishResult {
+  std::size_t published = 0;
+  Status status;
+  bool ok() const noexcept { return status.ok(); }
+};
 
 /// A topic or queue: a cheap, copyable reference. Valid while its Bus lives.
 /// A default-constructed Topic refers to nothing; using it gives InvalidArgument.
@@ -81,6 +91,34 @@ class LANEBUS_API Topic {
   /// call wait for room). On an ephemeral topic `done` runs inline.
   /// REQUIRES: done is not empty (else InvalidArgument).
   Status publish_async(const OutgoingMessage& message, PublishCallback done) const;
+
+  /// Publish many messages in one call: the same result as calling publish
+  /// for each message in span order and stopping at the first error, but
+  /// cheaper per message: it claims slots for up to 64 messages with one
+  /// atomic operation, appends each lane's share to each group's lane with
+  /// one more, wakes each lane once and reads the clock once per 64 (the
+  /// messages of one such chunk share `created_at`). Allocation-free.
+  /// doc/performance.md has the measured gain.
+  ///
+  /// - Order: per key, messages keep their span order, and the ordering
+  ///   contract of publish holds for each of them (a publish that returned
+  ///   before this call started comes first; one that starts after it
+  ///   returns comes later).
+  /// - Validation first: an empty payload or an oversized message anywhere in
+  ///   the span publishes nothing (published = 0; InvalidArgument or
+  ///   PayloadTooLarge). An empty span is OK with published = 0.
+  /// - Backpressure: the batch takes the free slots it finds, up to 64 at a
+  ///   time; when none is free, the next message waits exactly as publish
+  ///   would: Block waits up to block_timeout for that message (TimedOut),
+  ///   FailFast stops (WouldBlock), DropOldest drops to make room. A partial
+  ///   batch returns the prefix published and the status of the first
+  ///   message that was not; `publish_refused` grows by one for that message
+  ///   (its meaning is unchanged: refused publish results), and the messages
+  ///   after it were never attempted — publish them again if you want them.
+  /// - Durable topics: the same as publish for each message (each waits for
+  ///   its commit); there is no batching gain there yet.
+  /// - ShutDown: as publish, for the first message not yet published.
+  BatchPublishResult publish_batch(std::span<const OutgoingMessage> messages) const noexcept;
 
   std::string_view name() const noexcept;
   std::uint32_t lanes() const noexcept;
@@ -148,6 +186,8 @@ class LANEBUS_API Publisher {
   Status publish(const Topic& topic, const OutgoingMessage& message) noexcept;
   /// As Topic::try_publish.
   Status try_publish(const Topic& topic, const OutgoingMessage& message) noexcept;
+  /// As Topic::publish_batch (ids from this handle's private block).
+  BatchPublishResult publish_batch(const Topic& topic, std::span<const OutgoingMessage> messages) noexcept;
 
  private:
   friend class Bus;
