@@ -47,6 +47,7 @@ BusStats BusCore::stats() const {
     Status health = store_->health();
     if (!health.ok()) out.store_error = health.to_string();
   }
+  if (tenancy_) out.namespaces = tenancy_->list();
   for (const auto& [name, t] : topics_) {
     TopicStats ts;
     ts.name = name;
