@@ -16,6 +16,7 @@
 #include "bus_impl.hpp"
 #include "lanebus/client.hpp"
 #include "lanebus/lanebus.hpp"
+#include "process.hpp"
 #include "sizes.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
@@ -424,4 +425,25 @@ TEST_CASE("usage counts exactly what was sent and survives a restart") {
   for (const NamespaceInfo& n : bus->stats().namespaces)
     if (n.name == "acct") seen = n.usage.msgs_in == u.msgs_in;
   CHECK(seen);
+  REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());
+
+  // `lanebus usage DIR --json` reads the same totals from the store.
+  const std::string tool = lanebus::test::helper_path("LANEBUS_TOOL");
+  if (tool.empty()) {
+    MESSAGE("LANEBUS_TOOL not set (built without tools): lanebus usage not checked");
+    return;
+  }
+  lanebus::test::Child c({tool, "usage", dir.file("store"), "--json", "--since", "1h"});
+  const std::string line = c.read_line();
+  CHECK(c.wait() == 0);
+  INFO(line);
+  CHECK(contains(line, "\"name\":\"acct\""));
+  CHECK(contains(line, "\"msgs_in\":" + std::to_string(kN + kN / 10) + ","));
+  CHECK(contains(line, "\"msgs_out\":" + std::to_string(kN + kN / 10) + ","));
+  lanebus::test::Child old({tool, "usage", dir.file("store"), "--json", "--until", "1d"});
+  const std::string none = old.read_line();
+  CHECK(old.wait() == 0);
+  CHECK_FALSE(contains(none, "acct"));
+  lanebus::test::Child bad({tool, "usage", dir.file("store"), "--since", "yesterday"});
+  CHECK(bad.wait() == 2);
 }
