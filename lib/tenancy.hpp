@@ -33,6 +33,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+
+#include <time.h>
 #include <vector>
 
 #include "lanebus/tenancy.hpp"
@@ -67,9 +69,11 @@ struct TokenBucket {
   std::int64_t debt(std::int64_t now) const noexcept;
 };
 
+/// Written by publishers (in, throttled, refused, ceiling) and by workers
+/// (out, throttled): two cache lines, so the two sides do not false-share.
 struct UsageCounters {
-  std::atomic<std::uint64_t> msgs_in{0}, bytes_in{0}, msgs_out{0}, bytes_out{0}, throttled{0}, refused{0},
-      seconds_at_ceiling{0};
+  alignas(64) std::atomic<std::uint64_t> msgs_in{0}, bytes_in{0}, refused{0}, seconds_at_ceiling{0};
+  alignas(64) std::atomic<std::uint64_t> msgs_out{0}, bytes_out{0}, throttled{0};
 };
 
 class TenancyImpl;
@@ -82,9 +86,11 @@ struct NamespaceState {
   bool declared = false;   // guarded by TenancyImpl::mu_
   NamespacePolicy policy;  // guarded by TenancyImpl::mu_
 
+  // Publisher side and worker side on separate cache lines.
   alignas(64) TokenBucket pub_msgs, pub_bytes;
+  std::atomic<bool> pub_limited{false};
   alignas(64) TokenBucket con_msgs, con_bytes;
-  std::atomic<bool> pub_limited{false}, con_limited{false};
+  std::atomic<bool> con_limited{false};
 
   alignas(64) UsageCounters live;               // this run
   std::atomic<std::int64_t> last_ceiling_sec{-1};
@@ -160,11 +166,13 @@ class TenancyImpl {
   /// One ticker step (peak rates); tests call it on an injected clock.
   void tick() noexcept;
 
+  /// CLOCK_MONOTONIC_COARSE (a few ns instead of a full clock read on the
+  /// publish path; its ~4 ms steps are below the smallest burst, 10 ms).
   std::int64_t now() const noexcept {
-    auto f = clock_.now_ns;
-    return f ? f() : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now().time_since_epoch())
-                         .count();
+    if (auto f = clock_.now_ns) return f();
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return std::int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
   }
   void sleep(std::int64_t ns) const noexcept;
   bool closing() const noexcept { return closing_->load(std::memory_order_relaxed); }
