@@ -425,6 +425,14 @@ TEST_CASE("usage counts exactly what was sent and survives a restart") {
   for (const NamespaceInfo& n : bus->stats().namespaces)
     if (n.name == "acct") seen = n.usage.msgs_in == u.msgs_in;
   CHECK(seen);
+  // So do the Prometheus and JSON exports.
+  auto mon = Monitor::create(*bus).value();
+  REQUIRE(mon->sample().ok());
+  const std::string prom = mon->prometheus();
+  CHECK(contains(prom, "lanebus_namespace_messages_in_total{namespace=\"acct\"} " + std::to_string(u.msgs_in) + "\n"));
+  CHECK(contains(prom, "lanebus_namespace_refused_total{namespace=\"acct\"} 0\n"));
+  const std::string json = mon->json();
+  CHECK(contains(json, "\"name\":\"acct\",\"declared\":false,\"msgs_in\":" + std::to_string(u.msgs_in) + ","));
   REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());
 
   // `lanebus usage DIR --json` reads the same totals from the store.
