@@ -859,6 +859,8 @@ std::string to_prometheus(const MetricsSnapshot& s) {
          &NamespaceUsage::refused},
         {"lanebus_namespace_seconds_at_ceiling_total", "counter",
          "Seconds in which the publish quota throttled or refused something.", &NamespaceUsage::seconds_at_ceiling},
+        {"lanebus_namespace_stored_bytes", "gauge", "Retained log bytes of the namespace's durable topics.",
+         &NamespaceUsage::stored_bytes},
     };
     for (const NsCounter& c : ns_counters) {
       w.family(c.name, c.type, c.help);
@@ -1105,6 +1107,7 @@ std::string to_json(const MetricsSnapshot& s) {
       j.key("throttled"); j.u64(n.usage.throttled);
       j.key("refused"); j.u64(n.usage.refused);
       j.key("seconds_at_ceiling"); j.u64(n.usage.seconds_at_ceiling);
+      j.key("stored_bytes"); j.u64(n.usage.stored_bytes);
       j.key("peak_in_per_s"); j.number(n.usage.peak_in_per_s);
       j.key("avg_in_per_s"); j.number(n.usage.avg_in_per_s);
       j.key("publish_quota_msgs_per_s"); j.number(n.policy.publish.msgs_per_s);

@@ -431,6 +431,13 @@ TEST_CASE("usage counts exactly what was sent and survives a restart") {
   const std::string prom = mon->prometheus();
   CHECK(contains(prom, "lanebus_namespace_messages_in_total{namespace=\"acct\"} " + std::to_string(u.msgs_in) + "\n"));
   CHECK(contains(prom, "lanebus_namespace_refused_total{namespace=\"acct\"} 0\n"));
+  TopicOptions durable_q;
+  durable_q.durable = true;
+  REQUIRE(bus->create_queue("acct.jobs", durable_q).ok());  // stored bytes count the topics this bus opened
+  std::uint64_t stored = 0;
+  for (const NamespaceInfo& n : bus->stats().namespaces)
+    if (n.name == "acct") stored = n.usage.stored_bytes;
+  CHECK(stored >= static_cast<std::uint64_t>(kN / 10) * 10);  // acct.jobs is durable: its payloads at least
   const std::string json = mon->json();
   CHECK(contains(json, "\"name\":\"acct\",\"declared\":false,\"msgs_in\":" + std::to_string(u.msgs_in) + ","));
   REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());

@@ -72,7 +72,9 @@ struct NamespaceUsage {
   std::uint64_t seconds_at_ceiling = 0;  ///< Seconds in which the publish quota throttled or refused.
   double peak_in_per_s = 0;     ///< Highest accepted publishes in one second (this run).
   double avg_in_per_s = 0;      ///< Accepted publishes / seconds since the bus opened (this run).
-  std::uint64_t stored_bytes = 0;  ///< Reserved: 0 (not yet measured).
+  /// Retained log bytes of the namespace's durable topics opened by this bus
+  /// (Bus::stats() and the exports only; 0 in Namespaces::describe/list).
+  std::uint64_t stored_bytes = 0;
 };
 
 /// What Namespaces::describe and list return.
