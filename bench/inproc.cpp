@@ -44,6 +44,7 @@
 #include <mutex>
 
 #include "lanebus/bus.hpp"
+#include "lanebus/client.hpp"  // tenancy_1to1 (issue 11)
 #include "lanebus/version.hpp"
 
 #if BENCH_HAVE_ZMQ
@@ -927,6 +928,71 @@ void run_metrics_overhead(const Config& cfg) {
              " lanebus_workers=" + std::to_string(w) + " repeats=" + std::to_string(times));
 }
 
+// ---------------------------------------------------------------- tenancy (issue 11)
+// 1to1 published through an access-checked Client into a namespace whose
+// publish and consume quotas are far above the rate, against the plain 1to1
+// (doc/tenancy.md). Target: ratio >= 0.9.
+double tenancy_throughput(std::uint64_t n, int workers, const Config& cfg, bool tenancy) {
+  auto b = Bus::open({.name = "bench", .workers = static_cast<std::size_t>(workers), .access_control = tenancy});
+  if (!b.ok()) die("Bus::open: " + b.status().to_string());
+  auto bus = std::move(*b);
+  lanebus::Client client;
+  if (tenancy) {
+    lanebus::NamespacePolicy p;
+    p.publish = {.msgs_per_s = 1e12, .bytes_per_s = 1e15, .burst_s = 1};
+    p.consume = {.msgs_per_s = 1e12, .bytes_per_s = 1e15, .burst_s = 1};
+    if (!bus->namespaces()->create("bench", p).ok()) die("namespaces: create");
+    if (!bus->namespaces()->add_credential({"bench-svc", "bench-secret"}, {{.prefix = "bench", .publish = true,
+                                                                           .consume = true}}).ok())
+      die("namespaces: add_credential");
+  }
+  auto cr = bus->client({"bench-svc", "bench-secret"});
+  if (!cr.ok()) die("client: " + cr.status().to_string());
+  client = std::move(*cr);
+  lanebus::Topic topic = bus->create_topic("bench.tenancy", {.lanes = 8}).value();
+  GroupDone gd;
+  auto sub = client.subscribe(topic, "g", [&gd, n](const MessageView& m) {
+    std::uint64_t seq;
+    std::memcpy(&seq, m.payload().data(), sizeof seq);
+    do_not_optimize(seq);
+    if (gd.count.fetch_add(1, std::memory_order_relaxed) + 1 == n) gd.done_ns.store(now_ns(), std::memory_order_release);
+    return Outcome::ack();
+  });
+  if (!sub.ok()) die("subscribe: " + sub.status().to_string());
+  Msg m;
+  const std::int64_t t0 = now_ns();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    m.seq = i;
+    lanebus::OutgoingMessage om{.key = keys()[i % kKeys],
+                                .payload = std::string_view(reinterpret_cast<const char*>(&m), sizeof m)};
+    lanebus::Status s;
+    while ((s = tenancy ? client.publish(topic, om) : topic.publish(om)).code() == lanebus::Code::TimedOut) {
+    }
+    if (!s.ok()) die("publish: " + s.to_string());
+  }
+  while (gd.done_ns.load(std::memory_order_acquire) == 0) {
+    if (cfg.smoke) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    cpu_relax();
+  }
+  const std::int64_t end = gd.done_ns.load();
+  (void)sub->close();
+  (void)bus->shutdown(lanebus::ShutdownMode::Drain);
+  return rate(n, end - t0);
+}
+
+void run_tenancy_overhead(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  const int w = workers_for(cfg, 1);
+  const int times = cfg.smoke ? cfg.repeats : std::max(cfg.repeats, 5);
+  Runs on, off;
+  for (int i = 0; i < times; ++i) {  // alternate: drift hits both sides alike
+    on.v.push_back(tenancy_throughput(n, w, cfg, true));
+    off.v.push_back(tenancy_throughput(n, w, cfg, false));
+  }
+  print_line("tenancy_1to1", n, on, "no_access_control", off,
+             " lanebus_workers=" + std::to_string(w) + " repeats=" + std::to_string(times) + " target_ratio=0.90");
+}
+
 const Scenario kScenarios[] = {
     {"1to1",
      "1 producer -> 1 group (lanebus 1 worker, 16 keys over 8 lanes) vs moodycamel 1P/1C, asio strands and a "
@@ -939,6 +1005,8 @@ const Scenario kScenarios[] = {
     {"fanout1to4", "1 producer -> 4 groups (msgs/2 per run) vs moodycamel 4 queues, 4 consumers", run_fanout},
     {"metrics_overhead", "1to1 with BusOptions::metrics on vs off (the cost of latency/age recording)",
      run_metrics_overhead},
+    {"tenancy_1to1", "1to1 through an access-checked Client with quotas far above the rate vs plain 1to1 (issue 11)",
+     run_tenancy_overhead},
     {"latency1to1", "publish -> handler latency at 100,000 msg/s (msgs/10) vs moodycamel with a spinning consumer",
      run_latency},
 };

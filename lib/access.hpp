@@ -14,6 +14,7 @@
 #include "lanebus/idempotency.hpp"
 #include "lanebus/lease.hpp"
 #include "lanebus/message.hpp"
+#include "lanebus/tenancy.hpp"
 #include "lanebus/transaction.hpp"
 
 namespace lanebus::detail {
@@ -31,6 +32,9 @@ struct Access {
   static Transaction transaction(TxnState* state) noexcept { return Transaction(state); }
   static std::unique_ptr<DeadLetters> dead_letters(BusCore* core) {
     return std::unique_ptr<DeadLetters>(new DeadLetters(core));
+  }
+  static std::unique_ptr<Namespaces> namespaces(BusCore* core) {
+    return std::unique_ptr<Namespaces>(new Namespaces(core));
   }
   static void set_attempt(MessageView& view, std::uint32_t attempt) noexcept { view.attempt_override_ = attempt; }
   static void set_deadline_ns(MessageView& view, std::int64_t deadline_ns) noexcept {

@@ -60,6 +60,7 @@
 #include "mpmc_queue.hpp"
 #include "retry_timer.hpp"
 #include "sync.hpp"
+#include "tenancy.hpp"
 
 namespace lanebus::detail {
 
@@ -306,6 +307,9 @@ class TopicImpl {
   std::unique_ptr<LaneLoad[]> lane_load;
   std::atomic<std::uint64_t> unrouted{0};
   std::atomic<std::uint64_t> refused{0};
+  /// The namespace holding the topic (tenancy.hpp); set at creation, swapped
+  /// when a covering namespace is declared. Never null after creation.
+  std::atomic<NamespaceState*> ns{nullptr};
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
@@ -346,6 +350,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Publish a DLQ entry of an ephemeral origin again (DlqRepublish).
   Status republish(const DlqEntry& entry);
   DurableStore* store() const noexcept { return store_.get(); }
+  /// Namespaces, credentials, quotas, usage (tenancy.hpp). Set by start().
+  TenancyImpl* tenancy() const noexcept { return tenancy_.get(); }
+  Namespaces* namespaces() noexcept { return namespaces_.get(); }
 
   /// Bridges (lib/bridge.cpp) report through these: `fn` runs inside stats()
   /// (after the topics are filled in, BusCore::mu_ and bridges_mu_ held) and
@@ -446,6 +453,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::map<std::string, std::unique_ptr<IdempotencyTable>, std::less<>> idempotency_ GUARDED_BY(mu_);
   std::unique_ptr<DlqStore> dlq_;
   std::unique_ptr<DeadLetters> dead_letters_;
+
+  // Tenancy (tenancy.hpp).
+  std::unique_ptr<TenancyImpl> tenancy_;
+  std::unique_ptr<Namespaces> namespaces_;
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

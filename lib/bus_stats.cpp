@@ -27,6 +27,19 @@ BusStats BusCore::stats() const {
     Status health = store_->health();
     if (!health.ok()) out.store_error = health.to_string();
   }
+  if (tenancy_) {
+    out.namespaces = tenancy_->list();
+    // Stored bytes: the retained log bytes of the durable topics this bus opened.
+    for (const auto& [name, t] : topics_) {
+      if (!t->durable || !store_) continue;
+      std::uint64_t bytes = 0;
+      for (std::uint32_t i = 0; i < t->options.lanes; ++i)
+        if (auto li = store_->lane_info(t->store_topic, i); li.ok()) bytes += li->bytes;
+      const NamespaceState* ns = t->ns.load(std::memory_order_acquire);
+      for (NamespaceInfo& n : out.namespaces)
+        if (n.name == ns->name) n.usage.stored_bytes += bytes;
+    }
+  }
   for (const auto& [name, t] : topics_) {
     TopicStats ts;
     ts.name = name;

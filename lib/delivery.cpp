@@ -80,6 +80,8 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
     gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
   }
   Invocation inv;
+  ++tl_delivered_msgs;  // tenancy usage (scheduler.cpp)
+  tl_delivered_bytes += p.payload.size();
   tl_running_consumer = c;
   tl_running_bus = this;
   try {

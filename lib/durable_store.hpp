@@ -210,8 +210,9 @@ enum class StoreTable : std::uint8_t {
   DlqAudit,        ///< `dlq_audit`: who replayed / archived / purged what, when
   Fence,           ///< `fence`: fencing high-water marks (doc/leases.md)
   User,            ///< `user`: handlers' own tables (transactional consume)
+  Tenancy,         ///< `tenancy`: namespaces, credentials, usage by minute (doc/tenancy.md)
 };
-inline constexpr int kStoreTables = 6;
+inline constexpr int kStoreTables = 7;
 
 class DurableStore;
 

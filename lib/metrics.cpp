@@ -400,6 +400,7 @@ void MetricsWindow::recompute() {
   snap.window_seconds = span;
   snap.samples = samples_.size();
   snap.bridges = now.stats.bridges;
+  snap.namespaces = now.stats.namespaces;
   if (now.stats.dlq_available) {
     const DlqCounters& d = now.stats.dlq;
     snap.dlq.available = true;
@@ -853,6 +854,45 @@ std::string to_prometheus(const MetricsSnapshot& s) {
     }
   });
 
+  // ---- namespaces: usage and quotas (tenancy.hpp, doc/tenancy.md)
+  if (!s.namespaces.empty()) {
+    struct NsCounter {
+      const char* name;
+      const char* type;
+      const char* help;
+      std::uint64_t NamespaceUsage::*field;
+    };
+    const NsCounter ns_counters[] = {
+        {"lanebus_namespace_messages_in_total", "counter", "Publishes accepted into the namespace.",
+         &NamespaceUsage::msgs_in},
+        {"lanebus_namespace_bytes_in_total", "counter", "Key + idempotency key + payload bytes accepted.",
+         &NamespaceUsage::bytes_in},
+        {"lanebus_namespace_messages_out_total", "counter", "Handler calls of the namespace's topics.",
+         &NamespaceUsage::msgs_out},
+        {"lanebus_namespace_bytes_out_total", "counter", "Payload bytes of those handler calls.",
+         &NamespaceUsage::bytes_out},
+        {"lanebus_namespace_throttled_total", "counter", "Publishes that waited for the quota, plus consume slow-downs.",
+         &NamespaceUsage::throttled},
+        {"lanebus_namespace_refused_total", "counter", "Publishes refused with QuotaExceeded.",
+         &NamespaceUsage::refused},
+        {"lanebus_namespace_seconds_at_ceiling_total", "counter",
+         "Seconds in which the publish quota throttled or refused something.", &NamespaceUsage::seconds_at_ceiling},
+        {"lanebus_namespace_stored_bytes", "gauge", "Retained log bytes of the namespace's durable topics.",
+         &NamespaceUsage::stored_bytes},
+    };
+    for (const NsCounter& c : ns_counters) {
+      w.family(c.name, c.type, c.help);
+      for (const NamespaceInfo& n : s.namespaces) w.sample_u64(c.name, {{"namespace", n.name}}, n.usage.*c.field);
+    }
+    w.family("lanebus_namespace_peak_in_per_second", "gauge", "Highest accepted publishes in one second (this run).");
+    for (const NamespaceInfo& n : s.namespaces)
+      w.sample("lanebus_namespace_peak_in_per_second", {{"namespace", n.name}}, n.usage.peak_in_per_s);
+    w.family("lanebus_namespace_publish_quota_per_second", "gauge",
+             "The namespace's publish quota in messages/s (0 = none).");
+    for (const NamespaceInfo& n : s.namespaces)
+      w.sample("lanebus_namespace_publish_quota_per_second", {{"namespace", n.name}}, n.policy.publish.msgs_per_s);
+  }
+
   // ---- bridges to NATS JetStream (bridge.hpp)
   if (!s.bridges.empty()) {
     w.family("lanebus_bridge_state", "gauge",
@@ -1091,6 +1131,32 @@ std::string to_json(const MetricsSnapshot& s) {
     j.end_object();
   }
   j.end_array();
+  if (!s.namespaces.empty()) {  // tenancy.hpp
+    j.key("namespaces");
+    j.begin_array();
+    for (const NamespaceInfo& n : s.namespaces) {
+      j.begin_object();
+      j.key("name"); j.string(n.name);
+      j.key("declared"); j.boolean(n.declared);
+      j.key("msgs_in"); j.u64(n.usage.msgs_in);
+      j.key("bytes_in"); j.u64(n.usage.bytes_in);
+      j.key("msgs_out"); j.u64(n.usage.msgs_out);
+      j.key("bytes_out"); j.u64(n.usage.bytes_out);
+      j.key("throttled"); j.u64(n.usage.throttled);
+      j.key("refused"); j.u64(n.usage.refused);
+      j.key("seconds_at_ceiling"); j.u64(n.usage.seconds_at_ceiling);
+      j.key("stored_bytes"); j.u64(n.usage.stored_bytes);
+      j.key("peak_in_per_s"); j.number(n.usage.peak_in_per_s);
+      j.key("avg_in_per_s"); j.number(n.usage.avg_in_per_s);
+      j.key("publish_quota_msgs_per_s"); j.number(n.policy.publish.msgs_per_s);
+      j.key("publish_quota_bytes_per_s"); j.number(n.policy.publish.bytes_per_s);
+      j.key("consume_quota_msgs_per_s"); j.number(n.policy.consume.msgs_per_s);
+      j.key("consume_quota_bytes_per_s"); j.number(n.policy.consume.bytes_per_s);
+      j.key("weight"); j.u64(n.policy.weight);
+      j.end_object();
+    }
+    j.end_array();
+  }
   if (!s.bridges.empty()) {  // absent without bridges: the output of a bus without one is unchanged
     j.key("bridges");
     j.raw(detail::bridges_json(s.bridges, std::chrono::duration_cast<std::chrono::nanoseconds>(

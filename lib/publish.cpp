@@ -83,9 +83,17 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
                                 "(raise TopicOptions::slot_bytes)");
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
 
+  // Tenancy: the namespace's publish quota and usage (lib/tenancy.hpp).
+  NamespaceState* const nsp = ns.load(std::memory_order_relaxed);
+  if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
+                                    options.block_timeout);
+      !q.ok())
+    return q;
+
   const std::uint32_t lane = lane_for_key(m.key, options.lanes);
   Slot* s = acquire_slot(lane, may_block);
   if (s == nullptr) {
+    nsp->unadmit_publish(need);
     if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
     refused.fetch_add(1, std::memory_order_relaxed);
     if (may_block && options.backpressure != Backpressure::FailFast)
@@ -96,6 +104,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   // and then waits on in_use, so either we see closing here or it waits for us.
   if (bus->closing()) {
     pool.free(s);
+    nsp->unadmit_publish(need);
     return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   }
 
@@ -182,11 +191,19 @@ AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
 Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+  // Tenancy: the namespace's publish quota and usage (lib/tenancy.hpp).
+  NamespaceState* const nsp = ns.load(std::memory_order_relaxed);
+  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+  if (Status q = nsp->admit_publish(need, !done && options.backpressure == Backpressure::Block,
+                                    options.block_timeout);
+      !q.ok())
+    return q;
   AppendRequest req = append_request(m);
   const std::uint32_t lane = req.lane;
   if (!done) {
     auto r = bus->store()->append(std::move(req));
     if (!r.ok()) {
+      nsp->unadmit_publish(need);
       refused.fetch_add(1, std::memory_order_relaxed);
       return r.status();
     }
@@ -194,15 +211,19 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
     return Status();
   }
   Status s = bus->store()->append_async(
-      std::move(req), [this, lane, done = std::move(done)](const Status& st, const AppendResult& res) {
+      std::move(req), [this, lane, nsp, need, done = std::move(done)](const Status& st, const AppendResult& res) {
         if (st.ok()) {
           lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
         } else {
+          nsp->unadmit_publish(need);
           refused.fetch_add(1, std::memory_order_relaxed);
         }
         done(st, res.offset);
       });
-  if (!s.ok()) refused.fetch_add(1, std::memory_order_relaxed);
+  if (!s.ok()) {
+    nsp->unadmit_publish(need);
+    refused.fetch_add(1, std::memory_order_relaxed);
+  }
   return s;
 }
 

@@ -168,6 +168,7 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
   auto t = std::make_unique<TopicImpl>(this, std::string(name), is_queue, o);
   TopicImpl* raw = t.get();
   raw->store_topic = ref;
+  raw->ns.store(tenancy_->resolve(name), std::memory_order_release);  // tenancy: its namespace
   if (is_queue) {
     // The queue's one group exists from the start and keeps messages until a
     // consumer attaches.

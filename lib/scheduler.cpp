@@ -44,6 +44,13 @@ Status BusCore::start() {
       return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the poller: " + e.what());
     }
   }
+  tenancy_ = std::make_unique<TenancyImpl>(store_.get(), &closing_);
+  if (Status ts = tenancy_->open(); !ts.ok()) return ts;
+  tenancy_->set_rebind([this] {
+    MutexLock l(&mu_);
+    for (auto& [name, t] : topics_) t->ns.store(tenancy_->resolve(name), std::memory_order_release);
+  });
+  namespaces_ = Access::namespaces(this);
   try {
     timer_ = std::make_unique<RetryTimer>([this](TimerEntry* e) {
       if (e->kind == TimerEntry::Kind::Wake) {
@@ -167,7 +174,19 @@ void BusCore::worker_main(std::size_t /*index*/) {
     // Park: no CPU until a lane is scheduled. False: shutdown() stopped the
     // queue (lanes still queued then are released by release_remaining()).
     if (!got && (runq_.stopped() || !runq_.wait_dequeue(gl))) return;
+    // Tenancy: a namespace over its consume quota runs its lanes later
+    // (slowed, not failed); what the lane delivered is counted and charged.
+    NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_relaxed);
+    if (ns != nullptr && !abandon_.load(std::memory_order_relaxed)) {
+      if (const std::int64_t wait = ns->consume_wait(); wait > 0) {
+        requeue(gl, wait);
+        continue;
+      }
+    }
+    tl_delivered_msgs = 0;
+    tl_delivered_bytes = 0;
     run_lane(gl);
+    if (ns != nullptr && tl_delivered_msgs != 0) ns->delivered(tl_delivered_msgs, tl_delivered_bytes);
   }
 }
 
@@ -293,6 +312,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
     poller_cv_.notify_all();
     poller_.join();
   }
+  if (tenancy_) tenancy_->close();  // flushes usage into the store
   if (store_) {
     Status cs = store_->close();
     if (!cs.ok() && result.ok()) result = cs;

@@ -18,6 +18,7 @@ PKGS=(
   libnats-dev nats-server                     # bridge to NATS JetStream (nats.c 3.4, server 2.9); its tests
   chromium                                    # dashboard browser test (tests/browser, playwright-core)
   python3-matplotlib                          # scripts/bench_plot.py
+  libssl-dev                                  # libcrypto: PBKDF2 hashes of credential secrets (doc/tenancy.md)
 )
 # Node.js runs the browser test. The machine's own Node.js (NodeSource, with npm)
 # is used when there is one: Debian's npm conflicts with it, so apt installs

@@ -285,3 +285,50 @@ TEST_CASE("publish_batch after warm-up allocates nothing, nor does a partial bat
   CHECK(r2.published == 0);
   gate = true;
 }
+
+// Tenancy (doc/tenancy.md): a namespace with publish and consume
+// quotas, published through an access-checked Client, allocates nothing per
+// message; a publish refused by the quota (QuotaExceeded) allocates nothing.
+TEST_CASE("a namespace with quotas, published through an access-checked client, allocates nothing") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2, .access_control = true}).value();
+  NamespacePolicy p;
+  p.publish = {.msgs_per_s = 1e9, .bytes_per_s = 1e12, .burst_s = 1};
+  p.consume = {.msgs_per_s = 1e9, .bytes_per_s = 1e12, .burst_s = 1};
+  REQUIRE(bus->namespaces()->create("quota-ns", p).ok());
+  NamespacePolicy tight;
+  tight.publish = {.msgs_per_s = 1, .bytes_per_s = 0, .burst_s = 0.01};
+  REQUIRE(bus->namespaces()->create("tight-ns", tight).ok());
+  REQUIRE(bus->namespaces()
+              ->add_credential({"svc", "pw"}, {Grant{.prefix = "quota-ns", .publish = true, .consume = true},
+                                               Grant{.prefix = "tight-ns", .publish = true}})
+              .ok());
+  Client client = bus->client({"svc", "pw"}).value();
+  auto topic = bus->create_topic("quota-ns.events", {.lanes = 4, .capacity = 8192}).value();
+  auto tight_topic = bus->create_topic("tight-ns.events", {.backpressure = Backpressure::FailFast}).value();
+  std::atomic<std::uint64_t> got{0};
+  auto sub = client.subscribe(topic, "g", [&](const MessageView&) {
+                     got.fetch_add(1, std::memory_order_relaxed);
+                     return Outcome::ack();
+                   }).value();
+  char payload[64];
+  std::memset(payload, 'x', sizeof(payload));
+  auto run = [&](int n, std::uint64_t base) {
+    for (int i = 0; i < n; ++i) {
+      const char key[2] = {static_cast<char>('a' + i % 26), 0};
+      REQUIRE(client.publish(topic, {.key = std::string_view(key, 1), .payload = std::string_view(payload, 64)}).ok());
+    }
+    REQUIRE(wait_until([&] { return got.load() == base + n; }));
+  };
+  run(20'000, 0);
+  (void)client.try_publish(tight_topic, {.key = "k", .payload = "x"});  // uses the one token
+  lanebus::test::alloc_counting(true);
+  run(kMessages, 20'000);
+  bool over = client.try_publish(tight_topic, {.key = "k", .payload = "x"}).code() == Code::QuotaExceeded;
+  lanebus::test::alloc_counting(false);
+  std::uint64_t allocs = lanebus::test::alloc_count();
+  INFO("allocations during 100k quota-checked client publishes + deliveries: " << allocs);
+  CHECK(allocs == 0);
+  CHECK(over);
+  CHECK(bus->namespaces()->describe("quota-ns").value().usage.msgs_out == 20'000u + kMessages);
+}

@@ -29,6 +29,9 @@ int cmd_stats(int argc, char** argv);
 /// `lanebus tail DIR TOPIC [--from ...] [--lane N] [--count N]`: print stored messages.
 int cmd_tail(int argc, char** argv);
 
+/// `lanebus usage DIR [--since T] [--until T] [--json]`: per-namespace usage by minute.
+int cmd_usage(int argc, char** argv);
+
 /// `lanebus verify DIR [--quiet] [--progress N]`: walk every page and record; exit 1 on damage.
 int cmd_verify(int argc, char** argv);
 

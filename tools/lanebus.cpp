@@ -24,6 +24,7 @@ constexpr Command kCommands[] = {
     {"serve", lanebus::tool::cmd_serve, "serve a store's /metrics, /stats.json, /healthz and dashboard over HTTP"},
     {"stats", lanebus::tool::cmd_stats, "lag, oldest unprocessed age, rates and drain time of a live store (--watch)"},
     {"stat", lanebus::tool::cmd_stat, "topics, lanes, end offsets, groups, committed offsets and lag of a store"},
+    {"usage", lanebus::tool::cmd_usage, "per-namespace usage (msgs/bytes in and out, throttled, refused) by time"},
     {"tail", lanebus::tool::cmd_tail, "print the messages of a durable topic or queue"},
     {"verify", lanebus::tool::cmd_verify, "check every page and record of a store; exit 1 on damage"},
 };

@@ -19,6 +19,10 @@
 
 namespace lanebus {
 
+class Client;      // client.hpp (tenancy)
+class Namespaces;  // tenancy.hpp
+struct Credential;
+
 namespace detail {
 struct Access;
 class BusCore;
@@ -131,6 +135,7 @@ class LANEBUS_API Topic {
   friend class Bridge;
   friend class Publisher;
   friend class Transaction;
+  friend class Client;
   explicit Topic(detail::TopicImpl* impl) noexcept : impl_(impl) {}
   detail::TopicImpl* impl_ = nullptr;
 };
@@ -290,6 +295,18 @@ class LANEBUS_API Bus {
 
   /// A snapshot of every counter, taken without stopping the bus.
   BusStats stats() const;
+
+  // ---- tenancy (manual: doc/tenancy.md) ----
+  /// Declare and describe namespaces, manage credentials (tenancy.hpp).
+  /// The Bus itself is the admin handle: its own calls are never refused.
+  Namespaces* namespaces() noexcept;
+  /// A handle bound to `credential` (client.hpp): with
+  /// BusOptions::access_control on, the credential must match (else
+  /// PermissionDenied, the same for an unknown id and a wrong secret) and
+  /// every call is checked against its grants. Off: any valid id is accepted
+  /// and nothing is checked. Errors: InvalidName (id), InvalidArgument
+  /// (empty or over-long secret), PermissionDenied.
+  Result<Client> client(const Credential& credential);
 
   /// Stop the bus: refuse new publishes (ShutDown), then drain or abandon
   /// queued messages, then join every worker thread. Blocks up to `timeout`

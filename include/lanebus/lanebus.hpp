@@ -3,6 +3,8 @@
 #pragma once
 
 #include "lanebus/bus.hpp"
+#include "lanebus/client.hpp"
+#include "lanebus/tenancy.hpp"
 #include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
 #include "lanebus/fence.hpp"

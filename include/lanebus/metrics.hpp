@@ -216,6 +216,8 @@ struct LANEBUS_API MetricsSnapshot {
   DlqMetrics dlq;
   /// Open bridges to NATS JetStream (bridge.hpp), as in the newest sample.
   std::vector<BridgeStats> bridges;
+  /// Namespaces with their policy and usage (tenancy.hpp), as in the newest sample.
+  std::vector<NamespaceInfo> namespaces;
 
   /// Lookup helpers; nullptr when absent. Valid while the snapshot lives.
   const TopicMetrics* find_topic(std::string_view name) const noexcept;

@@ -182,6 +182,12 @@ struct BusOptions {
   /// expired queue claims to redeliver. Appends by this process wake consumers
   /// at once. Default 50 ms.
   std::chrono::milliseconds durable_poll{50};
+
+  // ---- tenancy (include/lanebus/tenancy.hpp, doc/tenancy.md) ----
+  /// Deny by default: a Client (Bus::client) may do only what its
+  /// credential's grants allow. Off (the default): Clients are not checked.
+  /// The Bus handle is never checked. Quotas and usage apply either way.
+  bool access_control = false;
 };
 
 }  // namespace lanebus

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lanebus/dlq.hpp"
+#include "lanebus/tenancy.hpp"
 
 namespace lanebus {
 
@@ -153,6 +154,8 @@ struct BusStats {
   std::vector<TopicStats> topics;
   /// Open bridges (bridge.hpp) of this bus, in the order they were opened.
   std::vector<BridgeStats> bridges;
+  /// Every namespace (declared and implicit) with its policy and usage (tenancy.hpp).
+  std::vector<NamespaceInfo> namespaces;
   /// Non-empty when the bus's store is unusable (a failed write or fsync made
   /// LMDB's environment fatal): the error every store call now returns.
   std::string store_error{};

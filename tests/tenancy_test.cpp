@@ -1,0 +1,464 @@
+// lanebus — MIT License.
+// Namespaces, credentials and access control, quotas and usage (issue 11,
+// doc/tenancy.md) on real buses, with a real LMDB store where it matters.
+// Quota accuracy runs on an injected clock (compressed time), so it cannot
+// flake on a slow machine.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bus_impl.hpp"
+#include "lanebus/client.hpp"
+#include "lanebus/lanebus.hpp"
+#include "process.hpp"
+#include "sizes.hpp"
+#include "temp_dir.hpp"
+#include "wait.hpp"
+
+using namespace lanebus;
+
+namespace {
+
+bool contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != std::string_view::npos; }
+
+std::unique_ptr<Bus> open_bus(const std::string& dir, bool access_control, std::size_t workers = 2) {
+  BusOptions o;
+  o.workers = workers;
+  o.access_control = access_control;
+  o.store.directory = dir;
+  o.store.durability = Durability::Async;
+  auto b = Bus::open(o);
+  REQUIRE_MESSAGE(b.ok(), b.status().to_string());
+  return std::move(*b);
+}
+
+OutgoingMessage msg(std::string_view payload, std::string_view key = "k") {
+  OutgoingMessage m;
+  m.key = key;
+  m.payload = payload;
+  return m;
+}
+
+// The injected clock (compressed time): a publish loop advances it itself and
+// a blocked publish "sleeps" by moving it forward.
+std::atomic<std::int64_t> g_clock{1'000'000'000'000};
+std::int64_t fake_now() { return g_clock.load(); }
+void fake_sleep(std::int64_t ns) { g_clock.fetch_add(ns); }
+
+void use_fake_clock(Bus& bus) {
+  detail::Access::core(bus)->tenancy()->set_clock(detail::TenancyClock{&fake_now, &fake_sleep});
+}
+
+const std::vector<Grant> kTenantA = {Grant{"tenant-a", true, true, true}};
+const std::vector<Grant> kTenantB = {Grant{"tenant-b", true, true, true}};
+
+}  // namespace
+
+TEST_CASE("a name lives in its first segment or in the longest declared namespace that covers it") {
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), false);
+  Namespaces& ns = *bus->namespaces();
+  CHECK(ns.namespace_of("tenant-42.orders").value() == "tenant-42");
+  REQUIRE(ns.create("acme.billing").ok());
+  CHECK(ns.namespace_of("acme.billing.invoices").value() == "acme.billing");
+  CHECK(ns.namespace_of("acme.billingx.invoices").value() == "acme");  // segment-wise, not byte-wise
+  CHECK(ns.namespace_of("acme.shop").value() == "acme");
+
+  // A topic created before its namespace was declared moves into it.
+  auto t = bus->create_topic("shop.cart.events").value();
+  auto sub = bus->subscribe(t, "g", [](const MessageView&) { return Outcome::ack(); }).value();
+  REQUIRE(t.publish(msg("x")).ok());
+  NamespacePolicy p;
+  p.weight = 3;
+  REQUIRE(ns.create("shop.cart", p).ok());
+  REQUIRE(t.publish(msg("yy")).ok());
+  CHECK(ns.describe("shop").value().usage.msgs_in == 1);
+  CHECK(ns.describe("shop.cart").value().usage.msgs_in == 1);
+  CHECK(ns.describe("shop.cart").value().usage.bytes_in == 3);  // key "k" + "yy"
+  CHECK(ns.describe("shop.cart").value().declared);
+  CHECK_FALSE(ns.describe("shop").value().declared);
+
+  // Declaring again with the same policy is fine; another policy is a Conflict.
+  CHECK(ns.create("shop.cart", p).ok());
+  CHECK(ns.create("shop.cart").code() == Code::Conflict);
+}
+
+TEST_CASE("namespace policies and credentials are durable in the store and reloaded") {
+  lanebus::test::TempDir dir;
+  NamespacePolicy p;
+  p.publish.msgs_per_s = 500;
+  p.publish.burst_s = 0.25;
+  p.consume.bytes_per_s = 1e6;
+  p.weight = 7;
+  p.store_dir = "/srv/tenant a";
+  {
+    auto bus = open_bus(dir.file("store"), true);
+    REQUIRE(bus->namespaces()->create("tenant-a", p).ok());
+    REQUIRE(bus->namespaces()->add_credential({"svc-a", "s3cret-a"}, kTenantA).ok());
+  }
+  auto bus = open_bus(dir.file("store"), true);
+  auto info = bus->namespaces()->describe("tenant-a");
+  REQUIRE(info.ok());
+  CHECK(info->declared);
+  CHECK(info->policy.publish.msgs_per_s == 500);
+  CHECK(info->policy.publish.burst_s == 0.25);
+  CHECK(info->policy.consume.bytes_per_s == 1e6);
+  CHECK(info->policy.weight == 7);
+  CHECK(info->policy.store_dir == "/srv/tenant a");
+  CHECK(bus->client({"svc-a", "s3cret-a"}).ok());
+  CHECK(bus->client({"svc-a", "wrong"}).code() == Code::PermissionDenied);
+
+  // The secret is stored only as a salted hash: its bytes are nowhere in the file.
+  std::FILE* f = std::fopen(dir.file("store/data.mdb").c_str(), "rb");
+  REQUIRE(f != nullptr);
+  std::string bytes;
+  char buf[65536];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
+  std::fclose(f);
+  CHECK(contains(bytes, "svc-a"));
+  CHECK_FALSE(contains(bytes, "s3cret-a"));
+}
+
+TEST_CASE("access control: a credential of another namespace is denied, and nothing is stored or delivered") {
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), true);
+  Namespaces& ns = *bus->namespaces();
+  REQUIRE(ns.add_credential({"svc-a", "secret-a"}, kTenantA).ok());
+  REQUIRE(ns.add_credential({"svc-b", "secret-b"}, kTenantB).ok());
+  Client a = bus->client({"svc-a", "secret-a"}).value();
+  Client b = bus->client({"svc-b", "secret-b"}).value();
+
+  TopicOptions durable;
+  durable.durable = true;
+  durable.lanes = 1;
+  Topic orders = a.create_topic("tenant-a.orders", durable).value();
+  CHECK(b.create_topic("tenant-a.other").code() == Code::PermissionDenied);
+  CHECK(b.find("tenant-a.orders").code() == Code::PermissionDenied);
+
+  // Publish: denied, nothing appended.
+  Status denied = b.publish(orders, msg("stolen"));
+  CHECK(denied.code() == Code::PermissionDenied);
+  CHECK(contains(denied.message(), "svc-b"));
+  CHECK(contains(denied.message(), "tenant-a.orders"));
+  CHECK(contains(denied.message(), "publish"));
+  CHECK_FALSE(contains(denied.message(), "secret-b"));
+  CHECK(b.try_publish(orders, msg("stolen")).code() == Code::PermissionDenied);
+  CHECK(b.publish_async(orders, msg("stolen"), [](const Status&, std::uint64_t) {}).code() ==
+        Code::PermissionDenied);
+
+  // Subscribe: denied; a's own subscription sees only a's messages.
+  std::atomic<int> b_calls{0}, a_calls{0};
+  CHECK(b.subscribe(orders, "spy", [&](const MessageView&) {
+           ++b_calls;
+           return Outcome::ack();
+         }).code() == Code::PermissionDenied);
+  auto sub = a.subscribe(orders, "billing", [&](const MessageView& m) {
+    ++a_calls;
+    return m.payload() == "bad" ? Outcome::reject("bad order") : Outcome::ack();
+  });
+  REQUIRE(sub.ok());
+  REQUIRE(a.publish(orders, msg("good")).ok());
+  REQUIRE(a.publish(orders, msg("bad")).ok());
+  REQUIRE(lanebus::test::wait_until([&] { return a_calls.load() == 2; }));
+
+  // The DLQ entry of a's topic: b can neither see nor replay it.
+  auto dl = bus->dead_letters().value();
+  REQUIRE(lanebus::test::wait_until([&] { return dl->counters().value().pending == 1; }));
+  const std::uint64_t id = dl->list().value().at(0).id;
+  CHECK(b.dlq_list().value().empty());
+  CHECK(a.dlq_list().value().size() == 1);
+  CHECK(b.dlq_show(id).code() == Code::PermissionDenied);
+  CHECK(b.dlq_replay({id}, "mallory").code() == Code::PermissionDenied);
+  CHECK(b.dlq_purge({id}, "mallory").code() == Code::PermissionDenied);
+  CHECK(b.dlq_archive({id}, "mallory").code() == Code::PermissionDenied);
+  CHECK(dl->counters().value().pending == 1);
+  CHECK(dl->audit().value().empty());
+
+  // Tables and idempotency scopes are names in namespaces too.
+  CHECK(b.table_get("tenant-a.balances", "alice").code() == Code::PermissionDenied);
+  CHECK(a.table_get("tenant-a.balances", "alice").code() == Code::NotFound);
+  CHECK(b.idempotency("tenant-a.payments").code() == Code::PermissionDenied);
+  CHECK(a.idempotency("tenant-a.payments").ok());
+  GroupOptions scoped;
+  scoped.idempotency_scope = "tenant-a.payments";
+  Topic bt = b.create_topic("tenant-b.orders").value();
+  CHECK(b.subscribe(bt, "g", [](const MessageView&) { return Outcome::ack(); }, scoped).code() ==
+        Code::PermissionDenied);
+
+  // Nothing of b's attempts reached the log or a handler.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(b_calls.load() == 0);
+  CHECK(a_calls.load() == 2);
+  for (const TopicStats& ts : bus->stats().topics)
+    if (ts.name == "tenant-a.orders") CHECK(ts.lane_published.at(0) == 2);
+  CHECK(ns.describe("tenant-a").value().usage.msgs_in == 2);
+
+  // a replays its own entry.
+  CHECK(a.dlq_replay({id}, "alice").value() == 1);
+}
+
+TEST_CASE("grants change at run time and apply to existing clients at their next call") {
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), true);
+  Namespaces& ns = *bus->namespaces();
+  REQUIRE(ns.add_credential({"reader", "pw"}, {Grant{"tenant-a", false, true, false}}).ok());
+  Client c = bus->client({"reader", "pw"}).value();
+  Topic t = bus->create_topic("tenant-a.events").value();
+  CHECK(c.publish(t, msg("x")).code() == Code::PermissionDenied);
+  REQUIRE(ns.set_grants("reader", {Grant{"tenant-a.events", true, true, false}}).ok());
+  CHECK(c.publish(t, msg("x")).ok());
+  Client copy = c;
+  REQUIRE(ns.remove_credential("reader").ok());
+  CHECK(c.publish(t, msg("x")).code() == Code::PermissionDenied);
+  CHECK(copy.publish(t, msg("x")).code() == Code::PermissionDenied);
+  CHECK(bus->client({"reader", "pw"}).code() == Code::PermissionDenied);
+  // The Bus itself stays the admin handle.
+  CHECK(t.publish(msg("x")).ok());
+}
+
+TEST_CASE("access control off: clients are not checked, the bus behaves as before") {
+  BusOptions o;
+  o.workers = 1;
+  auto bus = Bus::open(o).value();
+  Client anyone = bus->client({"whoever", "x"}).value();
+  Topic t = anyone.create_topic("tenant-a.orders").value();
+  std::atomic<int> calls{0};
+  auto sub = anyone.subscribe(t, "g", [&](const MessageView&) {
+    ++calls;
+    return Outcome::ack();
+  });
+  REQUIRE(sub.ok());
+  REQUIRE(anyone.publish(t, msg("x")).ok());
+  REQUIRE(lanebus::test::wait_until([&] { return calls.load() == 1; }));
+  // In memory: namespaces work without a store.
+  REQUIRE(bus->namespaces()->create("tenant-a", {}).ok());
+  CHECK(bus->namespaces()->describe("tenant-a").value().usage.msgs_in == 1);
+}
+
+TEST_CASE("bad input gets a clear error naming the cause") {
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), true);
+  Namespaces& ns = *bus->namespaces();
+  REQUIRE(ns.add_credential({"svc", "pw"}, kTenantA).ok());
+
+  auto unknown = bus->client({"nobody", "pw"});
+  CHECK(unknown.code() == Code::PermissionDenied);
+  CHECK(contains(unknown.status().message(), "nobody"));
+  auto wrong = bus->client({"svc", "not-the-pw"});
+  CHECK(wrong.code() == Code::PermissionDenied);
+  CHECK_FALSE(contains(wrong.status().message(), "not-the-pw"));
+  CHECK(bus->client({"svc", ""}).code() == Code::InvalidArgument);
+  CHECK(bus->client({"Bad Id", "pw"}).code() == Code::InvalidName);
+  CHECK(ns.add_credential({"svc2", ""}, kTenantA).code() == Code::InvalidArgument);
+  CHECK(ns.add_credential({"svc", "pw2"}, kTenantA).code() == Code::Conflict);
+  CHECK(ns.add_credential({"svc3", "pw"}, {Grant{"Tenant A!", true, false, false}}).code() == Code::InvalidName);
+  CHECK(ns.add_credential({"svc4", "pw"}, {Grant{"", true, false, false}}).code() == Code::InvalidName);
+  CHECK(ns.set_grants("svc", {Grant{"a..b", true, false, false}}).code() == Code::InvalidName);
+  CHECK(ns.set_grants("missing", kTenantA).code() == Code::NotFound);
+  CHECK(ns.remove_credential("missing").code() == Code::NotFound);
+
+  auto missing = ns.set_policy("tenant-zz", {});
+  CHECK(missing.code() == Code::NotFound);
+  CHECK(contains(missing.message(), "tenant-zz"));
+  CHECK(ns.describe("tenant-zz").code() == Code::NotFound);
+  CHECK(ns.create("Bad.Name").code() == Code::InvalidName);
+  NamespacePolicy bad;
+  bad.weight = 0;
+  CHECK(ns.create("tenant-q", bad).code() == Code::InvalidArgument);
+  bad = {};
+  bad.publish.msgs_per_s = -1;
+  CHECK(ns.create("tenant-q", bad).code() == Code::InvalidArgument);
+  bad = {};
+  bad.publish.burst_s = 0;
+  CHECK(ns.create("tenant-q", bad).code() == Code::InvalidArgument);
+  CHECK(Client().publish(Topic(), msg("x")).code() == Code::InvalidArgument);
+}
+
+TEST_CASE("quota: tenant A at 500 msg/s, normal 80 msg/s, flash sale offering 2000 msg/s (compressed clock)") {
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), false, 1);
+  use_fake_clock(*bus);
+  NamespacePolicy p;
+  p.publish.msgs_per_s = 500;
+  p.publish.burst_s = 0.1;
+  REQUIRE(bus->namespaces()->create("tenant-a", p).ok());
+  TopicOptions fail_fast;
+  fail_fast.backpressure = Backpressure::FailFast;
+  Topic t = bus->create_topic("tenant-a.orders", fail_fast).value();
+
+  auto offer = [&](double rate, int seconds, std::uint64_t* accepted, std::uint64_t* refused) {
+    const auto step = static_cast<std::int64_t>(1e9 / rate);
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(rate) * seconds; ++i) {
+      Status s = t.publish(msg("order"));
+      if (s.ok()) {
+        ++*accepted;
+      } else {
+        REQUIRE(s.code() == Code::QuotaExceeded);
+        ++*refused;
+      }
+      g_clock.fetch_add(step);
+    }
+  };
+  std::uint64_t normal_ok = 0, normal_refused = 0;
+  offer(80, 10, &normal_ok, &normal_refused);
+  CHECK(normal_ok == 800);  // well under quota: nothing refused
+  CHECK(normal_refused == 0);
+  auto before = bus->namespaces()->describe("tenant-a").value().usage;
+  CHECK(before.seconds_at_ceiling == 0);
+
+  const int kFlashSeconds = 20;
+  std::uint64_t flash_ok = 0, flash_refused = 0;
+  offer(2000, kFlashSeconds, &flash_ok, &flash_refused);
+  const double rate = static_cast<double>(flash_ok) / kFlashSeconds;
+  MESSAGE("flash sale: offered 2000 msg/s, accepted " << rate << " msg/s (quota 500)");
+  CHECK(rate >= 500 * 0.97);
+  CHECK(rate <= 500 * 1.03);
+  auto u = bus->namespaces()->describe("tenant-a").value().usage;
+  CHECK(u.msgs_in == normal_ok + flash_ok);
+  CHECK(u.refused == flash_refused);
+  CHECK(u.bytes_in == (normal_ok + flash_ok) * 6);
+  CHECK(u.seconds_at_ceiling >= kFlashSeconds - 1);
+  CHECK(u.seconds_at_ceiling <= kFlashSeconds + 1);
+  MESSAGE("usage: in " << u.msgs_in << " refused " << u.refused << " seconds at ceiling " << u.seconds_at_ceiling);
+
+  // Blocking mode: the same burst waits for the quota instead of failing.
+  TopicOptions block;
+  block.block_timeout = std::chrono::milliseconds(1000);
+  Topic tb = bus->create_topic("tenant-a.blocking", block).value();
+  const std::int64_t t0 = g_clock.load();
+  for (int i = 0; i < 1000; ++i) REQUIRE(tb.publish(msg("order")).ok());
+  const double secs = static_cast<double>(g_clock.load() - t0) / 1e9;
+  MESSAGE("blocking: 1000 publishes took " << secs << " s of (injected) time at 500 msg/s");
+  CHECK(secs >= 1.8);  // 1000 / 500 minus the burst
+  CHECK(secs <= 2.1);
+  auto ub = bus->namespaces()->describe("tenant-a").value().usage;
+  CHECK(ub.refused == u.refused);
+  CHECK(ub.throttled > u.throttled);
+  // try_publish never waits: QuotaExceeded at once.
+  CHECK(tb.try_publish(msg("order")).code() == Code::QuotaExceeded);
+  // A block_timeout the quota cannot meet: QuotaExceeded, not a wait.
+  block.block_timeout = std::chrono::milliseconds(0);
+  Topic tz = bus->create_topic("tenant-a.impatient", block).value();
+  CHECK(tz.publish(msg("order")).code() == Code::QuotaExceeded);
+  // Another namespace is not held by tenant-a's quota.
+  Topic other = bus->create_topic("tenant-b.orders", fail_fast).value();
+  for (int i = 0; i < 1000; ++i) REQUIRE(other.publish(msg("order")).ok());
+}
+
+TEST_CASE("quota: a consumer over its consume quota is slowed, not failed") {
+  BusOptions o;
+  o.workers = 2;
+  auto bus = Bus::open(o).value();
+  NamespacePolicy p;
+  p.consume.msgs_per_s = 400;
+  p.consume.burst_s = 0.05;
+  REQUIRE(bus->namespaces()->create("slow", p).ok());
+  TopicOptions to;
+  to.lanes = 2;
+  Topic t = bus->create_topic("slow.events", to).value();
+  std::atomic<int> calls{0};
+  GroupOptions go;
+  go.batch = 4;
+  auto sub = bus->subscribe(t, "g", [&](const MessageView&) {
+    ++calls;
+    return Outcome::ack();
+  }, go).value();
+  const auto start = std::chrono::steady_clock::now();
+  const int kMessages = 200;
+  for (int i = 0; i < kMessages; ++i) REQUIRE(t.publish(msg("e", i % 2 ? "a" : "b")).ok());
+  REQUIRE(lanebus::test::wait_until([&] { return calls.load() == kMessages; }));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("200 deliveries at a 400 msg/s consume quota took " << secs << " s");
+  // (200 - burst 20 - one batch per lane) / 400 msg/s: at least ~0.4 s however fast the machine.
+  CHECK(secs >= 0.4);
+  auto u = bus->namespaces()->describe("slow").value().usage;
+  CHECK(u.msgs_out == static_cast<std::uint64_t>(kMessages));
+  CHECK(u.throttled > 0);
+  CHECK(u.refused == 0);
+}
+
+TEST_CASE("usage counts exactly what was sent and survives a restart") {
+  lanebus::test::TempDir dir;
+  const int kN = lanebus::test::kSanitized ? 300 : 2000;
+  {
+    auto bus = open_bus(dir.file("store"), false);
+    Topic t = bus->create_topic("acct.events").value();
+    TopicOptions d;
+    d.durable = true;
+    Topic q = bus->create_queue("acct.jobs", d).value();
+    std::atomic<int> calls{0};
+    auto s1 = bus->subscribe(t, "g1", [&](const MessageView&) {
+      ++calls;
+      return Outcome::ack();
+    }).value();
+    auto s2 = bus->consume(q, [&](const MessageView&) {
+      ++calls;
+      return Outcome::ack();
+    }).value();
+    for (int i = 0; i < kN; ++i) {
+      REQUIRE(t.publish(msg("12345", std::to_string(i))).ok());
+      if (i % 10 == 0) REQUIRE(q.publish(msg("1234567890", std::to_string(i))).ok());
+    }
+    REQUIRE(lanebus::test::wait_until([&] { return calls.load() == kN + kN / 10; }));
+    REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());
+    // After shutdown the counters are final.
+    auto u = bus->namespaces()->describe("acct").value().usage;
+    CHECK(u.msgs_in == static_cast<std::uint64_t>(kN + kN / 10));
+    CHECK(u.msgs_out == static_cast<std::uint64_t>(kN + kN / 10));
+    CHECK(u.bytes_out == static_cast<std::uint64_t>(kN * 5 + (kN / 10) * 10));
+  }
+  std::uint64_t key_bytes = 0;
+  for (int i = 0; i < kN; ++i) key_bytes += std::to_string(i).size() * (i % 10 == 0 ? 2 : 1);
+  auto bus = open_bus(dir.file("store"), false);
+  auto u = bus->namespaces()->describe("acct").value().usage;
+  CHECK(u.msgs_in == static_cast<std::uint64_t>(kN + kN / 10));
+  CHECK(u.bytes_in == static_cast<std::uint64_t>(kN * 5 + (kN / 10) * 10) + key_bytes);
+  CHECK(u.msgs_out == static_cast<std::uint64_t>(kN + kN / 10));
+  // Stats carry the namespaces too.
+  bool seen = false;
+  for (const NamespaceInfo& n : bus->stats().namespaces)
+    if (n.name == "acct") seen = n.usage.msgs_in == u.msgs_in;
+  CHECK(seen);
+  // So do the Prometheus and JSON exports.
+  auto mon = Monitor::create(*bus).value();
+  REQUIRE(mon->sample().ok());
+  const std::string prom = mon->prometheus();
+  CHECK(contains(prom, "lanebus_namespace_messages_in_total{namespace=\"acct\"} " + std::to_string(u.msgs_in) + "\n"));
+  CHECK(contains(prom, "lanebus_namespace_refused_total{namespace=\"acct\"} 0\n"));
+  TopicOptions durable_q;
+  durable_q.durable = true;
+  REQUIRE(bus->create_queue("acct.jobs", durable_q).ok());  // stored bytes count the topics this bus opened
+  std::uint64_t stored = 0;
+  for (const NamespaceInfo& n : bus->stats().namespaces)
+    if (n.name == "acct") stored = n.usage.stored_bytes;
+  CHECK(stored >= static_cast<std::uint64_t>(kN / 10) * 10);  // acct.jobs is durable: its payloads at least
+  const std::string json = mon->json();
+  CHECK(contains(json, "\"name\":\"acct\",\"declared\":false,\"msgs_in\":" + std::to_string(u.msgs_in) + ","));
+  REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());
+
+  // `lanebus usage DIR --json` reads the same totals from the store.
+  const std::string tool = lanebus::test::helper_path("LANEBUS_TOOL");
+  if (tool.empty()) {
+    MESSAGE("LANEBUS_TOOL not set (built without tools): lanebus usage not checked");
+    return;
+  }
+  lanebus::test::Child c({tool, "usage", dir.file("store"), "--json", "--since", "1h"});
+  const std::string line = c.read_line();
+  CHECK(c.wait() == 0);
+  INFO(line);
+  CHECK(contains(line, "\"name\":\"acct\""));
+  CHECK(contains(line, "\"msgs_in\":" + std::to_string(kN + kN / 10) + ","));
+  CHECK(contains(line, "\"msgs_out\":" + std::to_string(kN + kN / 10) + ","));
+  lanebus::test::Child old({tool, "usage", dir.file("store"), "--json", "--until", "1d"});
+  const std::string none = old.read_line();
+  CHECK(old.wait() == 0);
+  CHECK_FALSE(contains(none, "acct"));
+  lanebus::test::Child bad({tool, "usage", dir.file("store"), "--since", "yesterday"});
+  CHECK(bad.wait() == 2);
+}
