@@ -259,7 +259,7 @@ int cmd_stats(int argc, char** argv) {
         if (watch && tty) std::printf("\x1b[H\x1b[2J");  // home + clear: redraw in place
         print_table(dir, snap, sla);
         // Bridges' status records (read_store_stats reads them; doc/bridge.md).
-        std::fputs(detail::bridge_status_text(snap.stats.bridges, wall_now()).c_str(), stdout);
+        std::fputs(detail::bridge_status_text(snap.bridges, wall_now()).c_str(), stdout);
         if (watch) std::printf(tty ? "\n(every %gs; Ctrl-C to quit)\n" : "\n", *watch);
         break;
       case Format::Json:
