@@ -58,6 +58,8 @@
 #include "message_pool.hpp"
 #include "mpmc_queue.hpp"
 #include "retry_timer.hpp"
+#include "schema_registry.hpp"
+#include "schema_usage.hpp"
 #include "sync.hpp"
 
 namespace lanebus::detail {
@@ -73,6 +75,9 @@ struct QueueBatch;
 /// (defined in scheduler.cpp).
 extern thread_local Consumer* tl_running_consumer;
 extern thread_local BusCore* tl_running_bus;
+/// The lane whose handler this thread is running (field-usage audit: Schemas::view).
+struct GroupLane;
+extern thread_local GroupLane* tl_running_lane;
 
 /// GroupLane::running_since_ns of a call in a group without attempt_timeout
 /// (its start time is not read: no clock read on the hot path).
@@ -183,6 +188,9 @@ struct alignas(64) GroupLane : TimerEntry {
   // Durable topic poison bookkeeping (DlqStore::TopicMark).
   std::uint64_t careful_to = 0;             // deliver one message at a time below this offset
   std::uint32_t head_crashes = 0;           // crashes of the message at read_pos (careful mode)
+
+  // Field-usage audit (schema_usage.hpp): written by the lane's running worker.
+  UsageTap usage;
 };
 
 /// One subscription's slot in its group's consumer table.
@@ -278,6 +286,8 @@ class TopicImpl {
 
   Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
+  /// Typed topics: the schema check of publish (publish.cpp).
+  Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
   AppendRequest append_request(const OutgoingMessage& m) const;
 
@@ -299,6 +309,9 @@ class TopicImpl {
   std::unique_ptr<LaneLoad[]> lane_load;
   std::atomic<std::uint64_t> unrouted{0};
   std::atomic<std::uint64_t> refused{0};
+  /// Typed topics: the latest schema version (owned by the SchemaRegistry);
+  /// nullptr = untyped, publish unchanged.
+  std::atomic<const SchemaVersion*> schema{nullptr};
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
@@ -339,6 +352,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Publish a DLQ entry of an ephemeral origin again (DlqRepublish).
   Status republish(const DlqEntry& entry);
   DurableStore* store() const noexcept { return store_.get(); }
+  SchemaRegistry* schemas() const noexcept { return schemas_.get(); }
+  /// Visit every group lane's usage counters (BusCore::mu_ held; fn must not call the bus).
+  void for_each_usage_tap(const std::function<void(const TopicImpl&, const GroupImpl&, const UsageTap&)>& fn);
 
   /// Bridges (lib/bridge.cpp) report through these: `fn` runs inside stats()
   /// (after the topics are filled in, BusCore::mu_ and bridges_mu_ held) and
@@ -439,6 +455,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::map<std::string, std::unique_ptr<IdempotencyTable>, std::less<>> idempotency_ GUARDED_BY(mu_);
   std::unique_ptr<DlqStore> dlq_;
   std::unique_ptr<DeadLetters> dead_letters_;
+
+  std::unique_ptr<SchemaRegistry> schemas_;  // schema registry (doc/schemas.md)
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

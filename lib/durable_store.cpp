@@ -719,7 +719,8 @@ Status DurableStore::init_layout() {
 }
 
 Status DurableStore::open_extension_tables(LmdbTxn& txn) {
-  static const char* const kNames[kStoreTables] = {"idem", "idem_age", "dlq", "dlq_audit", "fence", "user"};
+  static const char* const kNames[kStoreTables] = {"idem", "idem_age", "dlq", "dlq_audit", "fence", "user",
+                                                          "schema"};
   for (int i = 0; i < kStoreTables; ++i) {
     auto d = env_->open_dbi(txn, kNames[i], !options_.read_only);
     if (!d.ok()) {

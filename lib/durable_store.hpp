@@ -210,8 +210,9 @@ enum class StoreTable : std::uint8_t {
   DlqAudit,        ///< `dlq_audit`: who replayed / archived / purged what, when
   Fence,           ///< `fence`: fencing high-water marks (SPEC §6)
   User,            ///< `user`: handlers' own tables (transactional consume)
+  Schema,          ///< `schema`: schema registry, contracts, usage audit (lib/schema_registry.cpp)
 };
-inline constexpr int kStoreTables = 6;
+inline constexpr int kStoreTables = 7;
 
 class DurableStore;
 

@@ -74,8 +74,22 @@ Slot* TopicImpl::acquire_slot(std::uint32_t lane, bool may_block) noexcept {
   return nullptr;
 }
 
+// Typed topics (doc/schemas.md): the record must match the latest schema
+// version; *version is the version stamped on the message. Untyped topics:
+// one atomic load.
+Status TopicImpl::check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept {
+  *version = m.schema_version;
+  const SchemaVersion* sv = schema.load(std::memory_order_acquire);
+  if (sv == nullptr) return Status();
+  Status st = bus->schemas()->check_publish(this, sv, m.payload, m.schema_version, version);
+  if (!st.ok()) refused.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
 Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  std::uint16_t schema_version;
+  if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   if (need > options.slot_bytes)
     return Status::from_literal(Code::PayloadTooLarge,
@@ -113,7 +127,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   s->header.fencing_token = m.fencing_token;
   s->header.attempt = 0;
   s->header.content_type = m.content_type;
-  s->header.schema_version = m.schema_version;
+  s->header.schema_version = schema_version;
   // Route to every active group. The slot's reference count must be final
   // before the first ring push makes it visible, so collect the targets first
   // (a group deactivated meanwhile still drains its rings, so a stale target
@@ -182,7 +196,10 @@ AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
 Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+  std::uint16_t schema_version;
+  if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   AppendRequest req = append_request(m);
+  req.header.schema_version = schema_version;
   const std::uint32_t lane = req.lane;
   if (!done) {
     auto r = bus->store()->append(std::move(req));
