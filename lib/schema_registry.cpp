@@ -343,6 +343,7 @@ const SchemaVersion* SchemaRegistry::publish_latest(std::string_view topic, cons
     p = kept_.back().get();
     latest_.insert_or_assign(std::string(topic), p);
   }
+  if (core_ == nullptr) return p;  // the CLI: no bus
   if (TopicImpl* t = core_->find(topic)) t->schema.store(p, std::memory_order_release);
   return p;
 }
@@ -743,6 +744,7 @@ Result<std::vector<FieldUsage>> SchemaRegistry::usage(std::string_view topic, st
 }
 
 Status SchemaRegistry::flush_usage() {
+  if (core_ == nullptr) return Status();  // the CLI: no bus, nothing counted here
   MutexLock fl(&flush_mu_);
   struct Delta {
     std::string topic, group;
@@ -752,13 +754,14 @@ Status SchemaRegistry::flush_usage() {
     const void* slot;
   };
   std::vector<Delta> deltas;
+  auto* flushed = &flushed_;  // flush_mu_ is held: the lambda runs inside this call
   core_->for_each_usage_tap([&](const TopicImpl& t, const GroupImpl& g, const UsageTap& tap) {
     for (const UsageTap::Slot& s : tap.slots) {
       const std::uint32_t key = s.key.load(std::memory_order_relaxed);
       if (key == 0) continue;
       const std::uint64_t c = s.count.load(std::memory_order_relaxed);
-      auto it = flushed_.find(&s);
-      const std::uint64_t before = it == flushed_.end() ? 0 : it->second;
+      auto it = flushed->find(&s);
+      const std::uint64_t before = it == flushed->end() ? 0 : it->second;
       if (c > before)
         deltas.push_back({t.name, g.name, key & 0xffff, static_cast<std::uint16_t>(key >> 16), c - before, c, &s});
     }

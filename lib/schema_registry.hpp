@@ -52,6 +52,7 @@ class SchemaKv {
 
 class SchemaRegistry {
  public:
+  /// `core` may be nullptr (the lanebus tool): no publish path, no counters.
   SchemaRegistry(BusCore* core, DurableStore* store);
 
   // ---- Schemas API (schema.hpp documents each)
