@@ -44,7 +44,7 @@
 #include <mutex>
 
 #include "lanebus/bus.hpp"
-#include "lanebus/client.hpp"  // tenancy_1to1 (issue 11)
+#include "lanebus/client.hpp"  // tenancy_1to1
 #include "lanebus/version.hpp"
 
 #if BENCH_HAVE_ZMQ
@@ -928,7 +928,7 @@ void run_metrics_overhead(const Config& cfg) {
              " lanebus_workers=" + std::to_string(w) + " repeats=" + std::to_string(times));
 }
 
-// ---------------------------------------------------------------- tenancy (issue 11)
+// ---------------------------------------------------------------- tenancy_1to1
 // 1to1 published through an access-checked Client into a namespace whose
 // publish and consume quotas are far above the rate, against the plain 1to1
 // (doc/tenancy.md). Target: ratio >= 0.9.
@@ -980,6 +980,83 @@ double tenancy_throughput(std::uint64_t n, int workers, const Config& cfg, bool 
   return rate(n, end - t0);
 }
 
+// ---------------------------------------------------------------- record_1to1
+// Typed records (doc/schemas.md) against the same flow with a raw payload:
+// the producer builds a 3-field record (RecordBuilder, allocation-free) and
+// publishes it to a topic with a schema (checked at publish); the handler
+// reads the 3 fields by name through Schemas::view (usage-counted). The raw
+// side memcpy's a struct of the same 3 fields both ways.
+
+struct RawShipment {
+  std::uint64_t seq;
+  double weight;
+  char zone[8];
+};
+
+double record_throughput(bool typed, std::uint64_t n, const Config& cfg) {
+  auto bus = open_bus(1);
+  if (typed) {
+    auto sv = lanebus::SchemaVersion::from_json(R"({"fields": [
+      {"id": 1, "name": "seq", "type": "uint64"},
+      {"id": 2, "name": "weight", "type": "double", "default": 0},
+      {"id": 3, "name": "zone", "type": "string", "default": ""}]})");
+    if (!sv.ok() || !bus->schemas().register_schema("bench.records", *sv).ok()) die("register_schema");
+  }
+  auto topic_r = bus->create_topic("bench.records", {.lanes = 8});
+  if (!topic_r.ok()) die("create_topic: " + topic_r.status().to_string());
+  lanebus::Topic topic = *topic_r;
+  lanebus::Schemas schemas = bus->schemas();
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  GroupDone* gd = done.back().get();
+  auto sub = bus->subscribe(topic, "reader", [gd, n, typed, &schemas](const MessageView& m) {
+    if (typed) {
+      auto v = schemas.view("bench.records", m);
+      if (!v.ok()) die("view: " + v.status().to_string());
+      do_not_optimize(*v->get_uint64("seq"));
+      do_not_optimize(*v->get_double("weight"));
+      do_not_optimize(v->get_string("zone")->size());
+    } else {
+      RawShipment r;
+      std::memcpy(&r, m.payload().data(), sizeof r);
+      do_not_optimize(r.seq);
+      do_not_optimize(r.weight);
+      do_not_optimize(r.zone[0]);
+    }
+    if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == n) gd->done_ns.store(now_ns(), std::memory_order_release);
+    return Outcome::ack();
+  });
+  if (!sub.ok()) die("subscribe: " + sub.status().to_string());
+  Gate gate;
+  std::thread producer([&, pub = bus->publisher()]() mutable {
+    char buf[64];
+    gate.arrive_and_wait();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      lanebus::OutgoingMessage om{.key = keys()[i % kKeys]};
+      RawShipment r{i, 1.5, "EU-7"};
+      if (typed) {
+        lanebus::RecordBuilder b(buf, sizeof buf);
+        b.add_uint64(1, i).add_double(2, 1.5).add_string(3, "EU-7");
+        om.payload = *b.finish();
+      } else {
+        om.payload = std::string_view(reinterpret_cast<const char*>(&r), sizeof r);
+      }
+      for (;;) {
+        lanebus::Status s = pub.publish(topic, om);
+        if (s.ok()) break;
+        if (s.code() != lanebus::Code::TimedOut) die("publish: " + s.to_string());
+      }
+    }
+  });
+  std::int64_t t0 = gate.open_when(1);
+  std::int64_t end = wait_all(done, cfg, typed ? "record" : "raw");
+  producer.join();
+  if (gd->count.load() != n) die("record_1to1: handled " + std::to_string(gd->count.load()));
+  (void)sub->close();
+  (void)bus->shutdown(lanebus::ShutdownMode::Drain);
+  return rate(n, end - t0);
+}
+
 void run_tenancy_overhead(const Config& cfg) {
   const std::uint64_t n = cfg.msgs;
   const int w = workers_for(cfg, 1);
@@ -991,6 +1068,17 @@ void run_tenancy_overhead(const Config& cfg) {
   }
   print_line("tenancy_1to1", n, on, "no_access_control", off,
              " lanebus_workers=" + std::to_string(w) + " repeats=" + std::to_string(times) + " target_ratio=0.90");
+}
+
+void run_record_1to1(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  // Alternate the two sides so drift on a shared machine hits both alike.
+  Runs rec, raw;
+  for (int i = 0; i < cfg.repeats; ++i) {
+    rec.v.push_back(record_throughput(true, n, cfg));
+    raw.v.push_back(record_throughput(false, n, cfg));
+  }
+  print_line("record_1to1", n, rec, "raw_payload", raw, " lanebus_workers=1 fields_read=3");
 }
 
 const Scenario kScenarios[] = {
@@ -1005,10 +1093,12 @@ const Scenario kScenarios[] = {
     {"fanout1to4", "1 producer -> 4 groups (msgs/2 per run) vs moodycamel 4 queues, 4 consumers", run_fanout},
     {"metrics_overhead", "1to1 with BusOptions::metrics on vs off (the cost of latency/age recording)",
      run_metrics_overhead},
-    {"tenancy_1to1", "1to1 through an access-checked Client with quotas far above the rate vs plain 1to1 (issue 11)",
+    {"tenancy_1to1", "1to1 through an access-checked Client with quotas far above the rate vs plain 1to1",
      run_tenancy_overhead},
     {"latency1to1", "publish -> handler latency at 100,000 msg/s (msgs/10) vs moodycamel with a spinning consumer",
      run_latency},
+    {"record_1to1", "typed records: build + schema check + read 3 fields by name (counted) vs the same flow with a "
+     "raw struct payload", run_record_1to1},
 };
 
 [[noreturn]] void usage(int code) {

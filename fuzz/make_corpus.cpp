@@ -13,6 +13,7 @@
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lease.hpp"
+#include "lanebus/record.hpp"
 #include "lmdb_store.hpp"
 #include "store_codec.hpp"
 
@@ -116,6 +117,22 @@ int main(int argc, char** argv) {
         return true;
       });
     }
+  }
+  // Typed records (issue 12).
+  {
+    char buf[512];
+    RecordBuilder b(buf, sizeof(buf));
+    b.add_string(1, "S-1").add_int64(2, -42);
+    put("schema_record_fuzz", std::string(*b.finish()));
+    b.reset();
+    b.add_string(1, "x").begin_list(3, FieldType::String).add_string(0, "a").add_string(0, "bb").end_list();
+    b.begin_record(4).add_double(1, 2.5).end_record();
+    put("schema_record_fuzz", std::string(*b.finish()));
+    b.reset();
+    b.add_string(1, "y").begin_list(5, FieldType::Record);
+    for (int i = 0; i < 3; ++i) b.begin_record(0).add_uint64(1, i).end_record();
+    b.end_list().add_bool(9, true).add_timestamp(10, 1700000000000000000).add_bytes(11, "\x01\x02");
+    put("schema_record_fuzz", std::string(*b.finish()));
   }
   // Names.
   for (const char* name : {"orders", "billing.eu-west_1", "a", "x..y", "UPPER", "leases/slot-3"}) put("names_fuzz", name);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "lanebus/bus.hpp"
@@ -15,11 +16,13 @@
 #include "lanebus/lease.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/tenancy.hpp"
+#include "lanebus/record.hpp"
 #include "lanebus/transaction.hpp"
 
 namespace lanebus::detail {
 
 class IdempotencyImpl;
+struct UsageTap;
 class LeaseTableImpl;
 class BusCore;
 struct TxnState;
@@ -40,8 +43,22 @@ struct Access {
   static void set_deadline_ns(MessageView& view, std::int64_t deadline_ns) noexcept {
     view.deadline_ns_ = deadline_ns;
   }
+  /// A record view read through a reader schema (`fields`: its field list),
+  /// counting reads into `tap` as writer version `version` (nullptr: none).
+  static RecordView with_schema(RecordView v, const SchemaVersion* schema, const void* fields, UsageTap* tap,
+                                std::uint16_t version) noexcept {
+    v.schema_ = schema;
+    v.fields_ = fields;
+    v.tap_ = tap;
+    v.version_ = version;
+    return v;
+  }
   static const FenceConfirm& confirm(const FencedResource& fence) noexcept { return fence.confirm_; }
   static bool check_enabled(const FencedResource& fence) noexcept { return fence.check_enabled_; }
+
+  /// The schema registry's clock (deprecation windows, usage day buckets,
+  /// audit times): ns since the epoch; an empty function = the wall clock.
+  static void set_schema_clock_for_testing(Bus& bus, std::function<std::int64_t()> clock);
 
   // ---- test hooks (negative controls; never used by lib/ itself) ----
   /// false turns the fence check of `fence` off: every token is accepted and

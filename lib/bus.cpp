@@ -175,14 +175,18 @@ Bus::~Bus() { (void)core_->shutdown(ShutdownMode::Drain, core_->options.close_ti
 Result<Topic> Bus::create_topic(std::string_view name, const TopicOptions& options) {
   auto t = core_->create(name, false, options);
   if (!t.ok()) return t.status();
+  core_->schemas()->bind(*t);  // a typed topic: its latest schema (doc/schemas.md)
   return Topic(*t);
 }
 
 Result<Topic> Bus::create_queue(std::string_view name, const TopicOptions& options) {
   auto t = core_->create(name, true, options);
   if (!t.ok()) return t.status();
+  core_->schemas()->bind(*t);
   return Topic(*t);
 }
+
+Schemas Bus::schemas() { return Schemas(core_->schemas()); }
 
 Result<Topic> Bus::find(std::string_view name) const {
   if (Status s = detail::check_name(name, "topic"); !s.ok()) return s;

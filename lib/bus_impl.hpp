@@ -59,6 +59,8 @@
 #include "message_pool.hpp"
 #include "mpmc_queue.hpp"
 #include "retry_timer.hpp"
+#include "schema_registry.hpp"
+#include "schema_usage.hpp"
 #include "sync.hpp"
 #include "tenancy.hpp"
 
@@ -75,6 +77,9 @@ struct QueueBatch;
 /// (defined in scheduler.cpp).
 extern thread_local Consumer* tl_running_consumer;
 extern thread_local BusCore* tl_running_bus;
+/// The lane whose handler this thread is running (field-usage audit: Schemas::view).
+struct GroupLane;
+extern thread_local GroupLane* tl_running_lane;
 
 /// GroupLane::running_since_ns of a call in a group without attempt_timeout
 /// (its start time is not read: no clock read on the hot path).
@@ -188,6 +193,9 @@ struct alignas(64) GroupLane : TimerEntry {
   // Durable topic poison bookkeeping (DlqStore::TopicMark).
   std::uint64_t careful_to = 0;             // deliver one message at a time below this offset
   std::uint32_t head_crashes = 0;           // crashes of the message at read_pos (careful mode)
+
+  // Field-usage audit (schema_usage.hpp): written by the lane's running worker.
+  UsageTap usage;
 };
 
 /// One subscription's slot in its group's consumer table.
@@ -286,6 +294,11 @@ class TopicImpl {
   /// Topic::publish_batch for an ephemeral topic; message j gets id first_id + j.
   BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
                                    std::uint64_t first_id) noexcept;
+  /// publish_batch's fast path: no schema check, no quota (their callers check).
+  BatchPublishResult publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
+                                             std::uint64_t first_id) noexcept;
+  /// Typed topics: the schema check of publish (publish.cpp).
+  Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
   AppendRequest append_request(const OutgoingMessage& m) const;
 
@@ -310,6 +323,9 @@ class TopicImpl {
   /// The namespace holding the topic (tenancy.hpp); set at creation, swapped
   /// when a covering namespace is declared. Never null after creation.
   std::atomic<NamespaceState*> ns{nullptr};
+  /// Typed topics: the latest schema version (owned by the SchemaRegistry);
+  /// nullptr = untyped, publish unchanged.
+  std::atomic<const SchemaVersion*> schema{nullptr};
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
@@ -353,6 +369,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Namespaces, credentials, quotas, usage (tenancy.hpp). Set by start().
   TenancyImpl* tenancy() const noexcept { return tenancy_.get(); }
   Namespaces* namespaces() noexcept { return namespaces_.get(); }
+  SchemaRegistry* schemas() const noexcept { return schemas_.get(); }
+  /// Visit every group lane's usage counters (BusCore::mu_ held; fn must not call the bus).
+  void for_each_usage_tap(const std::function<void(const TopicImpl&, const GroupImpl&, const UsageTap&)>& fn);
 
   /// Bridges (lib/bridge.cpp) report through these: `fn` runs inside stats()
   /// (after the topics are filled in, BusCore::mu_ and bridges_mu_ held) and
@@ -457,6 +476,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   // Tenancy (tenancy.hpp).
   std::unique_ptr<TenancyImpl> tenancy_;
   std::unique_ptr<Namespaces> namespaces_;
+  std::unique_ptr<SchemaRegistry> schemas_;  // schema registry (doc/schemas.md)
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

@@ -84,6 +84,7 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
   tl_delivered_bytes += p.payload.size();
   tl_running_consumer = c;
   tl_running_bus = this;
+  tl_running_lane = gl;
   try {
     if (c->tx_handler) {
       if (tx == nullptr) {
@@ -103,6 +104,7 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
   }
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;
+  tl_running_lane = nullptr;
   gl->running_since_ns.store(0, std::memory_order_release);
   inv.late = deadline != 0 && now_ns() > deadline;
   return inv;
@@ -243,6 +245,15 @@ Status BusCore::republish(const DlqEntry& e) {
 }
 
 void BusCore::maintenance() noexcept {
+  // Schema registry: this process's field reads to the store, and versions
+  // registered by other processes to the publish path.
+  if (schemas_ && store_ && !store_->read_only()) {
+    try {
+      (void)schemas_->flush_usage();
+    } catch (...) {
+    }
+    schemas_->refresh_all();
+  }
   if (!dlq_) return;
   try {
     for (int i = 0; i < 16; ++i) {

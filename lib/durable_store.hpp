@@ -211,8 +211,9 @@ enum class StoreTable : std::uint8_t {
   Fence,           ///< `fence`: fencing high-water marks (doc/leases.md)
   User,            ///< `user`: handlers' own tables (transactional consume)
   Tenancy,         ///< `tenancy`: namespaces, credentials, usage by minute (doc/tenancy.md)
+  Schema,          ///< `schema`: schema registry, contracts, usage audit (lib/schema_registry.cpp)
 };
-inline constexpr int kStoreTables = 7;
+inline constexpr int kStoreTables = 8;
 
 class DurableStore;
 

@@ -74,8 +74,22 @@ Slot* TopicImpl::acquire_slot(std::uint32_t lane, bool may_block) noexcept {
   return nullptr;
 }
 
+// Typed topics (doc/schemas.md): the record must match the latest schema
+// version; *version is the version stamped on the message. Untyped topics:
+// one atomic load.
+Status TopicImpl::check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept {
+  *version = m.schema_version;
+  const SchemaVersion* sv = schema.load(std::memory_order_acquire);
+  if (sv == nullptr) return Status();
+  Status st = bus->schemas()->check_publish(this, sv, m.payload, m.schema_version, version);
+  if (!st.ok()) refused.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
 Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  std::uint16_t schema_version;
+  if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   if (need > options.slot_bytes)
     return Status::from_literal(Code::PayloadTooLarge,
@@ -122,7 +136,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   s->header.fencing_token = m.fencing_token;
   s->header.attempt = 0;
   s->header.content_type = m.content_type;
-  s->header.schema_version = m.schema_version;
+  s->header.schema_version = schema_version;
   // Route to every active group. The slot's reference count must be final
   // before the first ring push makes it visible, so collect the targets first
   // (a group deactivated meanwhile still drains its rings, so a stale target
@@ -191,6 +205,8 @@ AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
 Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+  std::uint16_t schema_version;
+  if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   // Tenancy: the namespace's publish quota and usage (lib/tenancy.hpp).
   NamespaceState* const nsp = ns.load(std::memory_order_relaxed);
   const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
@@ -199,6 +215,7 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
       !q.ok())
     return q;
   AppendRequest req = append_request(m);
+  req.header.schema_version = schema_version;
   const std::uint32_t lane = req.lane;
   if (!done) {
     auto r = bus->store()->append(std::move(req));
@@ -259,6 +276,45 @@ void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint6
 
 BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
                                             std::uint64_t first_id) noexcept {
+  NamespaceState* const nsp = ns.load(std::memory_order_relaxed);
+  if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed)) {
+    // A typed topic checks each record, a namespace with a publish quota
+    // admits each message: publish them one by one (same result as the
+    // fast path: the published prefix and the first refusal).
+    BatchPublishResult r;
+    for (const OutgoingMessage& m : ms) {
+      if (m.payload.empty() || m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
+        r = {};
+        r.status = Status::from_literal(Code::InvalidArgument,
+                                        "publish_batch: a message is empty or exceeds the topic's slot_bytes "
+                                        "(nothing published)");
+        return r;
+      }
+    }
+    for (const OutgoingMessage& m : ms) {
+      Status st = publish(m, may_block, first_id + r.published);
+      if (!st.ok()) {
+        r.status = st;
+        return r;
+      }
+      ++r.published;
+    }
+    return r;
+  }
+  BatchPublishResult r = publish_batch_unchecked(ms, may_block, first_id);
+  // Usage of the namespace (no quota: admit_publish would only count).
+  if (r.published > 0) {
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < r.published; ++i)
+      bytes += ms[i].key.size() + ms[i].idempotency_key.size() + ms[i].payload.size();
+    nsp->live.msgs_in.fetch_add(r.published, std::memory_order_relaxed);
+    nsp->live.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  return r;
+}
+
+BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
+                                                      std::uint64_t first_id) noexcept {
   BatchPublishResult r;
   for (const OutgoingMessage& m : ms) {
     if (m.payload.empty()) {
@@ -335,6 +391,9 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
         r.status = st;
         return r;
       }
+      // publish counted the namespace's usage; publish_batch counts the whole prefix.
+      ns.load(std::memory_order_relaxed)
+          ->unadmit_publish(chunk[0].key.size() + chunk[0].idempotency_key.size() + chunk[0].payload.size());
       ++r.published;
       continue;
     }

@@ -216,6 +216,12 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
     if (!table.ok()) return table.status();
     idem = Access::impl(**table);
   }
+  // Consumer contract (doc/schemas.md): stored with the group, seen by every
+  // process (blocking: before mu_).
+  if (!o.reads.empty()) {
+    if (Status s = schemas_->set_contract(t->name, t->is_queue ? std::string_view("queue") : group, o.reads); !s.ok())
+      return s;
+  }
   GroupRef store_group;
   if (t->durable && !t->is_queue) {
     auto r = store_->open_group(t->store_topic, group, o.start);  // blocking: before mu_

@@ -14,6 +14,7 @@ namespace lanebus::detail {
 
 thread_local Consumer* tl_running_consumer = nullptr;
 thread_local BusCore* tl_running_bus = nullptr;
+thread_local GroupLane* tl_running_lane = nullptr;
 
 // ---------------------------------------------------------------- bus core
 
@@ -51,6 +52,7 @@ Status BusCore::start() {
     for (auto& [name, t] : topics_) t->ns.store(tenancy_->resolve(name), std::memory_order_release);
   });
   namespaces_ = Access::namespaces(this);
+  schemas_ = std::make_unique<SchemaRegistry>(this, store_.get());
   try {
     timer_ = std::make_unique<RetryTimer>([this](TimerEntry* e) {
       if (e->kind == TimerEntry::Kind::Wake) {
@@ -314,6 +316,9 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   }
   if (tenancy_) tenancy_->close();  // flushes usage into the store
   if (store_) {
+    // The usage audit keeps this process's last reads (best effort: a
+    // read-only or failed store only loses the counts since the last tick).
+    if (schemas_ && !store_->read_only()) (void)schemas_->flush_usage();
     Status cs = store_->close();
     if (!cs.ok() && result.ok()) result = cs;
   }

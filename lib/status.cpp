@@ -25,6 +25,8 @@ const char* to_string(Code code) noexcept {
     case Code::IOError: return "IOError";
     case Code::StaleToken: return "StaleToken";
     case Code::FenceViolation: return "FenceViolation";
+    case Code::Incompatible: return "Incompatible";
+    case Code::SchemaViolation: return "SchemaViolation";
     case Code::Internal: return "Internal";
   }
   return "Unknown";

@@ -16,6 +16,10 @@ int cmd_dlq(int argc, char** argv);
 /// `lanebus leases PATH`: list the leases of a lease table segment.
 int cmd_leases(int argc, char** argv);
 
+/// `lanebus schema list|show|diff|check|register|deprecate|usage|remove|audit DIR ...`:
+/// the schema registry of a store (issue 12, doc/schemas.md).
+int cmd_schema(int argc, char** argv);
+
 /// `lanebus serve DIR [--listen HOST:PORT] [--sla SECONDS]`: serve a store's metrics over HTTP.
 int cmd_serve(int argc, char** argv);
 

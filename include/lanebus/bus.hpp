@@ -13,6 +13,7 @@
 #include "lanebus/idempotency.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/options.hpp"
+#include "lanebus/schema.hpp"
 #include "lanebus/stats.hpp"
 #include "lanebus/transaction.hpp"
 #include "lanebus/status.hpp"
@@ -289,6 +290,10 @@ class LANEBUS_API Bus {
   /// The dead-letter queue of the bus's store, for review and replay.
   /// Errors: InvalidArgument (an in-memory bus has no DLQ).
   Result<DeadLetters*> dead_letters();
+
+  /// The schema registry (typed topics, contracts, usage audit, deprecation;
+  /// doc/schemas.md). A cheap handle, valid while the Bus lives.
+  Schemas schemas();
 
   /// A publishing handle for one thread (allocates once, here).
   Publisher publisher();

@@ -15,6 +15,8 @@
 #include "lanebus/metrics.hpp"
 #include "lanebus/metrics_server.hpp"
 #include "lanebus/options.hpp"
+#include "lanebus/record.hpp"
+#include "lanebus/schema.hpp"
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"
 #include "lanebus/transaction.hpp"

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
@@ -141,6 +142,14 @@ struct GroupOptions {
   /// Durable queues: how long a delivered message stays claimed before it is
   /// redelivered (to any consumer, in any process) if not acked. Default 30 s.
   std::chrono::milliseconds visibility{30000};
+
+  // ---- typed topics (doc/schemas.md) ----
+  /// The consumer contract: the schema fields this group reads. Stored with
+  /// the group in the registry at subscribe, seen by every process; a schema
+  /// version that removes or incompatibly retypes a declared field is refused,
+  /// and so is removing a deprecated field a contract still declares.
+  /// Default empty: no contract (an earlier contract of the group stays).
+  std::vector<std::string> reads{};
 };
 
 /// Per Bus.

@@ -40,6 +40,9 @@ enum class Code : std::uint8_t {
   // --- fencing ---
   StaleToken,      ///< A fencing token below the resource's high-water mark.
   FenceViolation,  ///< A token above the high-water that the lease table did not grant.
+  // --- schemas (doc/schemas.md) ---
+  Incompatible,     ///< A schema change breaks the topic's compatibility mode or a consumer contract.
+  SchemaViolation,  ///< A typed topic's record does not match the topic's latest schema; nothing stored.
   // --- other ---
   Internal,  ///< A lanebus bug or an unexpected system state; the message says which.
 };

@@ -1,0 +1,78 @@
+// lanebus — MIT License.
+// Byte helpers of the record encoding (doc/schemas.md) and the schema field
+// lookups RecordView and the registry share. Internal.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "lanebus/record.hpp"
+#include "lanebus/schema.hpp"
+
+namespace lanebus::detail {
+
+using FieldList = std::vector<FieldDef>;
+
+inline std::uint64_t zigzag(std::int64_t v) noexcept {
+  return (static_cast<std::uint64_t>(v) << 1) ^ static_cast<std::uint64_t>(v >> 63);
+}
+inline std::int64_t unzigzag(std::uint64_t v) noexcept {
+  return static_cast<std::int64_t>(v >> 1) ^ -static_cast<std::int64_t>(v & 1);
+}
+inline void put_le32(char* p, std::uint32_t v) noexcept {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+inline std::uint32_t get_le32(const char* p) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= std::uint32_t(static_cast<std::uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+inline std::uint64_t get_le64(const char* p) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= std::uint64_t(static_cast<std::uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+/// LEB128; false when truncated or longer than 64 bits.
+bool get_varint(std::string_view in, std::size_t* pos, std::uint64_t* out) noexcept;
+/// Magic, tags, lengths, bools, varints and nesting of an untrusted record;
+/// *why names the first problem (a string literal).
+bool check_record(std::string_view bytes, const char** why) noexcept;
+
+/// One value of type `t` at body[*pos] of a checked record: its bytes (a
+/// record: its body; a list: element tag, u32 length, u32 count, elements).
+bool value_at(std::string_view body, std::size_t* pos, FieldType t, std::string_view* v) noexcept;
+
+/// Fields are kept sorted by id.
+inline const FieldDef* find_field(const FieldList& fields, std::uint32_t id) noexcept {
+  std::size_t lo = 0, hi = fields.size();
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    if (fields[mid].id == id) return &fields[mid];
+    if (fields[mid].id < id) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return nullptr;
+}
+inline const FieldDef* find_field(const FieldList& fields, std::string_view name) noexcept {
+  for (const FieldDef& f : fields) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+/// A value written as `have` can be read as `want`: the same type or one of
+/// the widenings int64 -> double, uint64 -> double, string <-> bytes.
+inline bool readable_as(FieldType have, FieldType want) noexcept {
+  if (have == want) return true;
+  if (want == FieldType::Double) return have == FieldType::Int64 || have == FieldType::Uint64;
+  if (want == FieldType::String) return have == FieldType::Bytes;
+  if (want == FieldType::Bytes) return have == FieldType::String;
+  return false;
+}
+
+}  // namespace lanebus::detail
