@@ -19,9 +19,10 @@
 //   scrape never calls Bus::stats(), so any number of scrapers cost the bus
 //   nothing beyond one stats() per sample_interval.
 // - Shutdown: stop() posts "close the acceptor, cancel the timers, close
-//   every socket" and joins. Closing completes every pending operation with
-//   operation_aborted, the sessions drop their last references, and run()
-//   returns because no work is left.
+//   every socket, then stop the loop" and joins. Closing completes every
+//   pending operation with operation_aborted and the sessions drop their last
+//   references; the final ioc.stop() makes run() return even if something
+//   is still outstanding.
 #include "lanebus/metrics_server.hpp"
 
 #include <algorithm>
@@ -127,6 +128,11 @@ struct MetricsServerCore {
   Status leases_status;
   std::uint64_t requests = 0, bad_requests = 0, refused = 0, timeouts = 0;
   std::unordered_set<MetricsSession*> sessions;  // declared before ioc: outlives the handlers' sessions
+  // Set by stop()'s posted handler. A timer that had already expired when
+  // stop() cancelled it still runs its handler with success: without this
+  // flag that handler re-armed the timer and run() never returned (stop()
+  // hung in join; seen under TSan, once in a plain run).
+  bool stopping = false;
 
   asio::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
@@ -327,7 +333,7 @@ void MetricsServerCore::sample() {
 void MetricsServerCore::tick() {
   sample_timer.expires_after(options.sample_interval);
   sample_timer.async_wait([this](beast::error_code ec) {
-    if (ec) return;  // cancelled: stopping
+    if (ec || stopping) return;  // cancelled, or expired just before stop()
     sample();
     tick();
   });
@@ -335,12 +341,12 @@ void MetricsServerCore::tick() {
 
 void MetricsServerCore::accept() {
   acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+    if (stopping || ec == asio::error::operation_aborted || !acceptor.is_open()) return;
     if (ec) {
       // EMFILE and friends: try again shortly instead of spinning.
       accept_retry.expires_after(std::chrono::milliseconds(100));
       accept_retry.async_wait([this](beast::error_code e) {
-        if (!e) accept();
+        if (!e && !stopping) accept();
       });
       return;
     }
@@ -493,6 +499,7 @@ void MetricsServer::stop() noexcept {
   impl_->stopped = true;
   Impl* s = impl_.get();
   asio::post(s->ioc, [s] {
+    s->stopping = true;
     beast::error_code ignored;
     s->acceptor.close(ignored);
     s->sample_timer.cancel();
@@ -500,6 +507,12 @@ void MetricsServer::stop() noexcept {
     // close() may drop a session's last reference: copy the set first.
     std::vector<detail::MetricsSession*> open(s->sessions.begin(), s->sessions.end());
     for (detail::MetricsSession* m : open) m->close();
+    // The closes above queued the aborted handlers; once they have run, stop
+    // the loop even if some operation is still outstanding (a hang in join
+    // with the server thread in epoll_wait(-1) was seen under ASan and TSan).
+    // Handlers left behind are destroyed with the io_context; `sessions`
+    // outlives it.
+    asio::post(s->ioc, [s] { s->ioc.stop(); });
   });
   if (s->thread.joinable()) s->thread.join();
 }

@@ -39,12 +39,8 @@ Status BusCore::start() {
     dead_letters_ = Access::dead_letters(this);
     store_->set_append_listener(
         [this](std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) { on_append(topic_id, lane, end); });
-    try {
-      poller_ = std::thread([this] { poller_main(); });
-    } catch (const std::exception& e) {
-      return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the poller: " + e.what());
-    }
   }
+  // Before the poller: its maintenance pass uses both.
   tenancy_ = std::make_unique<TenancyImpl>(store_.get(), &closing_);
   if (Status ts = tenancy_->open(); !ts.ok()) return ts;
   tenancy_->set_rebind([this] {
@@ -53,6 +49,13 @@ Status BusCore::start() {
   });
   namespaces_ = Access::namespaces(this);
   schemas_ = std::make_unique<SchemaRegistry>(this, store_.get());
+  if (store_) {
+    try {
+      poller_ = std::thread([this] { poller_main(); });
+    } catch (const std::exception& e) {
+      return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the poller: " + e.what());
+    }
+  }
   try {
     timer_ = std::make_unique<RetryTimer>([this](TimerEntry* e) {
       if (e->kind == TimerEntry::Kind::Wake) {
