@@ -179,6 +179,49 @@ Status lmdb_error(int rc, std::string_view what, std::string_view path) {
   return Status(code_for(rc), msg);
 }
 
+// mdb_env_open failed with ENOMEM: LMDB maps max(our map size, the newest
+// meta page's mm_mapsize), so a damaged meta page that claims an absurd map
+// size or last page number (a flipped high byte) fails the mmap. Read the
+// meta pages of data.mdb (MDB_meta after the 16-byte page header: magic u32,
+// version u32, address, mapsize, 2 x 48-byte MDB_db, last_pg, txnid) and
+// name it (corruption_test found one: last_pg 149,533,581,377,588).
+Status open_enomem(std::string_view what, std::string_view path) {
+  const std::string file = std::string(path) + "/data.mdb";
+  FILE* f = std::fopen(file.c_str(), "rb");
+  std::uint64_t best_txn = 0, best_map = 0;
+  bool found = false;
+  if (f != nullptr) {
+    unsigned char page[160];
+    for (long off : {0L, 4096L, 8192L, 16384L, 32768L, 65536L}) {
+      if (std::fseek(f, off, SEEK_SET) != 0 || std::fread(page, 1, sizeof page, f) != sizeof page) break;
+      std::uint32_t magic = 0, psize = 0;
+      std::uint64_t map = 0, txn = 0, last_pg = 0;
+      std::memcpy(&magic, page + 16, 4);
+      std::memcpy(&map, page + 32, 8);
+      std::memcpy(&psize, page + 40, 4);  // mm_dbs[FREE_DBI].md_pad holds the page size
+      std::memcpy(&last_pg, page + 16 + 4 + 4 + 8 + 8 + 96, 8);
+      std::memcpy(&txn, page + 16 + 4 + 4 + 8 + 8 + 96 + 8, 8);
+      if (magic != 0xBEEFC0DEu) continue;
+      // LMDB maps at least (last_pg + 1) pages.
+      if (psize == 0) psize = 4096;
+      const std::uint64_t pages_limit = (1ull << 46) / psize;
+      if (last_pg >= pages_limit) map = std::max<std::uint64_t>(map, 1ull << 46);
+      if (!found || txn > best_txn) {
+        best_txn = txn;
+        best_map = map;
+        found = true;
+      }
+    }
+    std::fclose(f);
+  }
+  if (found && best_map >= (1ull << 46)) {
+    return Status(Code::Corruption, std::string(what) + " " + quoted(path) + ": the newest meta page claims a map of at least " +
+                                        std::to_string(best_map) + " bytes (a damaged size or last page number): the store is damaged");
+  }
+  return lmdb_error(ENOMEM, what, path);
+}
+
+
 // ---------------------------------------------------------------- LmdbTxn
 
 LmdbTxn::LmdbTxn(LmdbTxn&& other) noexcept
@@ -443,6 +486,7 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
     }
     mdb_env_close(env);
     unregister();
+    if (rc == ENOMEM) return open_enomem("open", path);
     return lmdb_error(rc, "open", path);
   }
   auto out = std::unique_ptr<LmdbEnv>(new LmdbEnv(config, env, st.st_dev, st.st_ino));
@@ -628,6 +672,7 @@ Result<std::unique_ptr<LmdbWalk>> LmdbWalk::open(const std::string& path) {
     return lmdb_error(rc, "verify", path);
   }
   rc = mdb_env_open(w->env_, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0600);
+  if (rc == ENOMEM) return open_enomem("verify: open", path);
   if (rc != 0) return lmdb_error(rc, "verify: open", path);
   rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
   if (rc == MDB_MAP_RESIZED) {
