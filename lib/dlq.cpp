@@ -711,7 +711,8 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
     std::vector<std::uint64_t> audited;
     for (Loaded& w : work) {
       DlqEntry& e = w.entry;
-      DlqReplayed r{e.id, e.topic, e.lane, 0, e.topic_id == 0};
+      DlqReplayed r{e.id, e.topic, e.lane, 0, e.topic_id == 0,
+                    e.key.size() + e.idempotency_key.size() + e.payload.size()};
       if (e.topic_id != 0) {
         AppendRequest req;
         req.topic_id = topics[e.topic]->id;
@@ -745,6 +746,10 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
     return stats.save(txn);
   });
   if (!s.ok()) return s;
+  if (replay_listener_) {
+    for (const DlqReplayed& r : done)
+      if (!r.republished) replay_listener_(r.topic, r.bytes);
+  }
   for (const DlqEntry& e : to_republish) {
     Status rs = republish(e);
     if (!rs.ok() && s.ok()) s = rs;
