@@ -321,7 +321,7 @@ Result<MoveSums> sums_of(StoreTxn& t, const Scope& scope, bool with_policy) {
 
 // ---------------------------------------------------------------- move records
 
-// tenancy "m/" + ns: "v1 phase=P other=PATH" (SRC: copying | done, other = DST;
+// tenancy "m/" + ns: "v1 phase=P other=PATH" (SRC: copying | moved-out, other = DST;
 // DST: copied | done, other = SRC).
 struct MoveRecord {
   bool present = false;
@@ -409,6 +409,31 @@ Result<MoveSums> namespace_sums(DurableStore& store, std::string_view name) {
   });
   if (!s.ok()) return s;
   return sums;
+}
+
+Status check_not_moved(DurableStore& store, std::string_view name) {
+  Status found;
+  Status s = store.read([&](StoreTxn& t) -> Status {
+    found = Status();
+    return t.scan(StoreTable::Tenancy, "m/", "m/", [&](std::string_view k, std::string_view v) {
+      const std::string_view ns = k.substr(2);
+      if (!prefix_covers(ns, name)) return true;
+      const std::size_t sp = v.find(" other=");
+      const std::string_view phase = v.substr(0, sp == std::string_view::npos ? 0 : sp);
+      const std::string other(sp == std::string_view::npos ? std::string_view() : v.substr(sp + 7));
+      const std::string head = "\"" + std::string(name) + "\": namespace " + q(ns) + " ";
+      if (phase == "v1 phase=moved-out") {
+        found = Status(Code::Conflict, head + "was moved to the store " + q(other) +
+                                           ": use it through a bus on that store (doc/tenancy.md)");
+      } else if (phase == "v1 phase=copying" || phase == "v1 phase=copied") {
+        found = Status(Code::Conflict, head + "is being moved between " + q(store.directory()) + " and " + q(other) +
+                                           ": finish it with `lanebus namespace move` first");
+      }
+      return found.ok();
+    });
+  });
+  if (!s.ok()) return s;
+  return found;
 }
 
 Status check_store_not_open(const std::string& dir) {
@@ -500,15 +525,15 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
   if (!rd.ok()) return rd.status();
   if (rs->present && rs->other != dst_path) {
     return Status(Code::Conflict, "namespace " + q(ns) + " of " + q(src_path) + " is " +
-                                      (rs->phase == "done" ? "already moved" : "being moved") + " to " + q(rs->other) +
-                                      ", not " + q(dst_path) + (rs->phase == "done" ? "" : ": rerun with that DST_DIR"));
+                                      (rs->phase == "moved-out" ? "already moved" : "being moved") + " to " + q(rs->other) +
+                                      ", not " + q(dst_path) + (rs->phase == "moved-out" ? "" : ": rerun with that DST_DIR"));
   }
   if (rd->present && rd->other != src_path) {
     return Status(Code::Conflict, "destination " + q(dst_path) + " holds namespace " + q(ns) + " moved from " +
                                       q(rd->other) + ", not from " + q(src_path));
   }
   NamespaceMoveResult result;
-  result.resumed = rs->present && rs->phase != "done";
+  result.resumed = rs->present && rs->phase != "moved-out";
 
   auto finish = [&]() -> Status {
     if (!rd->present || rd->phase != "done") {
@@ -518,7 +543,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
     return Status();
   };
 
-  if (rs->present && rs->phase == "done") {
+  if (rs->present && rs->phase == "moved-out") {
     if (!rd->present) {
       return Status(Code::Conflict, "source " + q(src_path) + " says namespace " + q(ns) + " moved to " + q(dst_path) +
                                         ", but that store has no record of it (was it replaced?)");
@@ -737,7 +762,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
 
   // Delete from SRC (the policy stays: the bus on SRC keeps enforcing it), in one transaction.
   say("removing namespace " + q(ns) + " from " + q(src_path));
-  const std::string done_src = encode_record("done", dst_path);
+  const std::string done_src = encode_record("moved-out", dst_path);
   Status ds = (*src)->write([&](StoreTxn& t) -> Status {
     Side side;
     if (Status r = load_side(t, scope, &side); !r.ok()) return r;

@@ -80,6 +80,13 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& options);
 /// the numbers the move verifies (tests compare them before and after).
 Result<MoveSums> namespace_sums(DurableStore& store, std::string_view name);
 
+/// OK unless `store` records that the namespace holding `name` was moved
+/// out of it, or is half-way through a move into or out of it: then
+/// Conflict naming the other store. The bus checks it before it creates a
+/// durable topic, queue or idempotency scope, so a namespace's data never
+/// grows again in the store it left.
+Status check_not_moved(DurableStore& store, std::string_view name);
+
 /// OK when no process has the store in `dir` open (LMDB holds a shared
 /// lock on lock.mdb while it is open); Busy naming the process otherwise.
 /// Must be called before this process opens that store (closing the

@@ -232,12 +232,14 @@ std::uint64_t total(const detail::MoveSums& s, bool with_policy) {
   return n;
 }
 
-/// Open a bus on DST, the same names as before the move: consume, look up.
-void check_on_bus(const std::string& dst, const Expect& x) {
+/// After the move, the same names as before: consume, look up. mapped: a bus
+/// on SRC with BusOptions::namespace_stores {noisy -> DST}; else a bus on DST.
+void check_on_bus(const std::string& src, const std::string& dst, const Expect& x, bool mapped) {
   BusOptions o;
   o.workers = 2;
-  o.store.directory = dst;
+  o.store.directory = mapped ? src : dst;
   o.store.durability = Durability::Async;
+  if (mapped) o.namespace_stores.push_back(NamespaceStore{"noisy", dst});
   auto bus = MUST(Bus::open(o));
   TopicOptions to;
   to.durable = true;
@@ -268,24 +270,33 @@ void check_on_bus(const std::string& dst, const Expect& x) {
   CHECK(got_jobs.load() == expect_jobs);
   CHECK(bad.load() == 0);
   CHECK(MUST(bus->table_get("noisy.kv", "key-3")) == "value-3");
-  CHECK(bus->table_get("quiet.kv", "key-3").code() == Code::NotFound);
   auto idem = MUST(bus->idempotency("noisy.pay"));
   auto ks = MUST(idem->status("order-2"));
   CHECK(ks.state == ClaimState::Done);
   CHECK(ks.result == "receipt-2");
-  auto dl = MUST(MUST(bus->dead_letters())->list());
-  REQUIRE(dl.size() == 3);
-  int archived = 0;
-  for (const DlqEntry& e : dl) {
-    CHECK(e.topic == "noisy.jobs");
-    CHECK(e.topic_id != 0);
-    if (e.state == DlqState::Archived) ++archived;
-  }
-  CHECK(archived == 1);
   auto info = MUST(bus->namespaces()->describe("noisy"));
   CHECK(info.declared);
   CHECK(info.policy.weight == 3);
-  CHECK(info.usage.msgs_in == 100 + 101 + 102);
+  if (mapped) {
+    // Other namespaces stay in SRC, through the same bus.
+    CHECK(MUST(bus->table_get("quiet.kv", "key-1")) == "value-1");
+    to.lanes = 2;
+    CHECK(MUST(bus->create_topic("quiet.events", to)).is_durable());
+    CHECK(MUST(bus->find("noisy.events")).name() == "noisy.events");
+    for (const DlqEntry& e : MUST(MUST(bus->dead_letters())->list())) CHECK(e.topic == "quiet.events");
+  } else {
+    CHECK(bus->table_get("quiet.kv", "key-3").code() == Code::NotFound);
+    auto dl = MUST(MUST(bus->dead_letters())->list());
+    REQUIRE(dl.size() == 3);
+    int archived = 0;
+    for (const DlqEntry& e : dl) {
+      CHECK(e.topic == "noisy.jobs");
+      CHECK(e.topic_id != 0);
+      if (e.state == DlqState::Archived) ++archived;
+    }
+    CHECK(archived == 1);
+    CHECK(info.usage.msgs_in == 100 + 101 + 102);  // the usage moved with the namespace
+  }
   (void)se.close();
   (void)sj.close();
   (void)bus->shutdown(ShutdownMode::Drain);
@@ -324,7 +335,25 @@ TEST_CASE("namespace move: every table moves, verified, and a bus on DST uses th
   REQUIRE(run(d.move_cmd(), &out) == 0);
   CHECK(contains(out, "already moved"));
   CHECK(sums(d.dst, "noisy") == before);
-  check_on_bus(d.dst, x);
+  check_on_bus(d.src, d.dst, x, false);
+  // A bus on SRC refuses to grow the namespace there again, naming DST; other namespaces work.
+  {
+    BusOptions o;
+    o.store.directory = d.src;
+    auto bus = MUST(Bus::open(o));
+    TopicOptions to;
+    to.durable = true;
+    to.lanes = kEventLanes;
+    auto again = bus->create_topic("noisy.events", to);
+    CHECK(again.code() == Code::Conflict);
+    CHECK(contains(again.status().to_string(), "was moved to the store"));
+    CHECK(contains(again.status().to_string(), std::filesystem::canonical(d.dst).string()));
+    CHECK(bus->idempotency("noisy.pay").code() == Code::Conflict);
+    to.lanes = 2;
+    CHECK(bus->create_topic("quiet.events", to).ok());
+    CHECK(bus->idempotency("quiet.pay").ok());
+    (void)bus->shutdown(ShutdownMode::Drain);
+  }
 }
 
 TEST_CASE("namespace move: killed with SIGKILL at random points, reruns finish it") {
@@ -381,7 +410,7 @@ TEST_CASE("namespace move: killed with SIGKILL at random points, reruns finish i
     CHECK(sums(d.dst, "noisy") == before);
     CHECK(total(sums(d.src, "noisy"), false) == 0);
     CHECK(sums(d.src, "quiet") == quiet_before);
-    if (c == 0 || c + 1 == cycles) check_on_bus(d.dst, x);
+    if (c == 0 || c + 1 == cycles) check_on_bus(d.src, d.dst, x, c == 0);
   }
   lanebus::test::print_figures("namespace_move kill", kills, cycles * (kEvents + kJobs), t0);
 }
