@@ -236,7 +236,7 @@ class StoreTxn {
   Status put(StoreTable table, std::string_view key, std::string_view value);
   /// NotFound when absent.
   Status del(StoreTable table, std::string_view key);
-  /// Visit, in key order, the keys >= `from` that start with `prefix`, until
+  /// Visit, in key order, the keys >= `from` ("" = from the first key) that start with `prefix`, until
   /// `visit` returns false. Do not write to `table` from inside `visit`.
   Status scan(StoreTable table, std::string_view from, std::string_view prefix,
               const std::function<bool(std::string_view key, std::string_view value)>& visit);

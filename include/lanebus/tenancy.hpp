@@ -55,8 +55,9 @@ struct NamespacePolicy {
   Quota consume{};
   /// Fair-share weight (1..1000). Default 1.
   std::uint32_t weight = 1;
-  /// Reserved for moving a namespace to its own store (doc/tenancy.md): ""
-  /// = the bus's store. Recorded and shown; not yet acted on.
+  /// Informational: recorded and shown, not acted on. The store a namespace
+  /// lives in is chosen by BusOptions::namespace_stores, after
+  /// `lanebus namespace move` (doc/tenancy.md "Moving a namespace").
   std::string store_dir{};
 };
 
