@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "lanebus/tenancy.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "names.hpp"
@@ -480,18 +481,23 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
       return Status(Code::InvalidArgument, "source and destination are the same store " + q(opt.src_dir));
     }
   }
+  // Probe each store read-only first: proves SRC is a lanebus store without
+  // creating anything, and is Busy when this process has a store open (then
+  // check_store_not_open must not run: closing its descriptor of lock.mdb
+  // would drop this process's LMDB locks).
+  for (const std::string* dir : {&opt.src_dir, &opt.dst_dir}) {
+    if (dir == &opt.dst_dir && ::stat((*dir + "/data.mdb").c_str(), &st) != 0) continue;
+    StoreOptions ro;
+    ro.directory = *dir;
+    ro.read_only = true;
+    auto probe = DurableStore::open(ro);
+    // DST may be an empty environment left by a move killed while creating it.
+    if (!probe.ok() && !(dir == &opt.dst_dir && probe.code() == Code::NotFound)) return probe.status();
+  }
   if (Status s = check_store_not_open(opt.src_dir); !s.ok()) return s;
   if (Status s = check_store_not_open(opt.dst_dir); !s.ok()) return s;
   point("start");
 
-  // SRC: prove it is a lanebus store without creating anything, then open it for writing.
-  {
-    StoreOptions ro;
-    ro.directory = opt.src_dir;
-    ro.read_only = true;
-    auto probe = DurableStore::open(ro);
-    if (!probe.ok()) return probe.status();
-  }
   auto src = open_rw(opt.src_dir);
   if (!src.ok()) return src.status();
   {
@@ -816,3 +822,15 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
 }
 
 }  // namespace lanebus::detail
+
+namespace lanebus {
+
+Status move_namespace(const std::string& src_dir, const std::string& dst_dir, std::string_view name) {
+  detail::NamespaceMoveOptions o;
+  o.src_dir = src_dir;
+  o.dst_dir = dst_dir;
+  o.name = std::string(name);
+  return detail::move_namespace(o).status();
+}
+
+}  // namespace lanebus
