@@ -190,6 +190,17 @@ class DlqStore {
   [[nodiscard]] Status set_topic_mark_in(StoreTxn& txn, const GroupRef& group, std::uint32_t lane,
                                          const TopicMark& mark);
 
+  // ---------------------------------------------------------------- namespace move
+
+  /// Insert `entry` as it is (state, times, replay offset kept) under the
+  /// next entry id, inside the caller's write transaction, and count it in
+  /// the stats record (state, entries, bytes, arrivals). Used by the offline
+  /// namespace move (lib/namespace_move.hpp). Returns the new id.
+  [[nodiscard]] static Result<std::uint64_t> import_in(StoreTxn& txn, DlqEntry entry);
+  /// Delete entry `id` and its pending index, uncounting it (state, entries,
+  /// bytes; arrival totals stay). NotFound when absent. Same user.
+  [[nodiscard]] static Status remove_in(StoreTxn& txn, std::uint64_t id);
+
  private:
   struct Stats;
   std::int64_t now(const StoreTxn& txn) const;
