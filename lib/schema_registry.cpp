@@ -790,7 +790,11 @@ Result<std::vector<FieldUsage>> SchemaRegistry::usage(std::string_view topic, st
     out.push_back(std::move(u));
   }
   for (const Contract& c : contracts) {
-    if (std::find(c.fields.begin(), c.fields.end(), field) == c.fields.end()) continue;
+    // Declaring a record ("zone") covers its nested fields ("zone.region").
+    const bool declares = std::any_of(c.fields.begin(), c.fields.end(), [&](const std::string& f) {
+      return f == field || (field.size() > f.size() && field.compare(0, f.size(), f) == 0 && field[f.size()] == '.');
+    });
+    if (!declares) continue;
     auto it = std::find_if(out.begin(), out.end(), [&](const FieldUsage& u) { return u.group == c.group; });
     if (it == out.end()) {
       FieldUsage u;

@@ -402,6 +402,7 @@ TEST_CASE("reads of nested fields are counted as \"parent.child\", down to 3 lev
   auto region = s.usage("n", "zone.region", 0).value();
   REQUIRE(region.size() == 1);
   CHECK_FALSE(region[0].outside_contract);  // covered by the contract's "zone"
+  CHECK(region[0].in_contract);
   auto sku = s.usage("n", "items.sku", 0).value();
   REQUIRE(sku.size() == 1);
   CHECK(sku[0].outside_contract);  // "items" is not declared
