@@ -338,7 +338,13 @@ Publisher Bus::publisher() {
   return Publisher(std::move(st));
 }
 
-BusStats Bus::stats() const { return core_->stats(); }
+BusStats Bus::stats() const {
+  BusStats s = core_->stats();
+  // Deprecated fields and their readers (doc/schemas.md), read after the
+  // core's lock is released (the registry's lock order).
+  if (auto d = core_->schemas()->deprecated_fields(); d.ok()) s.deprecated_fields = std::move(*d);
+  return s;
+}
 
 Status Bus::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   Status first;

@@ -401,6 +401,7 @@ void MetricsWindow::recompute() {
   snap.samples = samples_.size();
   snap.bridges = now.stats.bridges;
   snap.namespaces = now.stats.namespaces;
+  snap.deprecated_fields = now.stats.deprecated_fields;
   if (now.stats.dlq_available) {
     const DlqCounters& d = now.stats.dlq;
     snap.dlq.available = true;
@@ -893,6 +894,34 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       w.sample("lanebus_namespace_publish_quota_per_second", {{"namespace", n.name}}, n.policy.publish.msgs_per_s);
   }
 
+  // ---- deprecated fields of typed topics and who still reads them (doc/schemas.md)
+  if (!s.deprecated_fields.empty()) {
+    w.family("lanebus_deprecated_field_window_end_seconds", "gauge",
+             "When the deprecation window of the field ends (seconds since the epoch); removal is refused before.");
+    for (const DeprecatedField& f : s.deprecated_fields)
+      w.sample("lanebus_deprecated_field_window_end_seconds",
+               {{"topic", f.topic}, {"field", f.field}, {"replacement", f.replacement}},
+               static_cast<double>(f.window_ends_ns) / 1e9);
+    w.family("lanebus_deprecated_field_reads_total", "counter",
+             "Audited reads of a deprecated field by a group since the deprecation (flushed counts).");
+    for (const DeprecatedField& f : s.deprecated_fields)
+      for (const DeprecatedFieldReader& r : f.readers)
+        w.sample_u64("lanebus_deprecated_field_reads_total", {{"topic", f.topic}, {"field", f.field}, {"group", r.group}},
+                     r.reads);
+    w.family("lanebus_deprecated_field_last_read_seconds", "gauge",
+             "Wall clock of the group's last audited read of the deprecated field (0 = none since the deprecation).");
+    for (const DeprecatedField& f : s.deprecated_fields)
+      for (const DeprecatedFieldReader& r : f.readers)
+        w.sample("lanebus_deprecated_field_last_read_seconds", {{"topic", f.topic}, {"field", f.field}, {"group", r.group}},
+                 static_cast<double>(r.last_read_ns) / 1e9);
+    w.family("lanebus_deprecated_field_in_contract", "gauge",
+             "1: the group's contract (GroupOptions::reads) declares the deprecated field (the contract is flagged).");
+    for (const DeprecatedField& f : s.deprecated_fields)
+      for (const DeprecatedFieldReader& r : f.readers)
+        w.sample_u64("lanebus_deprecated_field_in_contract", {{"topic", f.topic}, {"field", f.field}, {"group", r.group}},
+                     r.contract_declares ? 1 : 0);
+  }
+
   // ---- bridges to NATS JetStream (bridge.hpp)
   if (!s.bridges.empty()) {
     w.family("lanebus_bridge_state", "gauge",
@@ -1153,6 +1182,31 @@ std::string to_json(const MetricsSnapshot& s) {
       j.key("consume_quota_msgs_per_s"); j.number(n.policy.consume.msgs_per_s);
       j.key("consume_quota_bytes_per_s"); j.number(n.policy.consume.bytes_per_s);
       j.key("weight"); j.u64(n.policy.weight);
+      j.end_object();
+    }
+    j.end_array();
+  }
+  if (!s.deprecated_fields.empty()) {  // absent without deprecations (doc/schemas.md)
+    j.key("deprecated_fields");
+    j.begin_array();
+    for (const DeprecatedField& f : s.deprecated_fields) {
+      j.begin_object();
+      j.key("topic"); j.string(f.topic);
+      j.key("field"); j.string(f.field);
+      j.key("replacement"); j.string(f.replacement);
+      j.key("since_ns"); j.i64(f.since_ns);
+      j.key("window_ends_ns"); j.i64(f.window_ends_ns);
+      j.key("readers");
+      j.begin_array();
+      for (const DeprecatedFieldReader& r : f.readers) {
+        j.begin_object();
+        j.key("group"); j.string(r.group);
+        j.key("reads"); j.u64(r.reads);
+        j.key("last_read_ns"); j.i64(r.last_read_ns);
+        j.key("contract_declares"); j.boolean(r.contract_declares);
+        j.end_object();
+      }
+      j.end_array();
       j.end_object();
     }
     j.end_array();

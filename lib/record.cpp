@@ -2,6 +2,7 @@
 // The record encoding (doc/schemas.md): RecordBuilder, RecordView, ListView.
 #include "lanebus/record.hpp"
 
+#include <bit>
 #include <cstring>
 
 #include "lanebus/schema.hpp"
@@ -36,8 +37,12 @@ void RecordBuilder::reset() noexcept {
   depth_ = 0;
   error_ = Code::Ok;
   why_ = nullptr;
-  const std::uint8_t m = kRecordMagic;
-  put(&m, 1);
+  if (cap_ >= 1) {
+    buf_[0] = static_cast<char>(kRecordMagic);
+    pos_ = 1;
+  } else {
+    fail(Code::PayloadTooLarge, "record: the buffer is too small for the record");
+  }
 }
 
 void RecordBuilder::fail(Code code, const char* why) noexcept {
@@ -47,18 +52,40 @@ void RecordBuilder::fail(Code code, const char* why) noexcept {
   }
 }
 
+// The builder writes small pieces (a tag, a 1-3 byte varint, 8 bytes of a
+// double): put() copies short ones byte by byte instead of calling memcpy,
+// and put_varint() encodes straight into the buffer when 10 bytes are free.
 bool RecordBuilder::put(const void* p, std::size_t n) noexcept {
   if (error_ != Code::Ok) return false;
   if (cap_ - pos_ < n || pos_ > cap_) {
     fail(Code::PayloadTooLarge, "record: the buffer is too small for the record");
     return false;
   }
-  if (n != 0) std::memcpy(buf_ + pos_, p, n);
+  char* out = buf_ + pos_;
+  const char* in = static_cast<const char*>(p);
+  if (n == 8) {
+    std::memcpy(out, in, 8);
+  } else if (n <= 16) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = in[i];
+  } else {
+    std::memcpy(out, in, n);
+  }
   pos_ += n;
   return true;
 }
 
 bool RecordBuilder::put_varint(std::uint64_t v) noexcept {
+  if (error_ == Code::Ok && pos_ <= cap_ && cap_ - pos_ >= 10) {
+    char* out = buf_ + pos_;
+    std::size_t n = 0;
+    while (v >= 0x80) {
+      out[n++] = static_cast<char>((v & 0x7f) | 0x80);
+      v >>= 7;
+    }
+    out[n++] = static_cast<char>(v);
+    pos_ += n;
+    return true;
+  }
   char tmp[10];
   std::size_t n = 0;
   do {
@@ -74,6 +101,13 @@ bool RecordBuilder::put_varint(std::uint64_t v) noexcept {
 // element type is the list's), after checking the element type.
 bool RecordBuilder::head(std::uint32_t id, FieldType type) noexcept {
   if (error_ != Code::Ok) return false;
+  // Common case: a field of a record (not a list element), id < 128, room.
+  if ((depth_ == 0 || !frames_[depth_ - 1].is_list) && id != 0 && id < 0x80 && pos_ <= cap_ && cap_ - pos_ >= 2) {
+    buf_[pos_] = static_cast<char>(id);
+    buf_[pos_ + 1] = static_cast<char>(type);
+    pos_ += 2;
+    return true;
+  }
   if (depth_ > 0 && frames_[depth_ - 1].is_list) {
     Frame& f = frames_[depth_ - 1];
     if (id != 0) {
@@ -119,7 +153,11 @@ RecordBuilder& RecordBuilder::add_double(std::uint32_t id, double value) noexcep
     std::uint64_t bits;
     std::memcpy(&bits, &value, 8);
     char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(bits >> (8 * i));
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(le, &bits, 8);
+    } else {
+      for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(bits >> (8 * i));
+    }
     put(le, 8);
   }
   return *this;
@@ -212,13 +250,17 @@ Result<std::string_view> RecordBuilder::finish() noexcept {
 namespace detail {
 
 bool get_varint(std::string_view in, std::size_t* pos, std::uint64_t* out) noexcept {
+  const char* const p = in.data();
+  const std::size_t n = in.size();
+  std::size_t i = *pos;
   std::uint64_t v = 0;
   for (int shift = 0; shift < 64; shift += 7) {
-    if (*pos >= in.size()) return false;
-    const std::uint8_t b = static_cast<std::uint8_t>(in[(*pos)++]);
+    if (i >= n) return false;
+    const std::uint8_t b = static_cast<std::uint8_t>(p[i++]);
     if (shift == 63 && b > 1) return false;  // more than 64 bits
     v |= std::uint64_t(b & 0x7f) << shift;
     if ((b & 0x80) == 0) {
+      *pos = i;
       *out = v;
       return true;
     }
@@ -228,7 +270,7 @@ bool get_varint(std::string_view in, std::size_t* pos, std::uint64_t* out) noexc
 
 // One value of type `t` at in[*pos]: its extent (for records: the body, for
 // lists: element tag + count + body). No checks of nested content.
-static bool value_extent(std::string_view in, std::size_t* pos, FieldType t, std::string_view* value,
+bool value_extent(std::string_view in, std::size_t* pos, FieldType t, std::string_view* value,
                          const char** why) noexcept {
   const std::size_t start = *pos;
   std::uint64_t u;
@@ -379,13 +421,84 @@ bool RecordView::next(Cursor& c, std::uint32_t* id, FieldType* type, std::string
   return detail::value_extent(c.body, &c.pos, *type, value, &why);
 }
 
-bool RecordView::find(std::uint32_t id, FieldType* type, std::string_view* value) const noexcept {
-  Cursor c{body_, 0};
-  std::uint32_t i;
-  while (next(c, &i, type, value)) {
-    if (i == id) return true;
+// The read path's field search: a bounds-checked walk that skips values
+// without decoding them (one-byte ids and lengths take the short path). The
+// record may be unchecked (a view of a message validated at publish), so
+// every step is bounds-checked; a malformed field ends the search.
+namespace {
+
+inline bool varint_at(const char* base, std::size_t size, std::size_t* pos, std::uint64_t* out) noexcept {
+  if (*pos < size && static_cast<std::uint8_t>(base[*pos]) < 0x80) {
+    *out = static_cast<std::uint8_t>(base[(*pos)++]);
+    return true;
+  }
+  return detail::get_varint(std::string_view(base, size), pos, out);
+}
+
+// Search [from, to) of base[0, size) (both field boundaries) for `id`; on a
+// hit *next is the boundary after the field.
+[[gnu::always_inline]] inline bool scan(const char* base, std::size_t size, std::size_t from, std::size_t to,
+                                        std::uint32_t id, FieldType* type, std::string_view* value,
+                                        std::size_t* next) noexcept {
+  std::size_t pos = from;
+  while (pos < to) {
+    std::uint64_t fid;
+    if (!varint_at(base, size, &pos, &fid) || pos >= size) return false;
+    const auto t = static_cast<FieldType>(base[pos++]);
+    std::size_t start = pos;
+    std::size_t len;
+    switch (t) {
+      case FieldType::Bool:
+        len = 1;
+        break;
+      case FieldType::Int64:
+      case FieldType::Uint64:
+      case FieldType::Timestamp: {
+        std::size_t e = pos;
+        while (e < size && e - pos < 9 && (static_cast<std::uint8_t>(base[e]) & 0x80) != 0) ++e;
+        len = e - pos + 1;
+        break;
+      }
+      case FieldType::Double:
+        len = 8;
+        break;
+      case FieldType::String:
+      case FieldType::Bytes: {
+        std::uint64_t n;
+        if (!varint_at(base, size, &pos, &n) || n > size - pos) return false;
+        start = pos;
+        len = static_cast<std::size_t>(n);
+        break;
+      }
+      case FieldType::Record:
+        if (size - pos < 4) return false;
+        start = pos + 4;
+        len = detail::get_le32(base + pos);
+        break;
+      case FieldType::List:
+        if (size - pos < 9) return false;
+        len = 9 + std::size_t(detail::get_le32(base + pos + 1));
+        break;
+      default:
+        return false;
+    }
+    if (start > size || len > size - start) return false;
+    pos = start + len;
+    if (fid == id) {
+      *type = t;
+      *value = std::string_view(base + start, len);
+      *next = pos;
+      return true;
+    }
   }
   return false;
+}
+
+}  // namespace
+
+bool RecordView::find(std::uint32_t id, FieldType* type, std::string_view* value) const noexcept {
+  std::size_t next = 0;
+  return scan(body_.data(), body_.size(), 0, body_.size(), id, type, value, &next);
 }
 
 bool RecordView::has(std::uint32_t id) const noexcept {
@@ -468,10 +581,55 @@ template <typename T>
 Result<T> RecordView::read(std::uint32_t id, FieldType want) const noexcept {
   const FieldList* fields = static_cast<const FieldList*>(fields_);
   const FieldDef* def = fields ? detail::find_field(*fields, id) : nullptr;
-  if (tap_ != nullptr && def != nullptr) tap_->count(def->id, version_);
+  if (tap_ != nullptr && def != nullptr) {
+    if (path_ == 0) {
+      tap_->count_top(fields, static_cast<std::uint32_t>(def - fields->data()), def->id, version_);
+    } else {
+      tap_->count(detail::UsageTap::key_of(version_, path_, def->id));
+    }
+  }
+  // Nested views count their reads as "parent.child" while the path has room
+  // (3 levels); deeper reads are not counted (doc/schemas.md).
+  detail::UsageTap* const child_tap = (path_ >> 16) == 0 ? tap_ : nullptr;
+  const std::uint32_t child_path = (path_ << 16) | id;
   FieldType have;
   std::string_view v;
   const bool present = find(id, &have, &v);
+  // Fast path: a scalar stored with exactly the type asked for (and the
+  // reader schema's type) is decoded here, without the widening switch.
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t> ||
+                std::is_same_v<T, double> || std::is_same_v<T, std::string_view>) {
+    if (present && have == want && (def == nullptr || def->type == want)) {
+      if constexpr (std::is_same_v<T, bool>) {
+        return v[0] != 0;
+      } else if constexpr (std::is_same_v<T, double>) {
+        std::uint64_t bits;
+        if constexpr (std::endian::native == std::endian::little) {
+          std::memcpy(&bits, v.data(), 8);
+        } else {
+          bits = detail::get_le64(v.data());
+        }
+        double d;
+        std::memcpy(&d, &bits, 8);
+        return d;
+      } else if constexpr (std::is_same_v<T, std::string_view>) {
+        return v;
+      } else {
+        std::uint64_t raw = 0;
+        int shift = 0;
+        for (const char c : v) {
+          raw |= std::uint64_t(static_cast<std::uint8_t>(c) & 0x7f) << shift;
+          shift += 7;
+          if (shift >= 64) break;
+        }
+        if constexpr (std::is_same_v<T, std::uint64_t>) {
+          return raw;
+        } else {
+          return detail::unzigzag(raw);
+        }
+      }
+    }
+  }
   if (!present) {
     if (def == nullptr || !def->has_default) return Status::from_literal(Code::NotFound, "record: no such field");
     if (def->type != want) return mismatch();
@@ -489,12 +647,18 @@ Result<T> RecordView::read(std::uint32_t id, FieldType want) const noexcept {
       RecordView r;
       r.schema_ = schema_;
       r.fields_ = &def->fields;
+      r.tap_ = child_tap;
+      r.path_ = child_path;
+      r.version_ = version_;
       return r;
     } else {
       ListView l;
       l.element_ = def->element;
       l.schema_ = schema_;
       l.nested_fields_ = &def->fields;
+      l.tap_ = child_tap;
+      l.path_ = child_path;
+      l.version_ = version_;
       return l;
     }
   }
@@ -507,6 +671,9 @@ Result<T> RecordView::read(std::uint32_t id, FieldType want) const noexcept {
     r.body_ = v;
     r.schema_ = schema_;
     r.fields_ = def ? &def->fields : nullptr;
+    r.tap_ = child_tap;
+    r.path_ = child_path;
+    r.version_ = version_;
     return r;
   } else if constexpr (std::is_same_v<T, ListView>) {
     if (have != FieldType::List) return mismatch();
@@ -516,6 +683,9 @@ Result<T> RecordView::read(std::uint32_t id, FieldType want) const noexcept {
     l.body_ = v.substr(9);
     l.schema_ = schema_;
     l.nested_fields_ = def ? &def->fields : nullptr;
+    l.tap_ = child_tap;
+    l.path_ = child_path;
+    l.version_ = version_;
     return l;
   } else {
     bool b = false;
@@ -637,6 +807,9 @@ Result<RecordView> ListView::get_record(std::uint32_t index) const noexcept {
   r.body_ = *e;
   r.schema_ = schema_;
   r.fields_ = nested_fields_;
+  r.tap_ = tap_;  // the elements' fields count as "list.child"
+  r.path_ = path_;
+  r.version_ = version_;
   return r;
 }
 

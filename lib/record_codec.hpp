@@ -40,12 +40,21 @@ bool get_varint(std::string_view in, std::size_t* pos, std::uint64_t* out) noexc
 /// *why names the first problem (a string literal).
 bool check_record(std::string_view bytes, const char** why) noexcept;
 
+/// One value of type `t` at in[*pos] of an untrusted record, bounds-checked:
+/// its extent (a record: its body; a list: element tag, u32 length, u32
+/// count, elements), or false with *why naming the problem. Nested content is
+/// not checked.
+bool value_extent(std::string_view in, std::size_t* pos, FieldType t, std::string_view* value,
+                  const char** why) noexcept;
+
 /// One value of type `t` at body[*pos] of a checked record: its bytes (a
 /// record: its body; a list: element tag, u32 length, u32 count, elements).
 bool value_at(std::string_view body, std::size_t* pos, FieldType t, std::string_view* v) noexcept;
 
 /// Fields are kept sorted by id.
 inline const FieldDef* find_field(const FieldList& fields, std::uint32_t id) noexcept {
+  // Ids are usually 1..n: then field id sits at index id - 1.
+  if (id - 1 < fields.size() && fields[id - 1].id == id) return &fields[id - 1];
   std::size_t lo = 0, hi = fields.size();
   while (lo < hi) {
     const std::size_t mid = (lo + hi) / 2;
@@ -59,8 +68,11 @@ inline const FieldDef* find_field(const FieldList& fields, std::uint32_t id) noe
   return nullptr;
 }
 inline const FieldDef* find_field(const FieldList& fields, std::string_view name) noexcept {
+  const std::size_t n = name.size();
   for (const FieldDef& f : fields) {
-    if (f.name == name) return &f;
+    // Size and first byte first: most names differ there, without a memcmp call.
+    if (f.name.size() != n || (n != 0 && f.name[0] != name[0])) continue;
+    if (std::char_traits<char>::compare(f.name.data(), name.data(), n) == 0) return &f;
   }
   return nullptr;
 }

@@ -247,24 +247,38 @@ Status violation(const char* what, const FieldDef* f, std::uint32_t id) {
   return Status(Code::SchemaViolation, s);
 }
 
-Status validate_value(const FieldDef& def, FieldType have, std::string_view v);
+// One pass over an untrusted record: the structural checks of
+// detail::check_record (tags, lengths, bools, varints, nesting) and the
+// schema's (known ids, types, no duplicates, required fields present)
+// together, so a publish walks the record once. Allocation-free when OK.
+Status malformed(const char* why) {
+  return Status(Code::SchemaViolation, std::string("record does not match the topic's schema: ") + why);
+}
 
-Status validate_body(const FieldList& fields, std::string_view body) {
+Status validate_value(const FieldDef& def, FieldType have, std::string_view v, int depth);
+
+Status validate_body(const FieldList& fields, std::string_view body, int depth) {
+  if (depth > kMaxRecordDepth) return malformed("records are nested deeper than 8 levels");
   std::uint64_t seen[kMaxFieldsPerRecord / 64] = {};
   std::size_t pos = 0;
   while (pos < body.size()) {
     std::uint64_t raw = 0;
-    detail::get_varint(body, &pos, &raw);  // the record was checked: cannot fail
+    if (!detail::get_varint(body, &pos, &raw)) return malformed("a field id is truncated");
+    if (raw == 0 || raw > kMaxFieldId) return malformed("a field id is outside 1..65535");
+    if (pos >= body.size()) return malformed("the record is truncated after a field id");
+    const auto tag = static_cast<std::uint8_t>(body[pos++]);
+    if (!valid_field_type(tag)) return malformed("unknown type tag");
+    const auto t = static_cast<FieldType>(tag);
+    std::string_view v;
+    const char* why = nullptr;
+    if (!detail::value_extent(body, &pos, t, &v, &why)) return malformed(why);
     const auto id = static_cast<std::uint32_t>(raw);
-    const auto t = static_cast<FieldType>(body[pos++]);
     const FieldDef* def = detail::find_field(fields, id);
     if (def == nullptr) return violation("unknown field id", nullptr, id);
     const std::size_t idx = static_cast<std::size_t>(def - fields.data());
     if (seen[idx / 64] & (std::uint64_t(1) << (idx % 64))) return violation("duplicate field", def, id);
     seen[idx / 64] |= std::uint64_t(1) << (idx % 64);
-    std::string_view v;
-    if (!detail::value_at(body, &pos, t, &v)) return violation("malformed value of field", def, id);
-    if (Status s = validate_value(*def, t, v); !s.ok()) return s;
+    if (Status st = validate_value(*def, t, v, depth); !st.ok()) return st;
   }
   for (std::size_t i = 0; i < fields.size(); ++i) {
     if (!(seen[i / 64] & (std::uint64_t(1) << (i % 64))) && !fields[i].has_default)
@@ -273,28 +287,35 @@ Status validate_body(const FieldList& fields, std::string_view body) {
   return Status();
 }
 
-Status validate_value(const FieldDef& def, FieldType have, std::string_view v) {
+Status validate_value(const FieldDef& def, FieldType have, std::string_view v, int depth) {
   if (have != def.type) {
     return Status(Code::SchemaViolation, std::string("record does not match the topic's schema: field \"") + def.name +
                                              "\" (id " + std::to_string(def.id) + ") is " + to_string(have) +
                                              ", the schema says " + to_string(def.type));
   }
-  if (have == FieldType::Record) return validate_body(def.fields, v);
+  if (have == FieldType::Record) return validate_body(def.fields, v, depth + 1);
   if (have != FieldType::List) return Status();
-  const auto et = static_cast<FieldType>(v[0]);
+  if (depth + 1 > kMaxRecordDepth) return malformed("records are nested deeper than 8 levels");
+  const auto tag = static_cast<std::uint8_t>(v[0]);
+  if (!valid_field_type(tag) || tag == static_cast<std::uint8_t>(FieldType::List))
+    return malformed("a list has an unknown element type");
+  const auto et = static_cast<FieldType>(tag);
   if (et != def.element)
     return Status(Code::SchemaViolation, std::string("record does not match the topic's schema: list \"") + def.name +
                                              "\" has " + to_string(et) + " elements, the schema says " +
                                              to_string(def.element));
-  if (et != FieldType::Record) return Status();
   const std::uint32_t count = detail::get_le32(v.data() + 5);
   std::string_view body = v.substr(9);
   std::size_t pos = 0;
   for (std::uint32_t i = 0; i < count; ++i) {
     std::string_view e;
-    detail::value_at(body, &pos, et, &e);
-    if (Status s = validate_body(def.fields, e); !s.ok()) return s;
+    const char* why = nullptr;
+    if (!detail::value_extent(body, &pos, et, &e, &why)) return malformed(why);
+    if (et == FieldType::Record) {
+      if (Status st = validate_body(def.fields, e, depth + 2); !st.ok()) return st;
+    }
   }
+  if (pos != body.size()) return malformed("a list's length does not match its elements");
   return Status();
 }
 
@@ -439,11 +460,84 @@ const FieldDef* SchemaVersion::field(std::string_view name) const noexcept {
 }
 bool SchemaVersion::same_as(const SchemaVersion& other) const { return same_fields(fields_, other.fields_); }
 
+namespace {
+
+// The publish check's fast path: true only if validate_body would accept the
+// body (same structural and schema rules), without building a Status. Lists
+// and records of more than 64 fields take the full path.
+bool fast_valid(const detail::FieldList& fields, const char* base, std::size_t size, int depth) noexcept {
+  if (depth > kMaxRecordDepth || fields.size() > 64) return false;
+  const std::string_view body(base, size);
+  std::uint64_t seen = 0;
+  std::size_t pos = 0;
+  while (pos < size) {
+    std::uint64_t id = static_cast<std::uint8_t>(base[pos]);
+    if (id < 0x80) {
+      ++pos;
+    } else if (!detail::get_varint(body, &pos, &id)) {
+      return false;
+    }
+    if (id == 0 || id > kMaxFieldId || pos >= size) return false;
+    const auto tag = static_cast<std::uint8_t>(base[pos++]);
+    const FieldDef* def = detail::find_field(fields, static_cast<std::uint32_t>(id));
+    if (def == nullptr || static_cast<std::uint8_t>(def->type) != tag) return false;
+    const std::uint64_t bit = std::uint64_t(1) << static_cast<std::size_t>(def - fields.data());
+    if ((seen & bit) != 0) return false;
+    seen |= bit;
+    std::uint64_t u;
+    switch (def->type) {
+      case FieldType::Bool:
+        if (pos >= size || static_cast<std::uint8_t>(base[pos]) > 1) return false;
+        ++pos;
+        break;
+      case FieldType::Int64:
+      case FieldType::Uint64:
+      case FieldType::Timestamp:
+        if (pos < size && static_cast<std::uint8_t>(base[pos]) < 0x80) {
+          ++pos;
+        } else if (!detail::get_varint(body, &pos, &u)) {
+          return false;
+        }
+        break;
+      case FieldType::Double:
+        if (size - pos < 8) return false;
+        pos += 8;
+        break;
+      case FieldType::String:
+      case FieldType::Bytes:
+        if (pos < size && static_cast<std::uint8_t>(base[pos]) < 0x80) {
+          u = static_cast<std::uint8_t>(base[pos++]);
+        } else if (!detail::get_varint(body, &pos, &u)) {
+          return false;
+        }
+        if (u > size - pos) return false;
+        pos += static_cast<std::size_t>(u);
+        break;
+      case FieldType::Record: {
+        if (size - pos < 4) return false;
+        const std::uint32_t n = detail::get_le32(base + pos);
+        pos += 4;
+        if (n > size - pos || !fast_valid(def->fields, base + pos, n, depth + 1)) return false;
+        pos += n;
+        break;
+      }
+      default:  // lists: the full path
+        return false;
+    }
+  }
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    if ((seen & (std::uint64_t(1) << i)) == 0 && !fields[i].has_default) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status SchemaVersion::validate(std::string_view record) const {
-  const char* why = nullptr;
-  if (!detail::check_record(record, &why))
-    return Status(Code::SchemaViolation, std::string("record does not match the topic's schema: ") + why);
-  return validate_body(fields_, record.substr(1));
+  if (record.empty()) return malformed("the record is empty");
+  if (static_cast<std::uint8_t>(record[0]) != kRecordMagic) return malformed("not a lanebus record (bad magic byte)");
+  if (fast_valid(fields_, record.data() + 1, record.size() - 1, 1)) return Status();
+  return validate_body(fields_, record.substr(1), 1);
 }
 
 Result<RecordView> SchemaVersion::view(std::string_view record) const noexcept {

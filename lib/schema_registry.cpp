@@ -593,7 +593,8 @@ Result<std::uint16_t> SchemaRegistry::remove(std::string_view topic, std::string
       reasons.push_back("the deprecation window is open until " + day_text(ends) + " (" +
                         std::to_string((ends - t_now + kDayNs - 1) / kDayNs) + " days left)");
     }
-    // Audited reads in the quiet period (the last kQuietNs, at most since the deprecation).
+    // Audited reads in the audit window: the last kQuietNs, never before the
+    // deprecation (Schemas::remove documents the rule).
     const std::int64_t quiet_from = std::max(dep->since_ns, t_now - kQuietNs);
     std::map<std::string, GroupReads> reads;
     if (Status us = read_usage(kv, topic, field, static_cast<std::uint32_t>(std::max<std::int64_t>(0, quiet_from) / kDayNs),
@@ -676,6 +677,65 @@ Result<std::vector<Contract>> SchemaRegistry::contracts(std::string_view topic) 
   return out;
 }
 
+Result<std::vector<DeprecatedField>> SchemaRegistry::deprecated_fields() {
+  std::vector<DeprecatedField> out;
+  Status s = read([&](SchemaKv& kv) -> Status {
+    out.clear();
+    std::vector<Deprecation> deps;
+    std::vector<std::string> topics;
+    Status bad;
+    Status ss = kv.scan("d", {}, [&](std::string_view k, std::string_view v) {
+      // key: 'd', topic, '\0', field
+      const std::size_t nul = k.find('\0');
+      if (nul == std::string_view::npos) {
+        bad = corrupt("deprecation");
+        return false;
+      }
+      auto d = decode_deprecation(k.substr(nul + 1), v);
+      if (!d.ok()) {
+        bad = d.status();
+        return false;
+      }
+      topics.emplace_back(k.substr(1, nul - 1));
+      deps.push_back(std::move(*d));
+      return true;
+    });
+    if (!ss.ok()) return ss;
+    if (!bad.ok()) return bad;
+    for (std::size_t i = 0; i < deps.size(); ++i) {
+      DeprecatedField f;
+      f.topic = topics[i];
+      f.field = deps[i].field;
+      f.replacement = deps[i].replacement;
+      f.since_ns = deps[i].since_ns;
+      f.window_ends_ns = deps[i].since_ns + deps[i].window_ns;
+      std::map<std::string, GroupReads> reads;
+      const auto since_day = static_cast<std::uint32_t>(std::max<std::int64_t>(0, f.since_ns) / kDayNs);
+      if (Status us = read_usage(kv, f.topic, f.field, since_day, &reads); !us.ok()) return us;
+      std::vector<Contract> contracts;
+      if (Status cs = read_contracts(kv, f.topic, &contracts); !cs.ok()) return cs;
+      std::map<std::string, DeprecatedFieldReader> by_group;
+      for (const auto& [g, r] : reads) {
+        DeprecatedFieldReader& e = by_group[g];
+        e.group = g;
+        e.reads = r.reads;
+        e.last_read_ns = r.last_ns;
+      }
+      for (const Contract& c : contracts) {
+        if (std::find(c.fields.begin(), c.fields.end(), f.field) == c.fields.end()) continue;
+        DeprecatedFieldReader& e = by_group[c.group];
+        e.group = c.group;
+        e.contract_declares = true;
+      }
+      for (auto& [g, e] : by_group) f.readers.push_back(std::move(e));
+      out.push_back(std::move(f));
+    }
+    return Status();
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
 Result<std::vector<SchemaAuditEntry>> SchemaRegistry::audit_log() {
   std::vector<SchemaAuditEntry> out;
   Status s = read([&](SchemaKv& kv) {
@@ -730,7 +790,11 @@ Result<std::vector<FieldUsage>> SchemaRegistry::usage(std::string_view topic, st
     out.push_back(std::move(u));
   }
   for (const Contract& c : contracts) {
-    if (std::find(c.fields.begin(), c.fields.end(), field) == c.fields.end()) continue;
+    // Declaring a record ("zone") covers its nested fields ("zone.region").
+    const bool declares = std::any_of(c.fields.begin(), c.fields.end(), [&](const std::string& f) {
+      return f == field || (field.size() > f.size() && field.compare(0, f.size(), f) == 0 && field[f.size()] == '.');
+    });
+    if (!declares) continue;
     auto it = std::find_if(out.begin(), out.end(), [&](const FieldUsage& u) { return u.group == c.group; });
     if (it == out.end()) {
       FieldUsage u;
@@ -748,7 +812,7 @@ Status SchemaRegistry::flush_usage() {
   MutexLock fl(&flush_mu_);
   struct Delta {
     std::string topic, group;
-    std::uint32_t field;
+    std::uint64_t path;  // up to 3 field ids of 16 bits, outermost highest (UsageTap::key_of)
     std::uint16_t version;
     std::uint64_t n, total;
     const void* slot;
@@ -757,13 +821,14 @@ Status SchemaRegistry::flush_usage() {
   auto* flushed = &flushed_;  // flush_mu_ is held: the lambda runs inside this call
   core_->for_each_usage_tap([&](const TopicImpl& t, const GroupImpl& g, const UsageTap& tap) {
     for (const UsageTap::Slot& s : tap.slots) {
-      const std::uint32_t key = s.key.load(std::memory_order_relaxed);
+      const std::uint64_t key = s.key.load(std::memory_order_relaxed);
       if (key == 0) continue;
       const std::uint64_t c = s.count.load(std::memory_order_relaxed);
       auto it = flushed->find(&s);
       const std::uint64_t before = it == flushed->end() ? 0 : it->second;
       if (c > before)
-        deltas.push_back({t.name, g.name, key & 0xffff, static_cast<std::uint16_t>(key >> 16), c - before, c, &s});
+        deltas.push_back({t.name, g.name, key & 0xffff'ffff'ffffULL, static_cast<std::uint16_t>(key >> 48), c - before,
+                          c, &s});
     }
   });
   if (deltas.empty()) return Status();
@@ -781,14 +846,38 @@ Status SchemaRegistry::flush_usage() {
         sit = schemas.emplace(d.topic, std::move(versions)).first;
         if (Status cs = read_contracts(kv, d.topic, &contracts[d.topic]); !cs.ok()) return cs;
       }
+      // The field's name ("a", or "a.b" / "a.b.c" for nested reads) in the
+      // newest version that knows the whole path.
+      std::vector<std::uint32_t> ids;
+      for (int shift = 32; shift >= 0; shift -= 16) {
+        const auto id = static_cast<std::uint32_t>((d.path >> shift) & 0xffff);
+        if (id != 0 || !ids.empty()) ids.push_back(id);
+      }
       std::string name;
       for (auto v = sit->second.rbegin(); v != sit->second.rend() && name.empty(); ++v) {
-        if (const FieldDef* f = v->field(d.field)) name = f->name;
+        const std::vector<FieldDef>* level = &v->fields();
+        std::string path;
+        for (std::uint32_t id : ids) {
+          const FieldDef* f = level != nullptr ? detail::find_field(*level, id) : nullptr;
+          if (f == nullptr) {
+            path.clear();
+            break;
+          }
+          path += (path.empty() ? "" : ".") + f->name;
+          level = &f->fields;
+        }
+        name = path;
       }
-      if (name.empty()) name = "#" + std::to_string(d.field);
+      if (name.empty()) {
+        for (std::uint32_t id : ids) name += (name.empty() ? "#" : ".#") + std::to_string(id);
+      }
+      // In the contract: it declares the field or an enclosing record ("a" covers "a.b").
       bool outside = true;
       for (const Contract& c : contracts[d.topic]) {
-        if (c.group == d.group) outside = std::find(c.fields.begin(), c.fields.end(), name) == c.fields.end();
+        if (c.group != d.group) continue;
+        outside = std::none_of(c.fields.begin(), c.fields.end(), [&](const std::string& f) {
+          return f == name || (name.size() > f.size() && name.compare(0, f.size(), f) == 0 && name[f.size()] == '.');
+        });
       }
       const std::string key = usage_prefix(d.topic, name) + be32(day) + d.group + '\0' + be16(d.version);
       std::uint64_t n = d.n;
@@ -830,7 +919,13 @@ Result<RecordView> SchemaRegistry::view(std::string_view topic, const MessageVie
     if (it != latest_.end()) sv = it->second;
   }
   if (sv == nullptr) return Status::from_literal(Code::NotFound, "view: the topic has no schema in this bus");
-  auto r = RecordView::parse(message.payload());
+  // A message stamped with a schema version was validated at publish (or by
+  // the outbox): it is not walked again here. Reads stay bounds-checked, so a
+  // record damaged since reads as missing fields, never out of bounds.
+  const std::string_view p = message.payload();
+  if (message.schema_version() != 0 && !p.empty() && static_cast<std::uint8_t>(p[0]) == kRecordMagic)
+    return Access::with_schema(Access::trusted(p), sv, &sv->fields_, tap, message.schema_version());
+  auto r = RecordView::parse(p);
   if (!r.ok()) return r;
   return Access::with_schema(*r, sv, &sv->fields_, tap, message.schema_version());
 }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "lanebus/schema.hpp"
+#include "lanebus/stats.hpp"
 #include "sync.hpp"
 
 namespace lanebus::detail {
@@ -73,6 +74,10 @@ class SchemaRegistry {
   Status drop_contract(std::string_view topic, std::string_view group, const ChangeInfo& who);
   Result<std::vector<SchemaAuditEntry>> audit_log();
   Result<RecordView> view(std::string_view topic, const MessageView& message) noexcept;
+  /// Every deprecated field of every topic with its readers since the
+  /// deprecation and the groups whose contract declares it (BusStats).
+  /// Flushed counts only: call flush_usage() first for this process's.
+  Result<std::vector<DeprecatedField>> deprecated_fields();
   Status flush_usage();
 
   // ---- bus hooks
@@ -90,9 +95,10 @@ class SchemaRegistry {
   std::int64_t now() const;
   void set_clock(std::function<std::int64_t()> clock);
 
-  /// Removal needs no audited read in the last kQuietNs (doc/schemas.md).
+  /// Removal needs no audited read in the last kQuietNs (Schemas::kRemovalAuditWindow).
   static constexpr std::int64_t kDayNs = 86'400'000'000'000;
-  static constexpr std::int64_t kQuietNs = 7 * kDayNs;
+  static constexpr std::int64_t kQuietNs =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Schemas::kRemovalAuditWindow).count();
 
  private:
   Status write(const std::function<Status(SchemaKv&)>& fn);

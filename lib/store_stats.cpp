@@ -8,6 +8,7 @@
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "exposition.hpp"
+#include "schema_registry.hpp"
 
 namespace lanebus::detail {
 
@@ -105,6 +106,9 @@ Result<BusStats> read_store_stats(DurableStore& store) {
                                                .count());
   if (!bridges.ok()) return bridges.status();
   out.bridges = std::move(*bridges);
+  // Deprecated fields of typed topics and who still reads them (doc/schemas.md).
+  SchemaRegistry schemas(nullptr, &store);
+  if (auto d = schemas.deprecated_fields(); d.ok()) out.deprecated_fields = std::move(*d);
   return out;
 }
 

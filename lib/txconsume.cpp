@@ -194,7 +194,12 @@ Status Transaction::publish(const Topic& topic, const OutgoingMessage& m) {
   if (topic.impl_ == nullptr || topic.impl_->bus != state_->bus || !topic.impl_->durable)
     return Status(Code::InvalidArgument, "outbox publish: the topic must be a durable topic or queue of this bus");
   if (m.payload.empty()) return Status(Code::InvalidArgument, "outbox publish: the payload is empty");
+  // A typed topic checks the record like a normal publish (doc/schemas.md):
+  // a bad record is refused here and never reaches the outbox.
+  std::uint16_t schema_version;
+  if (Status st = topic.impl_->check_schema(m, &schema_version); !st.ok()) return st;
   state_->outbox.push_back(topic.impl_->append_request(m));
+  state_->outbox.back().header.schema_version = schema_version;
   return Status();
 }
 }  // namespace lanebus

@@ -290,3 +290,54 @@ TEST_CASE("reading through a reader schema: names, defaults, widening, unknown f
   CHECK(v->get_int64("no_such_field").code() == Code::NotFound);
   CHECK(*v->get_int64(99) == 1);  // by id, unknown to the reader: raw read
 }
+
+// The publish check (one pass, with a fast path for records without lists)
+// must accept only what the decoder accepts and the schema allows, and the
+// read path's field search must agree with the full walk.
+TEST_CASE("validate accepts only well-formed records that match the schema; searches agree with the walk") {
+  std::mt19937_64 rng(test_seed("record_validate_mutations"));
+  const SchemaVersion sv = shipment();
+  char buf[256];
+  const std::string with_list = build_full(buf, sizeof(buf));
+  RecordBuilder b(buf, sizeof(buf));
+  b.add_string(1, "S-2").add_double(2, 3.5).add_int64(3, 300).add_bool(4, false).add_timestamp(5, -42);
+  b.begin_record(7).add_string(1, "Oslo").add_uint64(2, 150).end_record();
+  const std::string no_list(*b.finish());
+  CHECK(sv.validate(with_list).ok());
+  CHECK(sv.validate(no_list).ok());
+  int accepted = 0;
+  for (int i = 0; i < 40000; ++i) {
+    std::string s = (i % 2 == 0) ? no_list : with_list;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) s[1 + rng() % (s.size() - 1)] = static_cast<char>(rng() % 4 == 0 ? rng() : rng() % 10);
+    if (rng() % 8 == 0) s.resize(1 + rng() % (s.size() - 1));
+    const Status st = sv.validate(s);
+    auto v = RecordView::parse(s);
+    if (!st.ok()) {
+      CHECK(st.code() == Code::SchemaViolation);
+      continue;
+    }
+    ++accepted;
+    REQUIRE_MESSAGE(v.ok(), "validate accepted a record the decoder refuses: " << v.status().to_string());
+    std::uint64_t seen = 0;
+    v->for_each([&](std::uint32_t id, FieldType t, std::string_view value) {
+      const FieldDef* def = sv.field(id);
+      REQUIRE(def != nullptr);  // only known ids
+      CHECK(def->type == t);    // of the declared type
+      CHECK((seen & (1ULL << id)) == 0);  // no duplicates
+      seen |= 1ULL << id;
+      CHECK(*v->type_of(id) == t);  // the search finds the field the walk sees
+      CHECK(v->has(id));
+      (void)value;
+      return true;
+    });
+    CHECK((seen & (1ULL << 1)) != 0);  // the required fields are present
+    CHECK((seen & (1ULL << 5)) != 0);
+    auto r = sv.view(s);
+    REQUIRE(r.ok());
+    CHECK(r->get_string("shipment_id").ok());
+    CHECK(r->get_timestamp("created").ok());
+    CHECK(r->get_record("dest")->get_string("city").ok());
+  }
+  MESSAGE("mutated records still accepted: " << accepted);
+}

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "access.hpp"
@@ -254,4 +255,155 @@ TEST_CASE("deprecate and remove: refused until the window passed, no recent read
   CHECK(log.back().action == "remove");
   CHECK(log.back().who == "dana");
   CHECK(log[log.size() - 2].action == "deprecate");
+}
+
+TEST_CASE("outbox publishes from a transactional handler are checked like a normal publish") {
+  TempDir dir;
+  auto bus = Bus::open(store_opts(dir)).value();
+  Schemas s = bus->schemas();
+  REQUIRE(*s.register_schema("tx-orders", schema(kId + "," + kAmount)) == 1);
+  Topic in = bus->create_queue("tx-in", {.lanes = 2, .durable = true}).value();
+  Topic out = bus->create_topic("tx-orders", {.lanes = 2, .durable = true}).value();
+  std::mutex mu;
+  std::vector<std::string> seen;
+  std::vector<std::uint16_t> versions;
+  auto watcher = bus->subscribe(out, "audit", [&](const MessageView& m) {
+                       std::lock_guard l(mu);
+                       seen.emplace_back(m.payload());
+                       versions.push_back(m.schema_version());
+                       return Outcome::ack();
+                     }).value();
+  std::vector<Status> refusals;
+  auto sub = bus->consume_tx(in, [&](const MessageView& m, Transaction& tx) {
+                    char buf[64];
+                    RecordBuilder b(buf, sizeof(buf));
+                    b.add_string(1, "no-amount");  // amount has no default
+                    Status bad1 = tx.publish(out, {.payload = *b.finish()});
+                    Status bad2 = tx.publish(out, {.payload = "not a record"});
+                    Status bad3 = tx.publish(out, {.payload = order("v9", 1), .schema_version = 9});
+                    Status good = tx.publish(out, {.payload = order(std::string(m.payload()).c_str(), 7)});
+                    REQUIRE(tx.put("done", std::string(m.payload()), "1").ok());
+                    std::lock_guard l(mu);
+                    refusals.push_back(bad1);
+                    refusals.push_back(bad2);
+                    refusals.push_back(bad3);
+                    refusals.push_back(good);
+                    return Outcome::ack();
+                  }).value();
+  REQUIRE(in.publish({.key = "k", .payload = "o-1"}).ok());
+  REQUIRE(wait_until([&] {
+    std::lock_guard l(mu);
+    return seen.size() == 1;
+  }));
+  REQUIRE(wait_until([&] { return bus->table_get("done", "o-1").ok(); }));
+  std::this_thread::sleep_for(50ms);
+  std::lock_guard l(mu);
+  REQUIRE(refusals.size() == 4);
+  CHECK(refusals[0].code() == Code::SchemaViolation);
+  CHECK(std::string(refusals[0].message()).find("\"amount\"") != std::string::npos);
+  CHECK(refusals[1].code() == Code::SchemaViolation);
+  CHECK(std::string(refusals[1].message()).find("magic") != std::string::npos);
+  CHECK(refusals[2].code() == Code::SchemaViolation);
+  CHECK(refusals[3].ok());
+  REQUIRE(seen.size() == 1);  // only the good record reached the store
+  CHECK(seen[0] == order("o-1", 7));
+  CHECK(versions[0] == 1);
+}
+
+TEST_CASE("remove: reads in the audit window (the last 7 days, at most since the deprecation) block it") {
+  auto bus = Bus::open(BusOptions{.workers = 1}).value();  // in-memory registry
+  std::atomic<std::int64_t> clock{100 * kDay};
+  detail::Access::set_schema_clock_for_testing(*bus, [&] { return clock.load(); });
+  Schemas s = bus->schemas();
+  REQUIRE(s.register_schema("w", schema(kId + "," + kAmountD)).ok());
+  Topic t = bus->create_topic("w").value();
+  std::atomic<int> n{0};
+  auto sub = bus->subscribe(t, "late", [&](const MessageView& m) {
+                   (void)s.view("w", m)->get_int64("amount");
+                   ++n;
+                   return Outcome::ack();
+                 }).value();
+  REQUIRE(s.deprecate("w", "amount", std::chrono::hours(24 * 10), {}, {"dana", "unused"}).ok());
+  // One read at day 103.5, flushed then (the audit's "last read").
+  clock = 103 * kDay + kDay / 2;
+  REQUIRE(t.publish({.payload = order("o", 1)}).ok());
+  REQUIRE(wait_until([&] { return n.load() == 1; }));
+  REQUIRE(s.flush_usage().ok());
+  CHECK(Schemas::kRemovalAuditWindow == std::chrono::hours(24 * 7));
+  // Day 110: the window has passed, but day 103.5 is inside the last 7 days.
+  clock = 110 * kDay;
+  auto r = s.remove("w", "amount");
+  REQUIRE(r.code() == Code::Incompatible);
+  CHECK(std::string(r.status().message()).find("group \"late\"") != std::string::npos);
+  CHECK(std::string(r.status().message()).find("window is open") == std::string::npos);
+  clock = 110 * kDay + kDay / 2;  // exactly 7 days after the read: still inside
+  CHECK(s.remove("w", "amount").code() == Code::Incompatible);
+  clock = 110 * kDay + kDay / 2 + 1;  // the read has left the audit window
+  auto ok = s.remove("w", "amount");
+  CHECK_MESSAGE(ok.ok(), ok.status().to_string());
+}
+
+TEST_CASE("reads of nested fields are counted as \"parent.child\", down to 3 levels") {
+  auto bus = Bus::open(BusOptions{.workers = 1}).value();  // in-memory registry
+  Schemas s = bus->schemas();
+  REQUIRE(s.register_schema("n", schema(kId + R"(,
+    {"id": 2, "name": "zone", "type": "record", "default": {}, "fields": [
+      {"id": 1, "name": "region", "type": "string", "default": ""},
+      {"id": 2, "name": "inner", "type": "record", "default": {}, "fields": [
+        {"id": 1, "name": "code", "type": "int64", "default": 0},
+        {"id": 2, "name": "deep", "type": "record", "default": {}, "fields": [
+          {"id": 1, "name": "x", "type": "bool", "default": false}]}]}]},
+    {"id": 3, "name": "items", "type": "list", "items": "record", "default": [], "fields": [
+      {"id": 1, "name": "sku", "type": "string", "default": ""}]})"))
+              .ok());
+  Topic t = bus->create_topic("n").value();
+  std::atomic<int> n{0};
+  GroupOptions go;
+  go.reads = {"order_id", "zone"};  // declaring "zone" covers "zone.region" and below
+  auto sub = bus->subscribe(t, "nested", [&](const MessageView& m) {
+                   auto v = s.view("n", m).value();
+                   CHECK(*v.get_string("order_id") == "o-1");
+                   auto zone = v.get_record("zone").value();
+                   CHECK(*zone.get_string("region") == "EU");
+                   auto inner = zone.get_record("inner").value();
+                   CHECK(*inner.get_int64("code") == 7);
+                   CHECK(*inner.get_record("deep")->get_bool("x"));  // level 4: not counted
+                   auto items = v.get_list("items").value();
+                   REQUIRE(items.size() == 2);
+                   CHECK(*items.get_record(0)->get_string("sku") == "A");
+                   CHECK(*items.get_record(1)->get_string("sku") == "B");
+                   ++n;
+                   return Outcome::ack();
+                 }, go).value();
+  char buf[256];
+  RecordBuilder b(buf, sizeof(buf));
+  b.add_string(1, "o-1");
+  b.begin_record(2).add_string(1, "EU").begin_record(2).add_int64(1, 7).begin_record(2).add_bool(1, true);
+  b.end_record().end_record().end_record();
+  b.begin_list(3, FieldType::Record);
+  b.begin_record(0).add_string(1, "A").end_record().begin_record(0).add_string(1, "B").end_record();
+  b.end_list();
+  REQUIRE(t.publish({.payload = *b.finish()}).ok());
+  REQUIRE(t.publish({.payload = *b.finish()}).ok());
+  REQUIRE(wait_until([&] { return n.load() == 2; }));
+  auto reads = [&](const char* field) -> std::uint64_t {
+    auto u = s.usage("n", field, 0).value();
+    return u.empty() ? 0 : u[0].reads;
+  };
+  CHECK(reads("order_id") == 2);
+  CHECK(reads("zone") == 2);
+  CHECK(reads("zone.region") == 2);
+  CHECK(reads("zone.inner") == 2);
+  CHECK(reads("zone.inner.code") == 2);
+  CHECK(reads("zone.inner.deep") == 2);
+  CHECK(reads("zone.inner.deep.x") == 0);  // deeper than 3 levels: not counted
+  CHECK(reads("items") == 2);
+  CHECK(reads("items.sku") == 4);  // two elements per record
+  auto region = s.usage("n", "zone.region", 0).value();
+  REQUIRE(region.size() == 1);
+  CHECK_FALSE(region[0].outside_contract);  // covered by the contract's "zone"
+  CHECK(region[0].in_contract);
+  auto sku = s.usage("n", "items.sku", 0).value();
+  REQUIRE(sku.size() == 1);
+  CHECK(sku[0].outside_contract);  // "items" is not declared
 }

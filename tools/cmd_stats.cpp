@@ -56,7 +56,10 @@ void stats_usage(std::FILE* out) {
                "of the processes using it: handler outcomes, latency, stuck handlers (attempt_timeout)\n"
                "and messages set aside by key_parallel_retry are exported by the in-process Monitor\n"
                "(lanebus_stuck_total, lanebus_stuck_handlers, lanebus_set_aside_messages; JSON stuck,\n"
-               "stuck_now, set_aside).\n");
+               "stuck_now, set_aside).\n"
+               "Deprecated fields of typed topics (doc/schemas.md) are listed with the groups that read\n"
+               "them since the deprecation (audited reads, last read) and the groups whose contract still\n"
+               "declares them (flagged); JSON deprecated_fields, Prometheus lanebus_deprecated_field_*.\n");
 }
 
 volatile sig_atomic_t g_stop = 0;
@@ -148,6 +151,27 @@ void print_table(const std::string& dir, const MetricsSnapshot& s, const std::op
         std::printf("%s%s\n", t.hot_lane && *t.hot_lane == i ? "  <- hot" : "",
                     l.counters.overdue > 0 ? "  overdue: stuck or dead consumer" : "");
       }
+    }
+  }
+  // Deprecated fields of typed topics (doc/schemas.md): who still reads them.
+  for (const DeprecatedField& f : s.deprecated_fields) {
+    const std::time_t ends = static_cast<std::time_t>(f.window_ends_ns / 1'000'000'000);
+    char day[32];
+    std::tm tm{};
+    gmtime_r(&ends, &tm);
+    std::strftime(day, sizeof day, "%Y-%m-%d", &tm);
+    std::printf("\ndeprecated field %s.%s  window ends %s%s%s\n", f.topic.c_str(), f.field.c_str(), day,
+                f.replacement.empty() ? "" : "  replacement ", f.replacement.c_str());
+    if (f.readers.empty()) std::printf("  (no reads since the deprecation, no contract declares it)\n");
+    for (const DeprecatedFieldReader& r : f.readers) {
+      char last[32] = "-";
+      if (r.last_read_ns != 0) {
+        const std::time_t lt = static_cast<std::time_t>(r.last_read_ns / 1'000'000'000);
+        gmtime_r(&lt, &tm);
+        std::strftime(last, sizeof last, "%Y-%m-%d", &tm);
+      }
+      std::printf("  %-20s reads=%llu  last read %s%s\n", r.group.c_str(), static_cast<unsigned long long>(r.reads),
+                  last, r.contract_declares ? "  CONTRACT DECLARES IT (flagged)" : "");
     }
   }
 }

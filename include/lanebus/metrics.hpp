@@ -218,6 +218,8 @@ struct LANEBUS_API MetricsSnapshot {
   std::vector<BridgeStats> bridges;
   /// Namespaces with their policy and usage (tenancy.hpp), as in the newest sample.
   std::vector<NamespaceInfo> namespaces;
+  /// Deprecated fields of typed topics and their readers (doc/schemas.md), as in the newest sample.
+  std::vector<DeprecatedField> deprecated_fields;
 
   /// Lookup helpers; nullptr when absent. Valid while the snapshot lives.
   const TopicMetrics* find_topic(std::string_view name) const noexcept;

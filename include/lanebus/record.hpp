@@ -135,6 +135,9 @@ class LANEBUS_API ListView {
   FieldType element_ = FieldType::Bool;
   const SchemaVersion* schema_ = nullptr;  // for nested records of the list
   const void* nested_fields_ = nullptr;
+  detail::UsageTap* tap_ = nullptr;  // field-usage audit of nested records (see RecordView)
+  std::uint32_t path_ = 0;           // the list field's path (RecordView::path_ layout)
+  std::uint16_t version_ = 0;
 };
 
 /// A zero-copy view of an encoded record. Valid while the bytes it views live
@@ -149,7 +152,9 @@ class LANEBUS_API ListView {
 /// InvalidArgument (the field has another type: "type mismatch").
 ///
 /// Reads through a view made by Schemas::view inside a handler are counted
-/// per group, field and writer version (the field-usage audit).
+/// per group, field and writer version (the field-usage audit); reads of a
+/// nested record's fields (get_record, or a list's records) as
+/// "parent.child", down to 3 levels.
 ///
 /// Thread safety: const methods are safe.
 class LANEBUS_API RecordView {
@@ -224,7 +229,11 @@ class LANEBUS_API RecordView {
   std::string_view body_{};
   const SchemaVersion* schema_ = nullptr;
   const void* fields_ = nullptr;  // the reader schema's field list of this level (detail::FieldList)
-  detail::UsageTap* tap_ = nullptr;  // field-usage audit (top level only)
+  detail::UsageTap* tap_ = nullptr;  // field-usage audit (nullptr: not counted)
+  // The ids of the enclosing record fields, outermost in the high 16 bits
+  // (0 at the top level): reads are counted as "parent.child" down to 3
+  // levels (doc/schemas.md).
+  std::uint32_t path_ = 0;
   std::uint16_t version_ = 0;        // the writer's schema version (audit)
 };
 

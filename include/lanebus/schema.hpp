@@ -168,10 +168,21 @@ class LANEBUS_API Schemas {
   Status deprecate(std::string_view topic, std::string_view field, std::chrono::seconds window,
                    std::string_view replacement = {}, const ChangeInfo& who = {});
   Result<std::vector<Deprecation>> deprecations(std::string_view topic) const;
-  /// Register a new version without `field`. Refused (Incompatible) unless
-  /// the field is deprecated, its window has passed, the audit shows no read
-  /// in the window, and no live contract declares it; the message names the
-  /// groups that still read it and when each last did.
+  /// The audit window of remove(): the trailing period in which an audited
+  /// read of the field blocks its removal (doc/schemas.md, "Deprecation and
+  /// removal"). At the earliest removal moment it is the deprecation window's
+  /// last week; it never reaches back before the deprecation.
+  static constexpr std::chrono::hours kRemovalAuditWindow{24 * 7};
+
+  /// Register a new version without `field`. Refused (Incompatible) unless,
+  /// at the registry clock's now T:
+  /// - the field is deprecated and T >= deprecation start + window;
+  /// - the audit shows zero reads of the field, by any group, flushed at or
+  ///   after max(deprecation start, T - kRemovalAuditWindow);
+  /// - no live contract declares the field;
+  /// - the new version passes the topic's compatibility mode.
+  /// The message names every reason: the window's end, the groups that still
+  /// read it and when each last did, the groups whose contract declares it.
   Result<std::uint16_t> remove(std::string_view topic, std::string_view field, const ChangeInfo& who = {});
 
   /// Who read `field` since `since_ns` (day buckets, so rounded down to the

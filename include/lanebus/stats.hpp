@@ -144,6 +144,25 @@ inline const char* to_string(BridgeState s) noexcept {
   return s == BridgeState::Connected ? "connected" : s == BridgeState::Retrying ? "retrying" : "failed";
 }
 
+/// A group that read a deprecated field since its deprecation, or whose
+/// contract (GroupOptions::reads) declares it (doc/schemas.md).
+struct DeprecatedFieldReader {
+  std::string group{};
+  std::uint64_t reads = 0;         ///< Audited reads since the deprecation (flushed counts, day buckets).
+  std::int64_t last_read_ns = 0;   ///< Wall clock of the last flushed read; 0 = none since the deprecation.
+  bool contract_declares = false;  ///< Flagged: the group's live contract still declares the field.
+};
+
+/// A deprecated field of a typed topic and who still reads it (Schemas::deprecate).
+struct DeprecatedField {
+  std::string topic{};
+  std::string field{};
+  std::string replacement{};        ///< "" = none
+  std::int64_t since_ns = 0;        ///< When it was deprecated.
+  std::int64_t window_ends_ns = 0;  ///< Removal is refused before this.
+  std::vector<DeprecatedFieldReader> readers{};  ///< By group name.
+};
+
 struct BusStats {
   std::string name{};
   std::uint32_t workers = 0;
@@ -156,6 +175,8 @@ struct BusStats {
   std::vector<BridgeStats> bridges;
   /// Every namespace (declared and implicit) with its policy and usage (tenancy.hpp).
   std::vector<NamespaceInfo> namespaces;
+  /// Deprecated fields of typed topics (the schema registry) and their readers.
+  std::vector<DeprecatedField> deprecated_fields;
   /// Non-empty when the bus's store is unusable (a failed write or fsync made
   /// LMDB's environment fatal): the error every store call now returns.
   std::string store_error{};

@@ -49,7 +49,11 @@ class LANEBUS_API Transaction {
   Status del(std::string_view table, std::string_view key);
   /// Publish through the outbox: the message is appended to `topic` (a
   /// durable topic or queue of the same bus) in the same transaction.
-  /// Errors: InvalidArgument (not durable, other bus, empty payload).
+  /// A topic with a schema checks the record like Topic::publish
+  /// (doc/schemas.md): a record that does not match the latest version is
+  /// refused with SchemaViolation and is not added to the outbox (the rest of
+  /// the transaction is unaffected).
+  /// Errors: InvalidArgument (not durable, other bus, empty payload), SchemaViolation.
   Status publish(const Topic& topic, const OutgoingMessage& message);
 
   /// Fence this transaction with `resource_fence` (fence.hpp): check `token`
