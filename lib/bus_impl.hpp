@@ -387,6 +387,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
  private:
   void worker_main(std::size_t index);
   void run_lane(GroupLane* gl);
+  /// run_lane's plain fast path (ephemeral_lane.cpp, doc/performance.md).
+  std::int64_t run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
+                         std::uint32_t* handled) noexcept;
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
 

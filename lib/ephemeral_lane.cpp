@@ -2,6 +2,8 @@
 // The ephemeral lane runner: take slots from the lane ring and drive each
 // through the delivery core (delivery.hpp); key_parallel_retry's parking.
 #include <algorithm>
+#include <exception>
+#include <optional>
 #include <string>
 
 #include "bus_impl.hpp"
@@ -51,6 +53,109 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
   if (due || fresh) schedule(gl);
 }
 
+// ---------------------------------------------------------------- the plain fast path
+
+// Delivers the lane's ring in one loop: the same steps as admit (nothing to
+// admit) → invoke → settle for an ack, with the per-call bookkeeping that
+// does not depend on the message done once per run (the running marks and
+// thread-locals of invoke, the tenancy tally) and the counters kept in
+// registers between their stores. Each counter is still stored before
+// (delivered) or after (acked) its handler call, so stats() sees what it saw
+// from the general loop. A message that is not acked is settled by the
+// delivery core as in the general loop. Returns the hold of a message kept
+// at the head for a retry (the lane's `current`), or -1.
+std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
+                                std::uint32_t* handled_out) noexcept {
+  GroupImpl* g = gl->group;
+  MessagePool& pool = g->topic->pool;
+  LaneRing& ring = gl->ring;
+  const std::uint32_t batch = g->options.batch;
+  const bool metrics = options.metrics;
+  const Handler& handler = c->handler;
+  std::uint64_t delivered = gl->delivered.load(std::memory_order_relaxed);
+  std::uint64_t acked = gl->acked.load(std::memory_order_relaxed);
+  std::uint64_t bytes = 0;
+  std::uint32_t handled = 0;
+  std::int64_t hold_ns = -1;
+  tl_running_consumer = c;
+  tl_running_bus = this;
+  tl_running_lane = gl;
+  // No budget, no watchdog: the run is marked as running (shutdown's report).
+  gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+  auto take = [&](std::uint32_t& idx) { return single ? ring.try_dequeue_single(idx) : ring.try_dequeue(idx); };
+  while (handled < batch) {
+    std::uint32_t idx;
+    if (!take(idx)) {
+      // Empty: linger as the general loop does when no other lane waits.
+      if (runq_.size_approx() != 0) break;
+      frees.flush();
+      bool got = false;
+      for (int spin = 0; spin < 64 && !got; ++spin) {
+        cpu_relax();
+        got = take(idx);
+      }
+      if (!got) break;
+    }
+    Slot* s = pool.at(idx);
+    const std::int64_t created_at = s->header.created_at_ns;
+    if (metrics) gl->oldest_ns.store(created_at, std::memory_order_relaxed);
+    const std::string_view payload = s->payload();
+    MessageView view(s->header, s->key(), s->idempotency_key(), payload, s->lane, 0);
+    Access::set_attempt(view, 1);
+    gl->delivered.store(++delivered, std::memory_order_relaxed);
+    bytes += payload.size();
+    ++handled;
+    Outcome::Kind kind;
+    std::optional<Outcome> failure;  // engaged only when the handler did not ack
+    try {
+      Outcome out = handler(view);
+      kind = out.kind();
+      if (kind != Outcome::Kind::Ack) failure.emplace(out);
+    } catch (const std::exception&) {
+      kind = Outcome::Kind::Retry;
+      failure.emplace(Outcome::retry("handler threw an exception"));
+    } catch (...) {
+      kind = Outcome::Kind::Retry;
+      failure.emplace(Outcome::retry("handler threw a non-standard exception"));
+    }
+    if (kind == Outcome::Kind::Ack) {
+      gl->acked.store(++acked, std::memory_order_relaxed);
+      if (metrics) {  // record_latency, inlined
+        const std::int64_t d = now_ns() - created_at;
+        gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+      }
+      frees.release(s);
+      continue;
+    }
+    // Not acked: the delivery core decides, as in the general loop (first
+    // attempt of the lane's head message; plain groups never park).
+    gl->running_since_ns.store(0, std::memory_order_release);
+    gl->attempts = 1;
+    gl->first_failure_ns = 0;
+    Invocation inv;
+    inv.outcome = *failure;
+    const Parcel p{&s->header, s->key(), s->idempotency_key(), payload, s->lane, 0, 1};
+    const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
+    if (st.next == Settlement::Next::Retry) {
+      gl->current = s;  // kept at the head of its lane: later messages must not overtake it
+      hold_ns = st.delay_ns;
+      break;
+    }
+    if (st.next == Settlement::Next::DeadLetter)
+      dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
+    frees.release(s);
+    gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+  }
+  tl_running_consumer = nullptr;
+  tl_running_bus = nullptr;
+  tl_running_lane = nullptr;
+  gl->running_since_ns.store(0, std::memory_order_release);
+  tl_delivered_msgs += handled;  // tenancy usage (scheduler.cpp)
+  tl_delivered_bytes += bytes;
+  *handled_out = handled;
+  return hold_ns;
+}
+
 // ---------------------------------------------------------------- the runner
 
 void BusCore::run_lane(GroupLane* gl) {
@@ -82,7 +187,14 @@ void BusCore::run_lane(GroupLane* gl) {
   if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // once: parking never allocates after
   std::uint32_t handled = 0;
   std::int64_t hold_ns = -1;  // >= 0: the head message waits this long, the lane with it
-  while (handled < g->options.batch) {
+  // The plain fast path (doc/performance.md): a group with no idempotency
+  // scope, no key_parallel_retry, no attempt_timeout and no retry pending
+  // hands each message of the ring straight to its handler. The general loop
+  // below takes the lane again when a message is held for a retry.
+  const bool plain = c != nullptr && gl->current == nullptr && gl->parked.empty() && !kp &&
+                     g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler;
+  if (plain) hold_ns = run_plain(gl, c, single, frees, &handled);
+  while (!plain && handled < g->options.batch) {
     // 1. A parked message whose backoff is over (key_parallel_retry).
     std::ptrdiff_t pi = -1;
     if (kp && !gl->parked.empty() && c != nullptr) pi = due_parked(gl, RetryTimer::now_ns());

@@ -88,8 +88,11 @@ Status TopicImpl::check_schema(const OutgoingMessage& m, std::uint16_t* version)
 
 Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
-  std::uint16_t schema_version;
-  if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  // Untyped topics skip the out-of-line check (doc/performance.md).
+  std::uint16_t schema_version = m.schema_version;
+  if (schema.load(std::memory_order_relaxed) != nullptr) {
+    if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  }
   std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   if (need > options.slot_bytes)
     return Status::from_literal(Code::PayloadTooLarge,
@@ -105,7 +108,8 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
     return q;
 
   const std::uint32_t lane = lane_for_key(m.key, options.lanes);
-  Slot* s = acquire_slot(lane, may_block);
+  Slot* s = pool.try_alloc();  // a free slot (the common case) without the out-of-line call
+  if (s == nullptr) s = acquire_slot(lane, may_block);
   if (s == nullptr) {
     nsp->unadmit_publish(need);
     if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Instruction counts per message of the in-process hot path (doc/performance.md):
+# runs bench/hotpath under callgrind and prints the inclusive Ir of publish,
+# publish_batch and run_lane divided by the message (delivery) count.
+# Usage: scripts/hotpath_counts.sh [BUILD_DIR] [hotpath args...]
+#   e.g. scripts/hotpath_counts.sh build --msgs 50000 --batch 64 --groups 4
+set -euo pipefail
+build=${1:-build}
+shift || true
+args=("$@")
+[ ${#args[@]} -eq 0 ] && args=(--msgs 50000 --batch 1)
+msgs=50000 groups=1
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --msgs) msgs=${args[i + 1]} ;;
+    --groups) groups=${args[i + 1]} ;;
+  esac
+done
+out=$(mktemp /tmp/hotpath-cg.XXXXXX)
+trap 'rm -f "$out"' EXIT
+valgrind --tool=callgrind --callgrind-out-file="$out" "$build/bench/hotpath" "${args[@]}" >/dev/null 2>&1
+# The entry without "[object]" sums every source file of the function
+# (its own lines and the header code inlined into it): the true inclusive cost.
+callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
+  awk -v m="$msgs" -v g="$groups" '
+    /\[/ { next }
+    match($0, /:lanebus::detail::(TopicImpl::publish_batch|TopicImpl::publish|BusCore::run_lane)\(/) {
+      name = substr($0, RSTART + 18, RLENGTH - 19);
+      if (seen[name]++) next;
+      ir = $1; gsub(",", "", ir);
+      per = (name ~ /run_lane/) ? m * g : m;
+      printf "%-38s %12s Ir  %7.1f Ir per %s\n", name, $1, ir / per, (name ~ /run_lane/) ? "delivery" : "message";
+    }'
