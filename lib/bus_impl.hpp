@@ -245,6 +245,9 @@ Result<std::string> user_key_public(std::string_view table, std::string_view key
 /// handler's writes, fence advances and outbox.
 Status validate_reads(StoreTxn& t, const TxnState& tx, std::string_view topic);
 Status write_effects(StoreTxn& t, const TxnState& tx);
+/// After the commit of write_effects: charge the outbox appends to their
+/// namespaces' usage (doc/tenancy.md, usage accounting).
+void count_outbox(const TxnState& tx) noexcept;
 
 /// A transactional handler's reads, writes, fences and outbox (see transaction.hpp).
 struct TxnState {
@@ -267,6 +270,7 @@ struct TxnState {
   std::vector<Read> reads;
   std::map<std::string, std::optional<std::string>> writes;  // nullopt = delete
   std::vector<AppendRequest> outbox;
+  std::vector<NamespaceState*> outbox_ns;  // per outbox entry: its topic's namespace (nullptr = none)
   std::vector<Fence> fences;
   /// Set by a refused Transaction::fence: the transaction is void (nothing of
   /// it is written; every later call returns this).
@@ -278,6 +282,7 @@ struct TxnState {
     reads.clear();
     writes.clear();
     outbox.clear();
+    outbox_ns.clear();
     fences.clear();
     refused = Status();
   }

@@ -294,6 +294,7 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
         } else {
           if (g->idempotency != nullptr && !m.idempotency_key.empty())
             g->idempotency->remember_done(m.idempotency_key, now_ns());
+          if (!duplicate) count_outbox(tx);
           bump(duplicate ? gl->duplicates_skipped : gl->acked);
           if (options.metrics) record_latency(gl, m.header.created_at_ns);
           *first_failure = 0;
@@ -535,6 +536,7 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
     switch (batch.results[k]) {
       case SettleResult::Acked:
         gl->acked.fetch_add(1, std::memory_order_relaxed);  // only now is it acked
+        if (op.tx) count_outbox(*op.tx);
         if (op.complete_key && idem != nullptr)
           idem->remember_done(batch.claims[op.index].message.idempotency_key, batch.committed_at);
         break;

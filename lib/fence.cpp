@@ -520,6 +520,7 @@ Status FencedResource::write(Bus& bus, std::string_view resource, std::string_vi
       if (!v.ok()) return v;
       return detail::write_effects(txn, state);
     });
+    if (s.ok()) detail::count_outbox(state);
     if (s.code() != Code::Conflict) return s;
   }
   return Status(Code::Conflict, "write " + what_of(resource) + ": what it read kept changing (" +

@@ -92,6 +92,15 @@ Status write_effects(StoreTxn& t, const TxnState& tx) {
   return Status();
 }
 
+void count_outbox(const TxnState& tx) noexcept {
+  for (std::size_t i = 0; i < tx.outbox.size() && i < tx.outbox_ns.size(); ++i) {
+    if (NamespaceState* ns = tx.outbox_ns[i]; ns != nullptr) {
+      const AppendRequest& r = tx.outbox[i];
+      ns->count_in(1, r.key.size() + r.idempotency_key.size() + r.payload.size());
+    }
+  }
+}
+
 Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt,
                          bool* duplicate) {
   GroupImpl* g = gl->group;
@@ -200,6 +209,7 @@ Status Transaction::publish(const Topic& topic, const OutgoingMessage& m) {
   if (Status st = topic.impl_->check_schema(m, &schema_version); !st.ok()) return st;
   state_->outbox.push_back(topic.impl_->append_request(m));
   state_->outbox.back().header.schema_version = schema_version;
+  state_->outbox_ns.push_back(topic.impl_->ns.load(std::memory_order_acquire));
   return Status();
 }
 }  // namespace lanebus

@@ -467,3 +467,38 @@ TEST_CASE("usage counts exactly what was sent and survives a restart") {
   lanebus::test::Child bad({tool, "usage", dir.file("store"), "--since", "yesterday"});
   CHECK(bad.wait() == 2);
 }
+
+TEST_CASE("usage counts transactional outbox appends once they commit, on queues and durable topics") {
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), false);
+  TopicOptions d;
+  d.durable = true;
+  d.lanes = 2;
+  Topic in_q = bus->create_queue("src.jobs", d).value();
+  Topic in_t = bus->create_topic("src.events", d).value();
+  Topic out = bus->create_topic("dst.confirmed", d).value();
+  const int kN = 40;
+  std::atomic<int> handled{0};
+  auto handler = [&](const MessageView& m, Transaction& tx) {
+    // Each input produces one outbox message "ok-" + payload (key kept).
+    Status s = tx.publish(out, {.key = std::string(m.key()), .payload = "ok-" + std::string(m.payload())});
+    ++handled;
+    return s.ok() ? Outcome::ack() : Outcome::reject(s.to_string());
+  };
+  auto s1 = bus->consume_tx(in_q, handler).value();
+  auto s2 = bus->subscribe_tx(in_t, "g", handler).value();
+  for (int i = 0; i < kN; ++i) {
+    REQUIRE(in_q.publish(msg("abc", "q" + std::to_string(i % 5))).ok());
+    REQUIRE(in_t.publish(msg("abc", "t" + std::to_string(i % 5))).ok());
+  }
+  REQUIRE(lanebus::test::wait_until([&] { return handled.load() >= 2 * kN; }));
+  REQUIRE(lanebus::test::wait_until([&] {
+    return bus->namespaces()->describe("dst").value().usage.msgs_in == static_cast<std::uint64_t>(2 * kN);
+  }));
+  // Key (2 bytes) + "ok-abc" (6 bytes) per outbox message; nothing counted twice.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto u = bus->namespaces()->describe("dst").value().usage;
+  CHECK(u.msgs_in == static_cast<std::uint64_t>(2 * kN));
+  CHECK(u.bytes_in == static_cast<std::uint64_t>(2 * kN * (2 + 6)));
+  CHECK(bus->namespaces()->describe("src").value().usage.msgs_in == static_cast<std::uint64_t>(2 * kN));
+}
