@@ -53,7 +53,11 @@ struct NamespacePolicy {
   /// Deliveries out of the namespace (all groups together). Over quota the
   /// namespace's lanes are run later: consumers are slowed, never failed.
   Quota consume{};
-  /// Fair-share weight (1..1000). Default 1.
+  /// Fair-share weight (1..1000). Default 1. While the workers are
+  /// saturated, a namespace with work gets at least weight / (sum of the
+  /// weights of the namespaces with work) of the handler time; capacity an
+  /// idle namespace leaves goes to the others (doc/tenancy.md, "Fair
+  /// sharing"). A change takes effect with the next lane run.
   std::uint32_t weight = 1;
   /// Reserved for moving a namespace to its own store (doc/tenancy.md): ""
   /// = the bus's store. Recorded and shown; not yet acted on.
