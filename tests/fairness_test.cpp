@@ -188,13 +188,16 @@ void check_shares(std::uint32_t quiet_weight, std::uint32_t noisy_weight, bool c
       quiet_weight, noisy_weight, change_at_run_time ? " (set at run time)" : "", want, 1 - want, s.calls,
       1 - s.calls, s.time, 1 - s.time, static_cast<unsigned long long>(s.window_calls));
   std::fflush(stdout);
-  // The quiet namespace gets at least its weighted share, within 10 %, of
-  // handler calls and of handler time. The noisy one is not starved either.
-  // (Calls follow time only on average: a call the OS preempted is charged
-  // its wall-clock time, so the window is long enough to even that out.)
-  CHECK(s.calls >= want * 0.9);
+  // The quiet namespace gets at least its weighted share of handler time,
+  // within 10 %, and the noisy one is not starved either. Handler calls are
+  // checked more loosely: the scheduler shares wall-clock time, and on a
+  // loaded machine the OS stretches some calls (preempted, or woken late
+  // from the hold) more than others, so the calls of one namespace can be
+  // ~20 % longer on average than the other's over a window (seen under
+  // load average 12 on 2 cores) while the time shares stay exact.
   CHECK(s.time >= want * 0.9);
   CHECK(1 - s.time >= (1 - want) * 0.8);
+  CHECK(s.calls >= want * 0.7);
 }
 
 }  // namespace
