@@ -10,6 +10,7 @@
 #include <string>
 
 #include "bus_impl.hpp"
+#include "tenancy.hpp"
 #include "lanebus/lease.hpp"
 #include "names.hpp"
 
@@ -165,24 +166,72 @@ Result<std::unique_ptr<Bus>> Bus::open(const BusOptions& options) {
                   "bus \"" + options.name + "\": max_topics and max_consumers_per_group must be at least 1");
   if (options.spin.count() < 0 || options.close_timeout.count() < 0)
     return Status(Code::InvalidArgument, "bus \"" + options.name + "\": spin and close_timeout must not be negative");
+  // BusOptions::namespace_stores (doc/tenancy.md "Moving a namespace").
+  for (std::size_t i = 0; i < options.namespace_stores.size(); ++i) {
+    const NamespaceStore& m = options.namespace_stores[i];
+    if (Status s = detail::check_name(m.name, "namespace"); !s.ok()) return s;
+    if (m.directory.empty() || options.store.directory.empty() || m.directory == options.store.directory)
+      return Status(Code::InvalidArgument, "bus \"" + options.name + "\": namespace \"" + m.name +
+                                               "\" needs a store directory of its own, beside BusOptions::store.directory");
+    for (std::size_t j = 0; j < i; ++j) {
+      if (options.namespace_stores[j].name == m.name)
+        return Status(Code::InvalidArgument, "bus \"" + options.name + "\": namespace \"" + m.name + "\" is mapped twice");
+    }
+  }
   auto core = std::make_shared<detail::BusCore>(options);
   if (Status s = core->start(); !s.ok()) return s;
-  return std::unique_ptr<Bus>(new Bus(std::move(core)));
+  auto bus = std::unique_ptr<Bus>(new Bus(std::move(core)));
+  for (const NamespaceStore& m : options.namespace_stores) {
+    BusOptions inner = options;
+    inner.name = options.name + "/" + m.name;
+    inner.store.directory = m.directory;
+    inner.namespace_stores.clear();
+    auto c = std::make_shared<detail::BusCore>(inner);
+    if (Status s = c->start(); !s.ok()) {
+      (void)c->shutdown(ShutdownMode::Drain, options.close_timeout);
+      return Status(s.code(), "namespace \"" + m.name + "\" in store \"" + m.directory + "\": " + s.to_string());
+    }
+    bus->ns_cores_.emplace_back(m.name, std::move(c));
+  }
+  return bus;
 }
 
-Bus::~Bus() { (void)core_->shutdown(ShutdownMode::Drain, core_->options.close_timeout); }
+Bus::~Bus() { (void)shutdown(ShutdownMode::Drain, core_->options.close_timeout); }
+
+detail::BusCore* Bus::core_for(std::string_view name) const noexcept {
+  detail::BusCore* best = core_.get();
+  std::size_t best_len = 0;
+  for (const auto& [ns, c] : ns_cores_) {
+    if (ns.size() > best_len && detail::prefix_covers(ns, name)) {
+      best = c.get();
+      best_len = ns.size();
+    }
+  }
+  return best;
+}
+
+std::shared_ptr<detail::BusCore> Bus::owner_of(const Topic& topic) const noexcept {
+  if (topic.impl_ == nullptr) return nullptr;
+  if (topic.impl_->bus == core_.get()) return core_;
+  for (const auto& [ns, c] : ns_cores_) {
+    if (topic.impl_->bus == c.get()) return c;
+  }
+  return nullptr;
+}
 
 Result<Topic> Bus::create_topic(std::string_view name, const TopicOptions& options) {
-  auto t = core_->create(name, false, options);
+  detail::BusCore* core = core_for(name);
+  auto t = core->create(name, false, options);
   if (!t.ok()) return t.status();
-  core_->schemas()->bind(*t);  // a typed topic: its latest schema (doc/schemas.md)
+  core->schemas()->bind(*t);  // a typed topic: its latest schema (doc/schemas.md)
   return Topic(*t);
 }
 
 Result<Topic> Bus::create_queue(std::string_view name, const TopicOptions& options) {
-  auto t = core_->create(name, true, options);
+  detail::BusCore* core = core_for(name);
+  auto t = core->create(name, true, options);
   if (!t.ok()) return t.status();
-  core_->schemas()->bind(*t);
+  core->schemas()->bind(*t);
   return Topic(*t);
 }
 
@@ -190,69 +239,74 @@ Schemas Bus::schemas() { return Schemas(core_->schemas()); }
 
 Result<Topic> Bus::find(std::string_view name) const {
   if (Status s = detail::check_name(name, "topic"); !s.ok()) return s;
-  detail::TopicImpl* t = core_->find(name);
+  detail::TopicImpl* t = core_for(name)->find(name);
   if (t == nullptr) return Status(Code::NotFound, "no topic or queue named \"" + std::string(name) + "\"");
   return Topic(t);
 }
 
 Result<Subscription> Bus::subscribe(const Topic& topic, std::string_view group, Handler handler,
                                     const GroupOptions& options) {
-  if (topic.impl_ == nullptr || topic.impl_->bus != core_.get())
+  const std::shared_ptr<detail::BusCore> owner = owner_of(topic);
+  if (owner == nullptr)
     return Status(Code::InvalidArgument, "subscribe: the topic handle is empty or belongs to another bus");
   if (topic.impl_->is_queue)
     return Status(Code::InvalidArgument,
                   "subscribe: \"" + topic.impl_->name + "\" is a queue; use Bus::consume for competing consumers");
   if (Status s = detail::check_name(group, "group"); !s.ok()) return s;
-  auto c = core_->attach(topic.impl_, group, std::move(handler), {}, options);
+  auto c = owner->attach(topic.impl_, group, std::move(handler), {}, options);
   if (!c.ok()) return c.status();
-  return Subscription(core_, *c);
+  return Subscription(owner, *c);
 }
 
 Result<Subscription> Bus::consume(const Topic& queue, Handler handler, const GroupOptions& options) {
-  if (queue.impl_ == nullptr || queue.impl_->bus != core_.get())
+  const std::shared_ptr<detail::BusCore> owner = owner_of(queue);
+  if (owner == nullptr)
     return Status(Code::InvalidArgument, "consume: the queue handle is empty or belongs to another bus");
   if (!queue.impl_->is_queue)
     return Status(Code::InvalidArgument,
                   "consume: \"" + queue.impl_->name + "\" is a topic; use Bus::subscribe with a group name");
-  auto c = core_->attach(queue.impl_, {}, std::move(handler), {}, options);
+  auto c = owner->attach(queue.impl_, {}, std::move(handler), {}, options);
   if (!c.ok()) return c.status();
-  return Subscription(core_, *c);
+  return Subscription(owner, *c);
 }
 
 Status Bus::seek(const Topic& topic, std::string_view group, const StartPosition& position) {
-  if (topic.impl_ == nullptr || topic.impl_->bus != core_.get())
+  const std::shared_ptr<detail::BusCore> owner = owner_of(topic);
+  if (owner == nullptr)
     return Status(Code::InvalidArgument, "seek: the topic handle is empty or belongs to another bus");
-  return core_->seek(topic.impl_, group, position);
+  return owner->seek(topic.impl_, group, position);
 }
 
 Result<IdempotencyTable*> Bus::idempotency(std::string_view scope, const IdempotencyOptions& options) {
-  return core_->idempotency(scope, options);
+  return core_for(scope)->idempotency(scope, options);
 }
 
 Result<Subscription> Bus::subscribe_tx(const Topic& topic, std::string_view group, TxHandler handler,
                                        const GroupOptions& options) {
-  if (topic.impl_ == nullptr || topic.impl_->bus != core_.get())
+  const std::shared_ptr<detail::BusCore> owner = owner_of(topic);
+  if (owner == nullptr)
     return Status(Code::InvalidArgument, "subscribe_tx: the topic handle is empty or belongs to another bus");
   if (topic.impl_->is_queue)
     return Status(Code::InvalidArgument, "subscribe_tx: \"" + topic.impl_->name + "\" is a queue; use consume_tx");
   if (Status s = detail::check_name(group, "group"); !s.ok()) return s;
-  auto c = core_->attach(topic.impl_, group, {}, std::move(handler), options);
+  auto c = owner->attach(topic.impl_, group, {}, std::move(handler), options);
   if (!c.ok()) return c.status();
-  return Subscription(core_, *c);
+  return Subscription(owner, *c);
 }
 
 Result<Subscription> Bus::consume_tx(const Topic& queue, TxHandler handler, const GroupOptions& options) {
-  if (queue.impl_ == nullptr || queue.impl_->bus != core_.get())
+  const std::shared_ptr<detail::BusCore> owner = owner_of(queue);
+  if (owner == nullptr)
     return Status(Code::InvalidArgument, "consume_tx: the queue handle is empty or belongs to another bus");
   if (!queue.impl_->is_queue)
     return Status(Code::InvalidArgument, "consume_tx: \"" + queue.impl_->name + "\" is a topic; use subscribe_tx");
-  auto c = core_->attach(queue.impl_, {}, {}, std::move(handler), options);
+  auto c = owner->attach(queue.impl_, {}, {}, std::move(handler), options);
   if (!c.ok()) return c.status();
-  return Subscription(core_, *c);
+  return Subscription(owner, *c);
 }
 
 Result<std::string> Bus::table_get(std::string_view table, std::string_view key) const {
-  return core_->table_get(table, key);
+  return core_for(table)->table_get(table, key);
 }
 
 Result<DeadLetters*> Bus::dead_letters() {
@@ -286,6 +340,14 @@ Publisher Bus::publisher() {
 
 BusStats Bus::stats() const { return core_->stats(); }
 
-Status Bus::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) { return core_->shutdown(mode, timeout); }
+Status Bus::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
+  Status first;
+  for (const auto& [ns, c] : ns_cores_) {
+    Status s = c->shutdown(mode, timeout);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  Status s = core_->shutdown(mode, timeout);
+  return first.ok() ? s : first;
+}
 
 }  // namespace lanebus

@@ -582,6 +582,44 @@ Result<std::uint64_t> DlqStore::add_impl(StoreTxn& txn, const DlqEntry& entry,
   return e.id;
 }
 
+// ---------------------------------------------------------------- namespace move
+
+Result<std::uint64_t> DlqStore::import_in(StoreTxn& txn, DlqEntry e) {
+  if (!txn.writable()) return Status(Code::InvalidArgument, "dlq import: needs a write transaction");
+  auto st = Stats::load(txn);
+  if (!st.ok()) return st.status();
+  Stats stats = *st;
+  e.id = stats.next_id;
+  std::string enc = encode_dlq_entry(e);
+  Status s = txn.put(StoreTable::Dlq, entry_key(e.id), enc);
+  if (!s.ok()) return s;
+  if (e.state == DlqState::Pending) {
+    s = txn.put(StoreTable::Dlq, pending_key(e.id), std::string_view());
+    if (!s.ok()) return s;
+  }
+  stats.next_id += 1;
+  stats.count_of(e.state) += 1;
+  stats.entries += 1;
+  stats.bytes += enc.size();
+  stats.arrivals[static_cast<int>(e.error_class)] += 1;
+  s = stats.save(txn);
+  if (!s.ok()) return s;
+  return e.id;
+}
+
+Status DlqStore::remove_in(StoreTxn& txn, std::uint64_t id) {
+  if (!txn.writable()) return Status(Code::InvalidArgument, "dlq remove: needs a write transaction");
+  auto st = Stats::load(txn);
+  if (!st.ok()) return st.status();
+  Stats stats = *st;
+  auto loaded = load_entry(txn, id);
+  if (!loaded.ok()) return loaded.status();
+  if (!loaded->has_value()) return Status(Code::NotFound, "dlq entry " + std::to_string(id) + " not found");
+  Status s = delete_entry(txn, stats, (*loaded)->entry, (*loaded)->size);
+  if (!s.ok()) return s;
+  return stats.save(txn);
+}
+
 // ---------------------------------------------------------------- review
 
 Result<std::vector<DlqEntry>> DlqStore::list(const DlqFilter& filter) {
@@ -711,7 +749,8 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
     std::vector<std::uint64_t> audited;
     for (Loaded& w : work) {
       DlqEntry& e = w.entry;
-      DlqReplayed r{e.id, e.topic, e.lane, 0, e.topic_id == 0};
+      DlqReplayed r{e.id, e.topic, e.lane, 0, e.topic_id == 0,
+                    e.key.size() + e.idempotency_key.size() + e.payload.size()};
       if (e.topic_id != 0) {
         AppendRequest req;
         req.topic_id = topics[e.topic]->id;
@@ -745,6 +784,10 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
     return stats.save(txn);
   });
   if (!s.ok()) return s;
+  if (replay_listener_) {
+    for (const DlqReplayed& r : done)
+      if (!r.republished) replay_listener_(r.topic, r.bytes);
+  }
   for (const DlqEntry& e : to_republish) {
     Status rs = republish(e);
     if (!rs.ok() && s.ok()) s = rs;

@@ -27,6 +27,7 @@ struct DlqReplayed {
   std::uint32_t lane = 0;
   std::uint64_t offset = 0;   ///< Offset of the re-appended message (durable origin); 0 = republished.
   bool republished = false;   ///< true: ephemeral origin, handed to the republish callback.
+  std::uint64_t bytes = 0;    ///< Key + idempotency key + payload bytes of the message.
 };
 
 /// For entries whose origin topic is not a durable topic of the store
@@ -67,6 +68,13 @@ class DlqStore {
   explicit DlqStore(DurableStore& store, DlqOptions options = {}, std::function<std::int64_t()> clock = {});
 
   const DlqOptions& options() const noexcept { return options_; }
+
+  /// Called after a replay commits, once per message re-appended to a durable
+  /// origin topic, with the topic and the message's key + idempotency key +
+  /// payload bytes (the Bus charges it to the topic's namespace usage; a
+  /// republished ephemeral entry is counted by its publish). Set before use.
+  using ReplayListener = std::function<void(std::string_view topic, std::uint64_t bytes)>;
+  void set_replay_listener(ReplayListener listener) { replay_listener_ = std::move(listener); }
 
   /// Checks a new entry without I/O: payload not empty, topic a valid name,
   /// group not empty, strings within limits (key/idempotency key ≤ 65535
@@ -182,6 +190,17 @@ class DlqStore {
   [[nodiscard]] Status set_topic_mark_in(StoreTxn& txn, const GroupRef& group, std::uint32_t lane,
                                          const TopicMark& mark);
 
+  // ---------------------------------------------------------------- namespace move
+
+  /// Insert `entry` as it is (state, times, replay offset kept) under the
+  /// next entry id, inside the caller's write transaction, and count it in
+  /// the stats record (state, entries, bytes, arrivals). Used by the offline
+  /// namespace move (lib/namespace_move.hpp). Returns the new id.
+  [[nodiscard]] static Result<std::uint64_t> import_in(StoreTxn& txn, DlqEntry entry);
+  /// Delete entry `id` and its pending index, uncounting it (state, entries,
+  /// bytes; arrival totals stay). NotFound when absent. Same user.
+  [[nodiscard]] static Status remove_in(StoreTxn& txn, std::uint64_t id);
+
  private:
   struct Stats;
   std::int64_t now(const StoreTxn& txn) const;
@@ -191,6 +210,7 @@ class DlqStore {
 
   DurableStore& store_;
   DlqOptions options_;
+  ReplayListener replay_listener_;
   std::function<std::int64_t()> clock_;
   // Relaxed: an independent statistic.
   std::atomic<std::uint64_t> rejected_{0};

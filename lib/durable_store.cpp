@@ -756,11 +756,55 @@ Status StoreTxn::scan(StoreTable table, std::string_view from, std::string_view 
                       const std::function<bool(std::string_view, std::string_view)>& visit) {
   const int t = static_cast<int>(table);
   if (!store_->ext_present_[t]) return Status();
+  return scan_dbi(store_->dbi_ext_[t], from, prefix, visit);
+}
+
+Status StoreTxn::abort_batch(Status cause) {
+  if (cause.ok()) cause = Status(Code::Internal, "abort_batch without a cause");
+  if (ctx_) return static_cast<DurableStore::WriteCtx*>(ctx_)->fail(std::move(cause));
+  return cause;
+}
+
+LmdbDbi StoreTxn::core_dbi(Core table) const noexcept {
+  switch (table) {
+    case Core::Meta: return store_->dbi_meta_;
+    case Core::Topics: return store_->dbi_topics_;
+    case Core::Lanes: return store_->dbi_lanes_;
+    case Core::Log: return store_->dbi_log_;
+    case Core::Groups: return store_->dbi_groups_;
+    case Core::Cursors: return store_->dbi_cursors_;
+    case Core::Inflight: return store_->dbi_inflight_;
+  }
+  return store_->dbi_meta_;
+}
+
+Result<std::string_view> StoreTxn::core_get(Core table, std::string_view key) {
+  if (ctx_) return static_cast<DurableStore::WriteCtx*>(ctx_)->get(core_dbi(table), key);
+  return txn_->get(core_dbi(table), key);
+}
+
+Status StoreTxn::core_put(Core table, std::string_view key, std::string_view value) {
+  if (!ctx_) return Status(Code::InvalidArgument, "put in a read transaction");
+  return static_cast<DurableStore::WriteCtx*>(ctx_)->put(core_dbi(table), key, value);
+}
+
+Status StoreTxn::core_del(Core table, std::string_view key) {
+  if (!ctx_) return Status(Code::InvalidArgument, "del in a read transaction");
+  return static_cast<DurableStore::WriteCtx*>(ctx_)->del(core_dbi(table), key);
+}
+
+Status StoreTxn::core_scan(Core table, std::string_view from, std::string_view prefix,
+                           const std::function<bool(std::string_view, std::string_view)>& visit) {
+  return scan_dbi(core_dbi(table), from, prefix, visit);
+}
+
+Status StoreTxn::scan_dbi(LmdbDbi dbi, std::string_view from, std::string_view prefix,
+                          const std::function<bool(std::string_view, std::string_view)>& visit) {
   Status result;
   {
-    auto c = LmdbCursor::open(*txn_, store_->dbi_ext_[t], store_->options_.directory);
+    auto c = LmdbCursor::open(*txn_, dbi, store_->options_.directory);
     if (!c.ok()) return c.status();
-    auto found = c->seek(from);
+    auto found = from.empty() ? c->first() : c->seek(from);  // LMDB refuses an empty key
     while (found.ok() && *found) {
       std::string_view k = c->key(), v = c->value();
       if (k.substr(0, prefix.size()) != prefix) break;

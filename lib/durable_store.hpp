@@ -236,10 +236,24 @@ class StoreTxn {
   Status put(StoreTable table, std::string_view key, std::string_view value);
   /// NotFound when absent.
   Status del(StoreTable table, std::string_view key);
-  /// Visit, in key order, the keys >= `from` that start with `prefix`, until
+  /// Visit, in key order, the keys >= `from` ("" = from the first key) that start with `prefix`, until
   /// `visit` returns false. Do not write to `table` from inside `visit`.
   Status scan(StoreTable table, std::string_view from, std::string_view prefix,
               const std::function<bool(std::string_view key, std::string_view value)>& visit);
+  /// The core tables (doc/storage-format.md), for the offline namespace move
+  /// (lib/namespace_move.hpp) only: raw keys and values, bypassing the topic
+  /// cache and the writer's lane state, so never use them on a store a bus
+  /// has open. Same rules and errors as get/put/del/scan.
+  enum class Core : std::uint8_t { Meta, Topics, Lanes, Log, Groups, Cursors, Inflight };
+  Result<std::string_view> core_get(Core table, std::string_view key);
+  Status core_put(Core table, std::string_view key, std::string_view value);
+  Status core_del(Core table, std::string_view key);
+  Status core_scan(Core table, std::string_view from, std::string_view prefix,
+                   const std::function<bool(std::string_view key, std::string_view value)>& visit);
+  /// Write transactions: make the whole batch abort with `cause` (nothing
+  /// of it is committed; every operation of the batch gets `cause`), for a
+  /// function that found a logic error after its first write. Returns `cause`.
+  Status abort_batch(Status cause);
   /// Wall clock of this transaction (one value per batch), ns since the epoch.
   std::int64_t now_ns() const noexcept { return now_ns_; }
   bool writable() const noexcept { return ctx_ != nullptr; }
@@ -265,6 +279,9 @@ class StoreTxn {
 
  private:
   friend class DurableStore;
+  LmdbDbi core_dbi(Core table) const noexcept;
+  Status scan_dbi(LmdbDbi dbi, std::string_view from, std::string_view prefix,
+                  const std::function<bool(std::string_view, std::string_view)>& visit);
   StoreTxn(DurableStore* store, void* ctx, LmdbTxn* txn, std::int64_t now) noexcept
       : store_(store), ctx_(ctx), txn_(txn), now_ns_(now) {}
   DurableStore* store_;

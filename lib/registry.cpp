@@ -9,6 +9,7 @@
 
 #include "bus_impl.hpp"
 #include "names.hpp"
+#include "namespace_move.hpp"
 
 namespace lanebus::detail {
 
@@ -80,6 +81,7 @@ Result<IdempotencyTable*> BusCore::idempotency(std::string_view scope, const Ide
                                              "\": hot_capacity must be >= 1, max_key_bytes 1..4096, claim_timeout "
                                              "positive, TTL and retention not negative");
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  if (Status s = check_not_moved(*store_, scope); !s.ok()) return s;  // doc/tenancy.md "Moving a namespace"
   MutexLock l(&mu_);
   auto it = idempotency_.find(scope);
   if (it != idempotency_.end()) return it->second.get();
@@ -137,6 +139,8 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
     spec.retention = o.retention;
     spec.fence = o.fence;
     spec.fence_per_lane = o.fence_per_lane;
+    // A namespace moved to another store stays there (doc/tenancy.md "Moving a namespace").
+    if (Status s = check_not_moved(*store_, name); !s.ok()) return s;
     auto r = store_->open_topic(name, spec);
     if (!r.ok()) return r.status();
     ref = *r;

@@ -47,6 +47,12 @@ Status BusCore::start() {
     MutexLock l(&mu_);
     for (auto& [name, t] : topics_) t->ns.store(tenancy_->resolve(name), std::memory_order_release);
   });
+  if (dlq_) {
+    // A replay re-appends to the origin topic: usage of its namespace, like a publish.
+    dlq_->set_replay_listener([t = tenancy_.get()](std::string_view topic, std::uint64_t bytes) {
+      if (NamespaceState* ns = t->resolve(topic); ns != nullptr) ns->count_in(1, bytes);
+    });
+  }
   namespaces_ = Access::namespaces(this);
   schemas_ = std::make_unique<SchemaRegistry>(this, store_.get());
   if (store_) {

@@ -108,6 +108,12 @@ struct NamespaceState {
   /// to `timeout` for the quota (Backpressure::Block), else refuse at once.
   Status admit_publish(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept;
   void unadmit_publish(std::size_t bytes) noexcept;
+  /// Count appends that bypass admission (DLQ replays, transactional
+  /// outbox appends): usage only, no quota.
+  void count_in(std::uint64_t msgs, std::uint64_t bytes) noexcept {
+    live.msgs_in.fetch_add(msgs, std::memory_order_relaxed);
+    live.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
+  }
   /// After a worker ran a lane of this namespace: count and charge what it delivered.
   void delivered(std::uint64_t msgs, std::uint64_t bytes) noexcept;
   /// ns the namespace's lanes must wait before running (consume quota), 0 = now.

@@ -199,8 +199,13 @@ TEST_CASE("access control: a credential of another namespace is denied, and noth
     if (ts.name == "tenant-a.orders") CHECK(ts.lane_published.at(0) == 2);
   CHECK(ns.describe("tenant-a").value().usage.msgs_in == 2);
 
-  // a replays its own entry.
+  // a replays its own entry: the re-appended message counts as an input of
+  // its namespace (key + payload bytes), and is delivered again.
   CHECK(a.dlq_replay({id}, "alice").value() == 1);
+  const auto usage = ns.describe("tenant-a").value().usage;
+  CHECK(usage.msgs_in == 3);
+  CHECK(usage.bytes_in == 5 + 4 + 4);  // "k"+"good", "k"+"bad", the replayed "k"+"bad"
+  REQUIRE(lanebus::test::wait_until([&] { return a_calls.load() == 3; }));
 }
 
 TEST_CASE("grants change at run time and apply to existing clients at their next call") {

@@ -16,6 +16,10 @@ int cmd_dlq(int argc, char** argv);
 /// `lanebus leases PATH`: list the leases of a lease table segment.
 int cmd_leases(int argc, char** argv);
 
+/// `lanebus namespace move SRC_DIR DST_DIR NAMESPACE`: move a namespace to
+/// another store, offline and resumable (doc/tenancy.md "Moving a namespace").
+int cmd_namespace(int argc, char** argv);
+
 /// `lanebus schema list|show|diff|check|register|deprecate|usage|remove|audit DIR ...`:
 /// the schema registry of a store (issue 12, doc/schemas.md).
 int cmd_schema(int argc, char** argv);

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "lanebus/export.hpp"
 #include "lanebus/handler.hpp"
@@ -326,6 +329,10 @@ class LANEBUS_API Bus {
   friend class Bridge;
   explicit Bus(std::shared_ptr<detail::BusCore> core) noexcept;
   std::shared_ptr<detail::BusCore> core_;
+  // BusOptions::namespace_stores: (namespace, the inner bus of its store).
+  std::vector<std::pair<std::string, std::shared_ptr<detail::BusCore>>> ns_cores_;
+  detail::BusCore* core_for(std::string_view name) const noexcept;
+  std::shared_ptr<detail::BusCore> owner_of(const Topic& topic) const noexcept;
 };
 
 }  // namespace lanebus

@@ -152,6 +152,15 @@ struct GroupOptions {
   std::vector<std::string> reads{};
 };
 
+/// A namespace kept in a store of its own (doc/tenancy.md "Moving a namespace").
+struct NamespaceStore {
+  /// The namespace (a valid name). Every name it covers segment-wise (unless
+  /// a longer mapped namespace covers it) lives in `directory`.
+  std::string name{};
+  /// Its store directory; the other store settings are BusOptions::store's.
+  std::string directory{};
+};
+
 /// Per Bus.
 struct BusOptions {
   /// A name used in error messages and stats. Default "bus".
@@ -197,6 +206,14 @@ struct BusOptions {
   /// credential's grants allow. Off (the default): Clients are not checked.
   /// The Bus handle is never checked. Quotas and usage apply either way.
   bool access_control = false;
+  /// Namespaces whose durable topics and queues, DLQ entries, idempotency
+  /// scopes and user tables live in a store of their own, e.g. after
+  /// `lanebus namespace move` (doc/tenancy.md "Moving a namespace"). Client
+  /// code keeps the same names: Bus::create_topic, create_queue, find,
+  /// subscribe, consume, seek, idempotency and table_get route by name. Each
+  /// mapped store is run by an inner bus with these options (own workers,
+  /// own DLQ and namespace policies). Default empty: one store.
+  std::vector<NamespaceStore> namespace_stores{};
 };
 
 }  // namespace lanebus

@@ -59,8 +59,9 @@ struct NamespacePolicy {
   /// idle namespace leaves goes to the others (doc/tenancy.md, "Fair
   /// sharing"). A change takes effect with the next lane run.
   std::uint32_t weight = 1;
-  /// Reserved for moving a namespace to its own store (doc/tenancy.md): ""
-  /// = the bus's store. Recorded and shown; not yet acted on.
+  /// Informational: recorded and shown, not acted on. The store a namespace
+  /// lives in is chosen by BusOptions::namespace_stores, after
+  /// `lanebus namespace move` (doc/tenancy.md "Moving a namespace").
   std::string store_dir{};
 };
 
@@ -143,5 +144,18 @@ class LANEBUS_API Namespaces {
   explicit Namespaces(detail::BusCore* core) noexcept : core_(core) {}
   detail::BusCore* core_;
 };
+
+/// Move namespace `name` from the store in `src_dir` to the store in
+/// `dst_dir` (created if needed), verify the copy, then remove it from the
+/// source: what `lanebus namespace move` does (doc/tenancy.md "Moving a
+/// namespace"). Both stores must be closed (no Bus or tool may have them
+/// open). Calling it again after an interruption finishes the move; after a
+/// finished move it is OK and changes nothing. Then open the bus with
+/// BusOptions::namespace_stores mapping `name` to `dst_dir`.
+/// Errors: InvalidName, InvalidArgument (same store, not a store), NotFound
+/// (no store, or nothing of the namespace), Busy (a store is open elsewhere),
+/// Conflict (DST holds the namespace already, another move is under way, the
+/// verify found a difference), storage codes.
+LANEBUS_API Status move_namespace(const std::string& src_dir, const std::string& dst_dir, std::string_view name);
 
 }  // namespace lanebus
