@@ -95,8 +95,10 @@ void BusCore::schedule(GroupLane* gl) noexcept {
 
 void BusCore::enqueue_lane(GroupLane* gl) noexcept {
   // The lane is charged to the class it was queued in, even if its topic
-  // moves to another namespace meanwhile.
-  NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_relaxed);
+  // moves to another namespace meanwhile. acquire (here and in worker_main):
+  // declaring a namespace creates its NamespaceState on another thread and
+  // rebinds the topic with a release store.
+  NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_acquire);
   runq_.enqueue(gl, ns != nullptr ? &ns->sched : nullptr);  // never allocates (fair_queue.hpp)
 }
 
@@ -195,7 +197,7 @@ void BusCore::worker_main(std::size_t /*index*/) {
     GroupLane* gl = pick.lane;
     // Tenancy: a namespace over its consume quota runs its lanes later
     // (slowed, not failed); what the lane delivered is counted and charged.
-    NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_relaxed);
+    NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_acquire);
     if (ns != nullptr && !abandon_.load(std::memory_order_relaxed)) {
       if (const std::int64_t wait = ns->consume_wait(); wait > 0) {
         requeue(gl, wait);
