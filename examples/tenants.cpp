@@ -159,6 +159,53 @@ int main() {
                 "shop and blog published all %llu of theirs\n",
                 static_cast<unsigned long long>(ads_in), static_cast<unsigned long long>(quiet_sent));
     if (static_cast<double>(ads_in) > 2000 * secs * 1.05 + 100) return fail("ads was not held at its quota");
+
+    // 3b. Fair sharing below the ceilings: shop gets weight 3, ads keeps 1.
+    //     Both queue slow jobs (ads ten times as many, within its quota); while both have
+    //     work, shop gets about 3/4 of the two workers.
+    // (Declared out here: the consumers run until the drain below.)
+    std::atomic<std::uint64_t> shop_done{0}, ads_done{0}, ads_when_shop_done{0};
+    std::atomic<bool> measured{false};
+    Subscription jobs_consumers[2];
+    {
+      NamespacePolicy shop_policy = quiet;
+      shop_policy.weight = 3;
+      if (Status s = ns.set_policy("shop", shop_policy); !s.ok()) return fail(s.to_string());
+      TopicOptions jobs_options;
+      jobs_options.capacity = 8192;
+      Topic shop_jobs = shop.create_queue("shop.jobs", jobs_options).value();
+      Topic ads_jobs = ads.create_queue("ads.jobs", jobs_options).value();
+      for (int i = 0; i < 1000; ++i) {
+        const std::string key = "j" + std::to_string(i % 32);
+        if (i < 100 && !shop.publish(shop_jobs, {.key = key, .payload = "job"}).ok()) return fail("shop job");
+        if (!ads.publish(ads_jobs, {.key = key, .payload = "job"}).ok()) return fail("ads job");
+        ++ads_in;
+      }
+      GroupOptions small_batches;  // a worker switches lanes every 4 jobs
+      small_batches.batch = 4;
+      auto job = [](const MessageView&) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        return Outcome::ack();
+      };
+      jobs_consumers[0] = shop.consume(shop_jobs, [&, job](const MessageView& m) {
+                                Outcome out = job(m);
+                                if (shop_done.fetch_add(1) + 1 == 80) {
+                                  ads_when_shop_done.store(ads_done.load());
+                                  measured.store(true);
+                                }
+                                return out;
+                              }, small_batches).value();
+      jobs_consumers[1] = ads.consume(ads_jobs, [&, job](const MessageView& m) {
+                                Outcome out = job(m);
+                                ads_done.fetch_add(1);
+                                return out;
+                              }, small_batches).value();
+      while (!measured.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const double a = static_cast<double>(ads_when_shop_done.load());
+      std::printf("3b. fair sharing, weights shop 3 : ads 1, both busy: shop ran 80 jobs, ads %.0f "
+                  "(shares %.2f / %.2f)\n",
+                  a, 80 / (80 + a), a / (80 + a));
+    }
     (void)bus.shutdown(ShutdownMode::Drain);
     std::printf("4. usage report:\n");
     report(bus);

@@ -16,6 +16,12 @@
 //   clears the flag (seq_cst store) and then checks the ring (seq_cst loads).
 //   One of the two must see the other's write, so a message never sits in a
 //   ring whose lane is not scheduled.
+// - Fair sharing: the run queue (fair_queue.hpp) keeps the queued lanes per
+//   namespace (NamespaceState::sched) and hands workers the lane of the
+//   namespace furthest behind its weighted share of run time; the worker
+//   charges the lane's run time to that namespace. Which lane runs next
+//   changes, nothing else: a lane is still queued at most once and run by one
+//   worker at a time, and per-key order lives in its ring.
 // - Consumers: a worker "pins" one consumer of the group for a batch
 //   (calls += 1, then re-checks enabled; close() clears enabled, then waits for
 //   calls == 0). Hence no handler call starts after close() returns.
@@ -57,7 +63,7 @@
 #include "lane_ring.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
-#include "mpmc_queue.hpp"
+#include "fair_queue.hpp"
 #include "retry_timer.hpp"
 #include "schema_registry.hpp"
 #include "schema_usage.hpp"
@@ -144,7 +150,7 @@ struct alignas(64) GroupLane : TimerEntry {
   const std::uint32_t lane;
   LaneRing ring;
   alignas(64) std::atomic<bool> scheduled{false};
-  GroupLane* runq_next = nullptr;  // RunQueue's overflow list (mpmc_queue.hpp)
+  GroupLane* runq_next = nullptr;  // FairRunQueue's link while queued (fair_queue.hpp)
 
   // Owned by the worker running the lane.
   alignas(64) Slot* current = nullptr;  // taken from the ring, not yet finished (retry pending)
@@ -361,6 +367,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   /// Make sure `gl` is (or will be) run by a worker.
   void schedule(GroupLane* gl) noexcept;
+  /// Queue a scheduled lane in its namespace's class of the run queue.
+  void enqueue_lane(GroupLane* gl) noexcept;
 
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
   /// Make sure `gl` runs again soon (a batch commit gave messages back).
@@ -462,7 +470,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::uint64_t bridge_stats_next_ GUARDED_BY(bridges_mu_) = 0;
   std::map<std::string, std::unique_ptr<TopicImpl>, std::less<>> topics_ GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
-  RunQueue<GroupLane> runq_;
+  FairRunQueue<GroupLane> runq_;  // lanes with work, shared by namespace weight
   std::atomic<bool> closing_{false};
   std::atomic<bool> abandon_{false};
   std::atomic<bool> stopped_{false};

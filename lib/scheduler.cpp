@@ -18,7 +18,7 @@ thread_local GroupLane* tl_running_lane = nullptr;
 
 // ---------------------------------------------------------------- bus core
 
-BusCore::BusCore(const BusOptions& o) : options(o), runq_(kRunQueueCapacity) {}
+BusCore::BusCore(const BusOptions& o) : options(o) {}
 
 BusCore::~BusCore() {
   // Bus::~Bus already shut down; this covers a failed start().
@@ -68,7 +68,7 @@ Status BusCore::start() {
         schedule(static_cast<WakeEntry*>(e)->lane);  // a parked message is due
         return;
       }
-      runq_.enqueue(static_cast<GroupLane*>(e));
+      enqueue_lane(static_cast<GroupLane*>(e));
     });
   } catch (const std::exception& e) {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
@@ -90,7 +90,16 @@ void BusCore::schedule(GroupLane* gl) noexcept {
   // seq_cst: the publisher's side of the Dekker hand-off (bus_impl.hpp).
   if (gl->scheduled.load(std::memory_order_seq_cst)) return;
   if (gl->scheduled.exchange(true, std::memory_order_seq_cst)) return;
-  runq_.enqueue(gl);  // never allocates (mpmc_queue.hpp)
+  enqueue_lane(gl);
+}
+
+void BusCore::enqueue_lane(GroupLane* gl) noexcept {
+  // The lane is charged to the class it was queued in, even if its topic
+  // moves to another namespace meanwhile. acquire (here and in worker_main):
+  // declaring a namespace creates its NamespaceState on another thread and
+  // rebinds the topic with a release store.
+  NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_acquire);
+  runq_.enqueue(gl, ns != nullptr ? &ns->sched : nullptr);  // never allocates (fair_queue.hpp)
 }
 
 Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
@@ -114,7 +123,7 @@ void BusCore::requeue(GroupLane* gl, std::int64_t delay_ns) noexcept {
     timer_->add(gl);  // the lane stays scheduled while it waits
     return;
   }
-  runq_.enqueue(gl);
+  enqueue_lane(gl);
 }
 
 // The watchdog (GroupOptions::attempt_timeout): a handler call still running
@@ -173,21 +182,22 @@ void BusCore::worker_main(std::size_t /*index*/) {
   using clock = std::chrono::steady_clock;
   workers_ready_.fetch_add(1, std::memory_order_release);
   for (;;) {
-    GroupLane* gl = nullptr;
-    bool got = runq_.try_dequeue(gl);
+    FairRunQueue<GroupLane>::Pick pick;
+    bool got = runq_.try_dequeue(pick);
     if (!got && options.spin.count() > 0) {
       auto until = clock::now() + options.spin;
       for (std::uint32_t i = 1; !got && !runq_.stopped(); ++i) {
-        got = runq_.try_dequeue(gl);
+        got = runq_.try_dequeue(pick);
         if (!got && (i & 63) == 0 && clock::now() >= until) break;
       }
     }
     // Park: no CPU until a lane is scheduled. False: shutdown() stopped the
     // queue (lanes still queued then are released by release_remaining()).
-    if (!got && (runq_.stopped() || !runq_.wait_dequeue(gl))) return;
+    if (!got && (runq_.stopped() || !runq_.wait_dequeue(pick))) return;
+    GroupLane* gl = pick.lane;
     // Tenancy: a namespace over its consume quota runs its lanes later
     // (slowed, not failed); what the lane delivered is counted and charged.
-    NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_relaxed);
+    NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_acquire);
     if (ns != nullptr && !abandon_.load(std::memory_order_relaxed)) {
       if (const std::int64_t wait = ns->consume_wait(); wait > 0) {
         requeue(gl, wait);
@@ -196,7 +206,12 @@ void BusCore::worker_main(std::size_t /*index*/) {
     }
     tl_delivered_msgs = 0;
     tl_delivered_bytes = 0;
+    // Fair sharing (fair_queue.hpp): the run's time is charged to the
+    // namespace it was queued in; a bus that never had two namespaces with
+    // work at once reads no clock here.
+    const std::int64_t started = pick.timed ? RetryTimer::now_ns() : 0;
     run_lane(gl);
+    if (pick.timed) runq_.charge(pick, RetryTimer::now_ns() - started);
     if (ns != nullptr && tl_delivered_msgs != 0) ns->delivered(tl_delivered_msgs, tl_delivered_bytes);
   }
 }

@@ -277,6 +277,8 @@ void NamespaceState::apply_policy() noexcept {
   con_bytes.configure(policy.consume.bytes_per_s, policy.consume.burst_s);
   pub_limited.store(pub_msgs.limited() || pub_bytes.limited(), std::memory_order_release);
   con_limited.store(con_msgs.limited() || con_bytes.limited(), std::memory_order_release);
+  sched.weight.store(std::clamp<std::uint32_t>(policy.weight, 1, static_cast<std::uint32_t>(kMaxWeight)),
+                     std::memory_order_relaxed);
 }
 
 void NamespaceState::mark_ceiling(std::int64_t now) noexcept {

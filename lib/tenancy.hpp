@@ -37,6 +37,7 @@
 #include <time.h>
 #include <vector>
 
+#include "fair_queue.hpp"
 #include "lanebus/tenancy.hpp"
 #include "sync.hpp"
 
@@ -91,6 +92,9 @@ struct NamespaceState {
   std::atomic<bool> pub_limited{false};
   alignas(64) TokenBucket con_msgs, con_bytes;
   std::atomic<bool> con_limited{false};
+
+  // The namespace's share of the workers (fair_queue.hpp); weight from the policy.
+  alignas(64) SchedClass sched;
 
   alignas(64) UsageCounters live;               // this run
   std::atomic<std::int64_t> last_ceiling_sec{-1};

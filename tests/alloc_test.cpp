@@ -333,6 +333,49 @@ TEST_CASE("a namespace with quotas, published through an access-checked client, 
   CHECK(bus->namespaces()->describe("quota-ns").value().usage.msgs_out == 20'000u + kMessages);
 }
 
+// Fair sharing (doc/tenancy.md): lanes of two namespaces of different
+// weights, queued and run at the same time (the contended, timed path of the
+// run queue), allocate nothing.
+TEST_CASE("two namespaces sharing the workers by weight allocate nothing") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2}).value();
+  NamespacePolicy heavy, light;
+  heavy.weight = 3;
+  light.weight = 1;
+  REQUIRE(bus->namespaces()->create("fair-a", heavy).ok());
+  REQUIRE(bus->namespaces()->create("fair-b", light).ok());
+  auto ta = bus->create_topic("fair-a.events", {.lanes = 4, .capacity = 8192}).value();
+  auto tb = bus->create_topic("fair-b.events", {.lanes = 4, .capacity = 8192}).value();
+  std::atomic<std::uint64_t> got_a{0}, got_b{0};
+  auto sa = bus->subscribe(ta, "g", [&](const MessageView&) {
+                  got_a.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  auto sb = bus->subscribe(tb, "g", [&](const MessageView&) {
+                  got_b.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  Publisher pub = bus->publisher();
+  char payload[64];
+  std::memset(payload, 'x', sizeof(payload));
+  auto run = [&](int n, std::uint64_t base) {
+    for (int i = 0; i < n; ++i) {
+      const char key[2] = {static_cast<char>('a' + i % 26), 0};
+      const OutgoingMessage m{.key = std::string_view(key, 1), .payload = std::string_view(payload, 64)};
+      REQUIRE(pub.publish(ta, m).ok());
+      REQUIRE(pub.publish(tb, m).ok());
+    }
+    REQUIRE(wait_until([&] { return got_a.load() == base + n && got_b.load() == base + n; }));
+  };
+  run(20'000, 0);
+  lanebus::test::alloc_counting(true);
+  run(kMessages / 2, 20'000);
+  lanebus::test::alloc_counting(false);
+  std::uint64_t allocs = lanebus::test::alloc_count();
+  INFO("allocations during 100k publishes to two weighted namespaces + deliveries: " << allocs);
+  CHECK(allocs == 0);
+}
+
 // Typed records (doc/schemas.md): building a record, the schema check at
 // publish and reading 3 fields by name through a counted view allocate nothing.
 TEST_CASE("record build, schema-checked publish and counted reads allocate nothing after warm-up") {

@@ -53,7 +53,11 @@ struct NamespacePolicy {
   /// Deliveries out of the namespace (all groups together). Over quota the
   /// namespace's lanes are run later: consumers are slowed, never failed.
   Quota consume{};
-  /// Fair-share weight (1..1000). Default 1.
+  /// Fair-share weight (1..1000). Default 1. While the workers are
+  /// saturated, a namespace with work gets at least weight / (sum of the
+  /// weights of the namespaces with work) of the handler time; capacity an
+  /// idle namespace leaves goes to the others (doc/tenancy.md, "Fair
+  /// sharing"). A change takes effect with the next lane run.
   std::uint32_t weight = 1;
   /// Informational: recorded and shown, not acted on. The store a namespace
   /// lives in is chosen by BusOptions::namespace_stores, after
