@@ -101,7 +101,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
 
   // Tenancy: the namespace's publish quota and usage (lib/tenancy.hpp).
-  NamespaceState* const nsp = ns.load(std::memory_order_relaxed);
+  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
                                     options.block_timeout);
       !q.ok())
@@ -212,7 +212,7 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   std::uint16_t schema_version;
   if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   // Tenancy: the namespace's publish quota and usage (lib/tenancy.hpp).
-  NamespaceState* const nsp = ns.load(std::memory_order_relaxed);
+  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   if (Status q = nsp->admit_publish(need, !done && options.backpressure == Backpressure::Block,
                                     options.block_timeout);
@@ -280,7 +280,7 @@ void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint6
 
 BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
                                             std::uint64_t first_id) noexcept {
-  NamespaceState* const nsp = ns.load(std::memory_order_relaxed);
+  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed)) {
     // A typed topic checks each record, a namespace with a publish quota
     // admits each message: publish them one by one (same result as the
@@ -396,7 +396,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         return r;
       }
       // publish counted the namespace's usage; publish_batch counts the whole prefix.
-      ns.load(std::memory_order_relaxed)
+      ns.load(std::memory_order_acquire)
           ->unadmit_publish(chunk[0].key.size() + chunk[0].idempotency_key.size() + chunk[0].payload.size());
       ++r.published;
       continue;
