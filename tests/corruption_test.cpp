@@ -29,6 +29,7 @@
 #include "idempotency.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "shell.hpp"
 #include "sizes.hpp"
 #include "temp_dir.hpp"
 #include "verify.hpp"
@@ -37,9 +38,9 @@ using namespace lanebus;
 
 namespace {
 
-constexpr std::size_t kPage = 4096;
+using lanebus::test::contains;
 
-bool contains(const std::string& hay, std::string_view needle) { return hay.find(needle) != std::string::npos; }
+constexpr std::size_t kPage = 4096;
 
 /// Runs a command without a shell; returns the exit code (or 128 + signal),
 /// stdout in *out and stderr in *err.

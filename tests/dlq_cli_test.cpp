@@ -13,25 +13,17 @@
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "process.hpp"
+#include "shell.hpp"
 #include "temp_dir.hpp"
 
 using namespace lanebus;
 
 namespace {
 
-bool contains(const std::string& hay, std::string_view needle) { return hay.find(needle) != std::string::npos; }
+using lanebus::test::run_shell;
+using lanebus::test::contains;
 
-/// Runs a shell command; returns its exit code and combined output.
-int run(const std::string& cmd, std::string* out) {
-  out->clear();
-  std::FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (f == nullptr) return -1;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-  int st = ::pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+
 
 /// Store with topic "payments" (2 lanes) and three DLQ entries:
 /// 1 permanent (lane 0), 2 permanent (lane 1), 3 transient (group "audit").
@@ -70,7 +62,7 @@ struct Fixture {
       REQUIRE(dlq->add(e).ok());
     }
   }
-  int dlq_cmd(const std::string& args, std::string* out) { return run(tool + " dlq " + args, out); }
+  int dlq_cmd(const std::string& args, std::string* out) { return run_shell(tool + " dlq " + args, out); }
 };
 
 }  // namespace
@@ -157,14 +149,14 @@ TEST_CASE("lanebus dlq on a directory that is not a store: exit 1, clear error, 
     std::string sub = a.substr(0, a.find(' '));
     std::string rest = a.find(' ') == std::string::npos ? "" : a.substr(a.find(' '));
     CAPTURE(a);
-    CHECK(run(tool + " dlq " + sub + " " + empty + rest, &out) == 1);
+    CHECK(run_shell(tool + " dlq " + sub + " " + empty + rest, &out) == 1);
     CHECK(contains(out, "not a lanebus store"));
     CHECK(std::filesystem::is_empty(empty));
   }
-  CHECK(run(tool + " dlq list " + dir.file("missing"), &out) == 1);
+  CHECK(run_shell(tool + " dlq list " + dir.file("missing"), &out) == 1);
   CHECK_FALSE(std::filesystem::exists(dir.file("missing")));
-  CHECK(run(tool + " dlq frobnicate " + empty, &out) == 2);
-  CHECK(run(tool + " dlq list " + empty + " --class fatal", &out) == 2);
+  CHECK(run_shell(tool + " dlq frobnicate " + empty, &out) == 2);
+  CHECK(run_shell(tool + " dlq list " + empty + " --class fatal", &out) == 2);
   CHECK(contains(out, "--class"));
-  CHECK(run(tool + " dlq list " + empty + " --older-than soon", &out) == 2);
+  CHECK(run_shell(tool + " dlq list " + empty + " --older-than soon", &out) == 2);
 }

@@ -31,6 +31,7 @@
 #include "namespace_move.hpp"
 #include "process.hpp"
 #include "seed.hpp"
+#include "shell.hpp"
 #include "sizes.hpp"
 #include "temp_dir.hpp"
 #include "tenancy.hpp"
@@ -39,6 +40,9 @@
 using namespace lanebus;
 
 namespace {
+
+using lanebus::test::run_shell;
+using lanebus::test::contains;
 
 constexpr std::uint32_t kEventLanes = 4, kJobLanes = 2;
 constexpr std::uint64_t kEvents = 600, kJobs = 200;  // noisy.events / noisy.jobs
@@ -52,19 +56,7 @@ T must(Result<T> r, const char* what) {
 }
 #define MUST(expr) must((expr), #expr)
 
-bool contains(const std::string& hay, std::string_view needle) { return hay.find(needle) != std::string::npos; }
 
-int run(const std::string& cmd, std::string* out) {
-  out->clear();
-  std::FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (f == nullptr) return -1;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-  const int st = ::pclose(f);
-  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 std::string be32(std::uint32_t v) {
   std::string o;
@@ -322,7 +314,7 @@ TEST_CASE("namespace move: every table moves, verified, and a bus on DST uses th
     CHECK(before[static_cast<std::size_t>(i)].count > 0);  // data in every table
   }
   std::string out;
-  REQUIRE(run(d.move_cmd(), &out) == 0);
+  REQUIRE(run_shell(d.move_cmd(), &out) == 0);
   INFO(out);
   CHECK(contains(out, "verified"));
   CHECK(contains(out, "moved namespace \"noisy\""));
@@ -332,7 +324,7 @@ TEST_CASE("namespace move: every table moves, verified, and a bus on DST uses th
   CHECK(left[static_cast<std::size_t>(detail::MoveTable::Policy)].count == 1);  // the policy stays in SRC
   CHECK(sums(d.src, "quiet") == quiet_before);
   // Rerunning a finished move is OK and changes nothing.
-  REQUIRE(run(d.move_cmd(), &out) == 0);
+  REQUIRE(run_shell(d.move_cmd(), &out) == 0);
   CHECK(contains(out, "already moved"));
   CHECK(sums(d.dst, "noisy") == before);
   check_on_bus(d.src, d.dst, x, false);
@@ -404,7 +396,7 @@ TEST_CASE("namespace move: killed with SIGKILL at random points, reruns finish i
       CHECK((total(in_dst, true) != 0 || in_src == before));
     }
     std::string out;
-    const int rc = run(d.move_cmd(), &out);
+    const int rc = run_shell(d.move_cmd(), &out);
     INFO("cycle " << c << ": " << out);
     REQUIRE(rc == 0);
     CHECK(sums(d.dst, "noisy") == before);
@@ -419,24 +411,24 @@ TEST_CASE("namespace move: bad input gets a clear error and exit code") {
   Dirs d;
   REQUIRE_FALSE(d.tool.empty());
   std::string out;
-  CHECK(run(d.tool + " namespace", &out) == 2);
-  CHECK(run(d.tool + " namespace move " + d.src, &out) == 2);
+  CHECK(run_shell(d.tool + " namespace", &out) == 2);
+  CHECK(run_shell(d.tool + " namespace move " + d.src, &out) == 2);
   CHECK(contains(out, "needs SRC_DIR DST_DIR NAMESPACE"));
-  CHECK(run(d.tool + " namespace rename a b c", &out) == 2);
+  CHECK(run_shell(d.tool + " namespace rename a b c", &out) == 2);
   // A missing source directory.
-  CHECK(run(d.move_cmd(), &out) == 1);
+  CHECK(run_shell(d.move_cmd(), &out) == 1);
   CHECK(contains(out, "is not a directory"));
   std::filesystem::create_directories(d.src);
-  CHECK(run(d.move_cmd(), &out) == 1);
+  CHECK(run_shell(d.move_cmd(), &out) == 1);
   CHECK(contains(out, "holds no lanebus store"));
   populate(d.src);
   const detail::MoveSums before = sums(d.src, "noisy");
   // An invalid name, an empty namespace, the same store twice.
-  CHECK(run(d.move_cmd("Not_Valid!"), &out) == 1);
+  CHECK(run_shell(d.move_cmd("Not_Valid!"), &out) == 1);
   CHECK(contains(out, "InvalidName"));
-  CHECK(run(d.move_cmd("ghost"), &out) == 1);
+  CHECK(run_shell(d.move_cmd("ghost"), &out) == 1);
   CHECK(contains(out, "has nothing"));
-  CHECK(run(d.tool + " namespace move " + d.src + " " + d.src + " noisy", &out) == 1);
+  CHECK(run_shell(d.tool + " namespace move " + d.src + " " + d.src + " noisy", &out) == 1);
   CHECK(contains(out, "same store"));
   CHECK_FALSE(std::filesystem::exists(d.dst));  // refused before creating anything
   // A store open in another process (here: this one) is refused.
@@ -444,7 +436,7 @@ TEST_CASE("namespace move: bad input gets a clear error and exit code") {
     StoreOptions o;
     o.directory = d.src;
     auto live = MUST(detail::DurableStore::open(o));
-    CHECK(run(d.move_cmd(), &out) == 1);
+    CHECK(run_shell(d.move_cmd(), &out) == 1);
     CHECK(contains(out, "is open by process " + std::to_string(::getpid())));
     REQUIRE(live->close().ok());
   }
@@ -456,17 +448,17 @@ TEST_CASE("namespace move: bad input gets a clear error and exit code") {
     REQUIRE(other->open_topic("noisy.events", detail::TopicSpec{}).ok());
     REQUIRE(other->close().ok());
   }
-  CHECK(run(d.move_cmd(), &out) == 1);
+  CHECK(run_shell(d.move_cmd(), &out) == 1);
   CHECK(contains(out, "already holds data of namespace \"noisy\""));
   CHECK(sums(d.src, "noisy") == before);  // nothing was touched
   // A second DST while a move to the first is under way (killed after marking SRC).
   std::filesystem::remove_all(d.dst);
   ::setenv("LANEBUS_TEST_MOVE_KILL_AT", "copied", 1);
-  CHECK(run(d.move_cmd(), &out) == 128 + SIGKILL);
+  CHECK(run_shell(d.move_cmd(), &out) == 128 + SIGKILL);
   ::unsetenv("LANEBUS_TEST_MOVE_KILL_AT");
-  CHECK(run(d.tool + " namespace move " + d.src + " " + d.tmp.file("other") + " noisy", &out) == 1);
+  CHECK(run_shell(d.tool + " namespace move " + d.src + " " + d.tmp.file("other") + " noisy", &out) == 1);
   CHECK(contains(out, "being moved to"));
-  CHECK(run(d.move_cmd(), &out) == 0);
+  CHECK(run_shell(d.move_cmd(), &out) == 0);
   CHECK(contains(out, "resuming"));
   CHECK(sums(d.dst, "noisy") == before);
 }

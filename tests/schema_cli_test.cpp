@@ -14,24 +14,17 @@
 #include "lanebus/lanebus.hpp"
 #include "process.hpp"
 #include "scratch_dir.hpp"
+#include "shell.hpp"
 
 using namespace lanebus;
 using TempDir = lanebus::test::ScratchDir;
 
 namespace {
 
-bool contains(const std::string& hay, std::string_view needle) { return hay.find(needle) != std::string::npos; }
+using lanebus::test::run_shell;
+using lanebus::test::contains;
 
-int run(const std::string& cmd, std::string* out) {
-  out->clear();
-  std::FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (f == nullptr) return -1;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-  int st = ::pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path);
@@ -83,37 +76,37 @@ TEST_CASE("lanebus schema: list, show, check, register, diff, deprecate, usage, 
   write_file(bad, kBad);
   write_file(garbage, "{\"fields\": [");
   std::string out;
-  CHECK(run(tool + " schema list " + store, &out) == 0);
+  CHECK(run_shell(tool + " schema list " + store, &out) == 0);
   CHECK(contains(out, "events"));
   CHECK(contains(out, "backward"));
-  CHECK(run(tool + " schema show " + store + " events", &out) == 0);
+  CHECK(run_shell(tool + " schema show " + store + " events", &out) == 0);
   CHECK(contains(out, "\"zone\""));
   CHECK(contains(out, "contract dash reads id,zone"));
-  CHECK(run(tool + " schema check " + store + " events " + v2, &out) == 0);
+  CHECK(run_shell(tool + " schema check " + store + " events " + v2, &out) == 0);
   CHECK(contains(out, "compatible"));
-  CHECK(run(tool + " schema check " + store + " events " + bad, &out) == 1);
+  CHECK(run_shell(tool + " schema check " + store + " events " + bad, &out) == 1);
   CHECK(contains(out, "Incompatible"));
   CHECK(contains(out, "\"required_new\" (id 3) is added without a default"));
-  CHECK(run(tool + " schema check " + store + " events " + garbage, &out) == 1);
+  CHECK(run_shell(tool + " schema check " + store + " events " + garbage, &out) == 1);
   CHECK(contains(out, "JSON"));
-  CHECK(run(tool + " schema register " + store + " events " + v2, &out) == 2);  // --operator missing
-  CHECK(run(tool + " schema register " + store + " events " + v2 + " --operator ci --why zone_v2", &out) == 0);
+  CHECK(run_shell(tool + " schema register " + store + " events " + v2, &out) == 2);  // --operator missing
+  CHECK(run_shell(tool + " schema register " + store + " events " + v2 + " --operator ci --why zone_v2", &out) == 0);
   CHECK(contains(out, "version 2"));
-  CHECK(run(tool + " schema diff " + store + " events 1 2", &out) == 0);
+  CHECK(run_shell(tool + " schema diff " + store + " events 1 2", &out) == 0);
   CHECK(contains(out, "+ zone_v2 (id 3, int64, default)"));
-  CHECK(run(tool + " schema deprecate " + store + " events zone --days 30 --replacement zone_v2 --operator ana",
+  CHECK(run_shell(tool + " schema deprecate " + store + " events zone --days 30 --replacement zone_v2 --operator ana",
             &out) == 0);
-  CHECK(run(tool + " schema usage " + store + " events zone --days 7", &out) == 0);
+  CHECK(run_shell(tool + " schema usage " + store + " events zone --days 7", &out) == 0);
   CHECK(contains(out, "dash"));
   CHECK(contains(out, "declared"));
-  CHECK(run(tool + " schema remove " + store + " events zone --operator ana --why cleanup", &out) == 1);
+  CHECK(run_shell(tool + " schema remove " + store + " events zone --operator ana --why cleanup", &out) == 1);
   CHECK(contains(out, "window is open"));
   CHECK(contains(out, "group \"dash\""));
-  CHECK(run(tool + " schema audit " + store, &out) == 0);
+  CHECK(run_shell(tool + " schema audit " + store, &out) == 0);
   CHECK(contains(out, "deprecate"));
   CHECK(contains(out, "by ana"));
-  CHECK(run(tool + " schema show " + store + " nope", &out) == 1);
-  CHECK(run(tool + " schema frobnicate " + store, &out) == 2);
+  CHECK(run_shell(tool + " schema show " + store + " nope", &out) == 1);
+  CHECK(run_shell(tool + " schema frobnicate " + store, &out) == 2);
 }
 
 TEST_CASE("deprecated-field reads in lanebus stats and the exports; contracts that declare it are flagged") {
@@ -180,13 +173,13 @@ TEST_CASE("deprecated-field reads in lanebus stats and the exports; contracts th
     CHECK(bus->shutdown(ShutdownMode::Drain).ok());
   }
   std::string out;
-  REQUIRE(run(tool + " stats " + store + " --json", &out) == 0);
+  REQUIRE(run_shell(tool + " stats " + store + " --json", &out) == 0);
   CHECK(contains(out, "\"deprecated_fields\""));
   CHECK(contains(out, "\"field\":\"zone\""));
   CHECK(contains(out, "\"group\":\"legacy\",\"reads\":3"));
-  REQUIRE(run(tool + " stats " + store + " --prom", &out) == 0);
+  REQUIRE(run_shell(tool + " stats " + store + " --prom", &out) == 0);
   CHECK(contains(out, "lanebus_deprecated_field_reads_total{topic=\"ship\",field=\"zone\",group=\"legacy\"} 3\n"));
-  REQUIRE(run(tool + " stats " + store, &out) == 0);
+  REQUIRE(run_shell(tool + " stats " + store, &out) == 0);
   CHECK(contains(out, "deprecated field ship.zone"));
   CHECK(contains(out, "replacement zone_v2"));
   CHECK(contains(out, "legacy"));

@@ -21,6 +21,7 @@
 #include "lanebus/lanebus.hpp"
 #include "process.hpp"
 #include "scratch_dir.hpp"
+#include "shell.hpp"
 #include "store_stats.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
@@ -31,6 +32,8 @@ using lanebus::test::Json;
 
 namespace {
 
+using lanebus::test::run_shell;
+
 constexpr std::int64_t kSec = 1'000'000'000;
 
 std::int64_t wall_now() {
@@ -38,17 +41,6 @@ std::int64_t wall_now() {
       .count();
 }
 
-/// Runs a shell command; returns its exit code and combined output.
-int run(const std::string& cmd, std::string* out) {
-  out->clear();
-  std::FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (f == nullptr) return -1;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-  int st = ::pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /// A store with topic "orders" (2 lanes): 10 messages in lane 0 created 30 s
 /// ago, 4 in lane 1; group "billing" committed 6 of lane 0 and all of lane 1;
@@ -101,7 +93,7 @@ TEST_CASE("lanebus stats --json reads lag, committed offsets and the oldest unpr
     return;
   }
   std::string out, error;
-  REQUIRE(run(f.tool + " stats " + f.store_dir + " --json", &out) == 0);
+  REQUIRE(run_shell(f.tool + " stats " + f.store_dir + " --json", &out) == 0);
   auto j = lanebus::test::parse_json(out, &error);
   REQUIRE_MESSAGE(j, error << "\n" << out);
   const Json& t = (*j)["topics"][0];
@@ -125,7 +117,7 @@ TEST_CASE("lanebus stats --json reads lag, committed offsets and the oldest unpr
   CHECK((*a)["lag"].num() == 14);
 
   // The table names the same numbers.
-  REQUIRE(run(f.tool + " stats " + f.store_dir, &out) == 0);
+  REQUIRE(run_shell(f.tool + " stats " + f.store_dir, &out) == 0);
   CHECK(out.find("billing") != std::string::npos);
   CHECK(out.find("no rates") != std::string::npos);
 }
@@ -134,7 +126,7 @@ TEST_CASE("lanebus stats --prom passes the exposition checker and carries per-la
   Fixture f;
   if (f.tool.empty()) return;
   std::string out;
-  REQUIRE(run(f.tool + " stats " + f.store_dir + " --prom --sla 60", &out) == 0);
+  REQUIRE(run_shell(f.tool + " stats " + f.store_dir + " --prom --sla 60", &out) == 0);
   const auto d = lanebus::test::parse_prometheus(out);
   for (const auto& e : d.errors) FAIL_CHECK(e);
   auto lag = d.find("lanebus_consumer_lag_messages", {{"topic", "orders"}, {"group", "billing"}, {"lane", "0"}});
@@ -192,16 +184,16 @@ TEST_CASE("lanebus stats on something that is not a store fails with a clear mes
   const std::string tool = lanebus::test::helper_path("LANEBUS_TOOL");
   if (tool.empty()) return;
   std::string out;
-  CHECK(run(tool + " stats " + dir.path(), &out) == 1);
+  CHECK(run_shell(tool + " stats " + dir.path(), &out) == 1);
   CHECK(out.find("cannot read") != std::string::npos);
   CHECK(out.find("not a lanebus store") != std::string::npos);
-  CHECK(run(tool + " stats " + dir.path() + "/missing", &out) == 1);
+  CHECK(run_shell(tool + " stats " + dir.path() + "/missing", &out) == 1);
   CHECK(out.find("not a lanebus store") != std::string::npos);
-  CHECK(run(tool + " stats", &out) == 2);
-  CHECK(run(tool + " stats " + dir.path() + " --watch 0", &out) == 2);
+  CHECK(run_shell(tool + " stats", &out) == 2);
+  CHECK(run_shell(tool + " stats " + dir.path() + " --watch 0", &out) == 2);
   CHECK(out.find("--watch") != std::string::npos);
-  CHECK(run(tool + " stats " + dir.path() + " --json --prom", &out) == 2);
-  CHECK(run(tool + " stats --help", &out) == 0);
+  CHECK(run_shell(tool + " stats " + dir.path() + " --json --prom", &out) == 2);
+  CHECK(run_shell(tool + " stats --help", &out) == 0);
   CHECK(out.find("usage: lanebus stats") != std::string::npos);
 }
 
@@ -240,7 +232,7 @@ struct QueueReading {
 QueueReading read_queue(const std::string& tool, const std::string& store_dir, const std::string& queue) {
   QueueReading r;
   std::string out, error;
-  if (run(tool + " stats " + store_dir + " --json", &out) != 0) return r;
+  if (run_shell(tool + " stats " + store_dir + " --json", &out) != 0) return r;
   auto j = lanebus::test::parse_json(out, &error);
   if (!j) return r;
   for (const Json& t : std::get<Json::Array>((*j)["topics"].v)) {
@@ -319,7 +311,7 @@ TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuc
   // The table: the lane's row has in_flight 1, overdue 1 and the mark; the
   // other lane's row has no mark.
   std::string out;
-  REQUIRE(run(tool + " stats " + store_dir, &out) == 0);
+  REQUIRE(run_shell(tool + " stats " + store_dir, &out) == 0);
   CAPTURE(out);
   CHECK(out.find("queue " + kQueue + "  lanes=2") != std::string::npos);
   CHECK(out.find("in_flight    overdue") != std::string::npos);
@@ -332,7 +324,7 @@ TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuc
   CHECK(line.find("          1          1") != std::string::npos);  // in_flight, overdue
 
   // Prometheus: one gauge per queue lane, and the document passes the checker.
-  REQUIRE(run(tool + " stats " + store_dir + " --prom", &out) == 0);
+  REQUIRE(run_shell(tool + " stats " + store_dir + " --prom", &out) == 0);
   const auto d = lanebus::test::parse_prometheus(out);
   for (const auto& e : d.errors) FAIL_CHECK(e);
   CHECK(d.type.count("lanebus_overdue_claims") == 1);
@@ -345,7 +337,7 @@ TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuc
   CHECK(calm[0]->value == 0);
 
   // `lanebus stat` marks the same lane.
-  REQUIRE(run(tool + " stat " + store_dir, &out) == 0);
+  REQUIRE(run_shell(tool + " stat " + store_dir, &out) == 0);
   CHECK(out.find("in_flight      overdue") != std::string::npos);
   CHECK(out.find("overdue: stuck or dead consumer") != std::string::npos);
 
@@ -362,7 +354,7 @@ TEST_CASE("lanebus stats and stat show the overdue claim of a queue handler stuc
       20s);
   CHECK(settled);
   CHECK(calls.load() >= 1);
-  REQUIRE(run(tool + " stats " + store_dir, &out) == 0);
+  REQUIRE(run_shell(tool + " stats " + store_dir, &out) == 0);
   CHECK(out.find("overdue: stuck or dead consumer") == std::string::npos);
 }
 
@@ -406,10 +398,10 @@ TEST_CASE("lanebus stats and the library's MetricsWindow agree on lag, oldest ag
     const SlaPolicy policy{std::chrono::seconds(sla_s), 0.75, std::chrono::nanoseconds(0)};
     const MetricsSnapshot lib = library_view(*f.store, policy, {kSec}).back();
     std::string out, error;
-    REQUIRE(run(f.tool + " stats " + f.store_dir + " --json --sla " + std::to_string(sla_s), &out) == 0);
+    REQUIRE(run_shell(f.tool + " stats " + f.store_dir + " --json --sla " + std::to_string(sla_s), &out) == 0);
     auto j = lanebus::test::parse_json(out, &error);
     REQUIRE_MESSAGE(j, error << "\n" << out);
-    REQUIRE(run(f.tool + " stats " + f.store_dir + " --prom --sla " + std::to_string(sla_s), &out) == 0);
+    REQUIRE(run_shell(f.tool + " stats " + f.store_dir + " --prom --sla " + std::to_string(sla_s), &out) == 0);
     const auto prom = lanebus::test::parse_prometheus(out);
     for (const auto& e : prom.errors) FAIL_CHECK(e);
 
