@@ -353,7 +353,7 @@ TEST_CASE("namespace move: killed with SIGKILL at random points, reruns finish i
   REQUIRE_FALSE(d.tool.empty());
   const std::uint64_t seed = lanebus::test::test_seed("namespace_move kill");
   std::mt19937_64 rng(seed);
-  const std::uint64_t cycles = lanebus::test::env_size("LANEBUS_CRASH_CYCLES", lanebus::test::kSanitized ? 4 : 8);
+  const std::uint64_t cycles = lanebus::test::env_size("LANEBUS_CRASH_CYCLES", lanebus::test::kSanitized ? 6 : 20);
   const char* points[] = {"start", "src-marked", "copying", "copied", "verified", "deleting", "src-deleted", "done"};
   const auto t0 = std::chrono::steady_clock::now();
   std::uint64_t kills = 0;
