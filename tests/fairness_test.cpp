@@ -295,8 +295,9 @@ TEST_CASE("report: the quiet namespace's p99 handler-start latency with and with
     Publisher pub = bus->publisher();
     for (int i = 0; i < paced; ++i) {
       const std::string p = std::to_string(now_ns());
+      const std::string key = "k" + std::to_string(i % 16);  // OutgoingMessage holds views
       OutgoingMessage m;
-      m.key = "k" + std::to_string(i % 16);
+      m.key = key;
       m.payload = p;
       REQUIRE(pub.publish(quiet, m).ok());
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
