@@ -221,6 +221,21 @@ Status open_enomem(std::string_view what, std::string_view path) {
   return lmdb_error(ENOMEM, what, path);
 }
 
+// mdb_env_open failed with EINVAL on an existing data.mdb. The flags, map
+// size and paths we pass are the same for every store, so the cause is the
+// file: a damaged meta page whose page size, map size or last page makes the
+// mapping invalid (corruption_test found one with random flips in page 0).
+Status open_einval(std::string_view what, std::string_view path) {
+  struct stat st {};
+  const std::string file = std::string(path) + "/data.mdb";
+  if (::stat(file.c_str(), &st) == 0 && st.st_size > 0) {
+    return Status(Code::Corruption, std::string(what) + " " + quoted(path) +
+                                        ": LMDB refused the meta pages of data.mdb (EINVAL: a damaged page size, map "
+                                        "size or last page number): the store is damaged");
+  }
+  return lmdb_error(EINVAL, what, path);
+}
+
 
 // ---------------------------------------------------------------- LmdbTxn
 
@@ -487,6 +502,7 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
     mdb_env_close(env);
     unregister();
     if (rc == ENOMEM) return open_enomem("open", path);
+    if (rc == EINVAL) return open_einval("open", path);
     return lmdb_error(rc, "open", path);
   }
   auto out = std::unique_ptr<LmdbEnv>(new LmdbEnv(config, env, st.st_dev, st.st_ino));
@@ -673,6 +689,7 @@ Result<std::unique_ptr<LmdbWalk>> LmdbWalk::open(const std::string& path) {
   }
   rc = mdb_env_open(w->env_, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0600);
   if (rc == ENOMEM) return open_enomem("verify: open", path);
+  if (rc == EINVAL) return open_einval("verify: open", path);
   if (rc != 0) return lmdb_error(rc, "verify: open", path);
   rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
   if (rc == MDB_MAP_RESIZED) {

@@ -120,7 +120,11 @@ Status load_side(StoreTxn& t, const Scope& scope, Side* side) {
   });
   if (!s.ok()) return s;
   if (!bad.ok()) return bad;
-  for (const auto& [id, name] : side->topics) {
+  for (const auto& topic : side->topics) {
+    // Named copies, not a structured binding: lambdas below capture them
+    // (clang 14, used for the fuzz build, rejects capturing a binding).
+    const std::uint32_t id = topic.first;
+    const std::string& name = topic.second;
     std::string prefix;
     put_be32(prefix, id);
     s = t.core_scan(Core::Groups, prefix, prefix, [&](std::string_view k, std::string_view v) {
@@ -187,7 +191,9 @@ Status walk(StoreTxn& t, const Scope& scope, const Side& side, const std::functi
   });
   if (!s.ok() || !err.ok()) return s.ok() ? err : s;
   // per topic: lanes, log, groups, cursors, inflight
-  for (const auto& [tid, name] : side.topics) {
+  for (const auto& topic : side.topics) {
+    const std::uint32_t tid = topic.first;  // not a binding: captured below
+    const std::string& name = topic.second;
     std::string prefix;
     put_be32(prefix, tid);
     s = t.core_scan(Core::Lanes, prefix, prefix, [&](std::string_view k, std::string_view v) {
