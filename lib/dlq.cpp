@@ -394,6 +394,24 @@ Status delete_entry(StoreTxn& txn, StatsT& stats, const DlqEntry& e, std::size_t
   return Status();
 }
 
+// Write new entry `e` (encoded `enc`, id = stats.next_id) with its pending
+// index, count it and save the stats: the inverse of delete_entry.
+template <typename StatsT>
+Status insert_entry(StoreTxn& txn, StatsT& stats, const DlqEntry& e, std::string_view enc) {
+  Status s = txn.put(StoreTable::Dlq, entry_key(e.id), enc);
+  if (!s.ok()) return s;
+  if (e.state == DlqState::Pending) {
+    s = txn.put(StoreTable::Dlq, pending_key(e.id), std::string_view());
+    if (!s.ok()) return s;
+  }
+  stats.next_id += 1;
+  stats.count_of(e.state) += 1;
+  stats.entries += 1;
+  stats.bytes += enc.size();
+  stats.arrivals[static_cast<int>(e.error_class)] += 1;
+  return stats.save(txn);
+}
+
 // Rewrite entry `e` (old encoded size `old_size`) in state `to`.
 template <typename StatsT>
 Status change_state(StoreTxn& txn, StatsT& stats, DlqEntry e, std::size_t old_size, DlqState to,
@@ -568,16 +586,7 @@ Result<std::uint64_t> DlqStore::add_impl(StoreTxn& txn, const DlqEntry& entry,
     s = append_audit(txn, stats, DlqAction::Expire, "quota", at, std::move(ids));
     if (!s.ok()) return s;
   }
-  s = txn.put(StoreTable::Dlq, entry_key(e.id), enc);
-  if (!s.ok()) return s;
-  s = txn.put(StoreTable::Dlq, pending_key(e.id), std::string_view());
-  if (!s.ok()) return s;
-  stats.next_id += 1;
-  stats.pending += 1;
-  stats.entries += 1;
-  stats.bytes += enc.size();
-  stats.arrivals[static_cast<int>(e.error_class)] += 1;
-  s = stats.save(txn);
+  s = insert_entry(txn, stats, e, enc);
   if (!s.ok()) return s;
   return e.id;
 }
@@ -590,19 +599,8 @@ Result<std::uint64_t> DlqStore::import_in(StoreTxn& txn, DlqEntry e) {
   if (!st.ok()) return st.status();
   Stats stats = *st;
   e.id = stats.next_id;
-  std::string enc = encode_dlq_entry(e);
-  Status s = txn.put(StoreTable::Dlq, entry_key(e.id), enc);
-  if (!s.ok()) return s;
-  if (e.state == DlqState::Pending) {
-    s = txn.put(StoreTable::Dlq, pending_key(e.id), std::string_view());
-    if (!s.ok()) return s;
-  }
-  stats.next_id += 1;
-  stats.count_of(e.state) += 1;
-  stats.entries += 1;
-  stats.bytes += enc.size();
-  stats.arrivals[static_cast<int>(e.error_class)] += 1;
-  s = stats.save(txn);
+  const std::string enc = encode_dlq_entry(e);
+  Status s = insert_entry(txn, stats, e, enc);
   if (!s.ok()) return s;
   return e.id;
 }
