@@ -21,6 +21,13 @@
 #include <filesystem>
 #include <string>
 
+#if defined(__has_include)
+#if __has_include(<sanitizer/allocator_interface.h>)
+#include <sanitizer/allocator_interface.h>
+#define LANEBUS_HAVE_PURGE 1
+#endif
+#endif
+
 #include "scratch_dir.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
@@ -57,6 +64,9 @@ Verdict walk(const std::string& dir) {
 // ASan heap and shadow to copy page tables for) cost ~10 ms an input. The
 // zygote reads a request byte, forks the walk child as verify_on_open does,
 // and answers with the verdict. It dies with the fuzzer (PR_SET_PDEATHSIG).
+// Every 64 walks it hands ASan's quarantine back to the OS: otherwise the
+// zygote grows to ~400 MB and each fork copies its page tables (the rate fell
+// from ~540 to ~140 inputs/s within 20 minutes).
 int g_to_zygote = -1, g_from_zygote = -1;
 pid_t g_zygote = -1;
 
@@ -72,7 +82,10 @@ void start_zygote() {
     ::close(req[1]);
     ::close(rsp[0]);
     const std::string dir = scratch();
-    for (;;) {
+    for (unsigned walks = 1;; ++walks) {
+#ifdef LANEBUS_HAVE_PURGE
+      if (walks % 64 == 0) __sanitizer_purge_allocator();
+#endif
       char c;
       const ssize_t n = ::read(req[0], &c, 1);
       if (n < 0 && errno == EINTR) continue;
