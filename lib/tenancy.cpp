@@ -22,6 +22,57 @@ thread_local std::uint64_t tl_delivered_bytes = 0;
 
 namespace {
 
+// ---------------------------------------------------------------- publish credit
+// A thread's prepaid publish quota (invariant 3 in tenancy.hpp): ns of a
+// namespace's pub_msgs and pub_bytes buckets it took ahead, spent without an
+// atomic. Refills take up to kCreditChunkNs (capped at an eighth of the
+// burst) and fall back to exactly what the message needs when the bucket is
+// near its ceiling, so the buckets decide admission exactly as before.
+// `owner` is the bus's TenancyImpl::uid(): a slot of another (perhaps dead)
+// bus is never dereferenced, its credit is dropped.
+struct PublishCredit {
+  NamespaceState* ns = nullptr;
+  std::uint64_t owner = 0;
+  std::uint64_t epoch = 0;  // ns->policy_epoch the credit was taken under
+  double msgs_ns = 0;
+  double bytes_ns = 0;
+};
+constexpr int kCreditSlots = 4;
+constexpr std::int64_t kCreditChunkNs = 100'000;
+thread_local PublishCredit tl_credit[kCreditSlots];
+std::atomic<std::uint64_t> g_next_tenancy_uid{1};
+
+std::int64_t credit_chunk(const TokenBucket& b) noexcept {
+  return std::min(kCreditChunkNs, b.tau_ns.load(std::memory_order_relaxed) / 8);
+}
+
+// The slot of `ns` in this thread, moved to the front; a new slot evicts the
+// last one, whose credit goes back to its buckets when it is of the same bus.
+PublishCredit& credit_of(NamespaceState* ns) noexcept {
+  const std::uint64_t owner = ns->tenancy->uid();
+  const std::uint64_t epoch = ns->policy_epoch.load(std::memory_order_acquire);
+  int i = 0;
+  while (i < kCreditSlots && !(tl_credit[i].ns == ns && tl_credit[i].owner == owner)) ++i;
+  if (i == kCreditSlots) {
+    PublishCredit& last = tl_credit[kCreditSlots - 1];
+    if (last.ns != nullptr && last.owner == owner &&
+        last.epoch == last.ns->policy_epoch.load(std::memory_order_acquire)) {
+      last.ns->pub_msgs.give_back_ns(static_cast<std::int64_t>(last.msgs_ns));
+      last.ns->pub_bytes.give_back_ns(static_cast<std::int64_t>(last.bytes_ns));
+    }
+    last = PublishCredit{ns, owner, epoch, 0, 0};
+    i = kCreditSlots - 1;
+  }
+  if (i != 0) std::swap(tl_credit[0], tl_credit[i]);
+  PublishCredit& c = tl_credit[0];
+  if (c.epoch != epoch) c = PublishCredit{ns, owner, epoch, 0, 0};
+  return c;
+}
+
+}  // namespace
+
+namespace {
+
 constexpr std::uint32_t kPbkdf2Iterations = 20000;
 constexpr std::size_t kSaltBytes = 16;
 constexpr std::size_t kHashBytes = 32;
@@ -232,10 +283,8 @@ void TokenBucket::configure(double per_s, double burst_s) noexcept {
   ns_per_unit.store(per, std::memory_order_relaxed);
 }
 
-std::int64_t TokenBucket::take(double units, std::int64_t now) noexcept {
-  const double per = ns_per_unit.load(std::memory_order_relaxed);
-  if (per <= 0) return 0;
-  const auto inc = static_cast<std::int64_t>(std::llround(units * per));
+std::int64_t TokenBucket::take_ns(std::int64_t inc, std::int64_t now) noexcept {
+  if (ns_per_unit.load(std::memory_order_relaxed) <= 0) return 0;
   // A take larger than the burst passes when the bucket is full.
   const std::int64_t tau = std::max(tau_ns.load(std::memory_order_relaxed), inc);
   std::int64_t t = tat.load(std::memory_order_relaxed);
@@ -247,16 +296,14 @@ std::int64_t TokenBucket::take(double units, std::int64_t now) noexcept {
   }
 }
 
-void TokenBucket::give_back(double units) noexcept {
-  const double per = ns_per_unit.load(std::memory_order_relaxed);
-  if (per <= 0) return;
-  tat.fetch_sub(static_cast<std::int64_t>(std::llround(units * per)), std::memory_order_relaxed);
+void TokenBucket::give_back_ns(std::int64_t inc) noexcept {
+  if (ns_per_unit.load(std::memory_order_relaxed) <= 0 || inc == 0) return;
+  tat.fetch_sub(inc, std::memory_order_relaxed);
 }
 
 void TokenBucket::charge(double units, std::int64_t now) noexcept {
-  const double per = ns_per_unit.load(std::memory_order_relaxed);
-  if (per <= 0) return;
-  const auto inc = static_cast<std::int64_t>(std::llround(units * per));
+  if (ns_per_unit.load(std::memory_order_relaxed) <= 0) return;
+  const std::int64_t inc = cost_ns(units);
   std::int64_t t = tat.load(std::memory_order_relaxed);
   while (!tat.compare_exchange_weak(t, std::max(t, now) + inc, std::memory_order_relaxed,
                                     std::memory_order_relaxed)) {
@@ -279,6 +326,7 @@ void NamespaceState::apply_policy() noexcept {
   con_limited.store(con_msgs.limited() || con_bytes.limited(), std::memory_order_release);
   sched.weight.store(std::clamp<std::uint32_t>(policy.weight, 1, static_cast<std::uint32_t>(kMaxWeight)),
                      std::memory_order_relaxed);
+  policy_epoch.fetch_add(1, std::memory_order_release);  // threads drop credit of the old policy
 }
 
 void NamespaceState::mark_ceiling(std::int64_t now) noexcept {
@@ -289,34 +337,16 @@ void NamespaceState::mark_ceiling(std::int64_t now) noexcept {
 
 Status NamespaceState::admit_publish(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept {
   if (pub_limited.load(std::memory_order_relaxed)) {
-    std::int64_t now = tenancy->now();
-    std::int64_t deadline = 0;
-    for (bool first = true;; first = false) {
-      std::int64_t wait = pub_msgs.take(1, now);
-      if (wait == 0) {
-        wait = pub_bytes.take(static_cast<double>(bytes), now);
-        if (wait > 0) pub_msgs.give_back(1);
-      }
-      if (wait == 0) break;
-      mark_ceiling(now);
-      if (first) {
-        if (!may_block) {
-          live.refused.fetch_add(1, std::memory_order_relaxed);
-          return Status::from_literal(Code::QuotaExceeded,
-                                      "publish: the namespace's publish quota is used up (NamespacePolicy::publish)");
-        }
-        live.throttled.fetch_add(1, std::memory_order_relaxed);
-        deadline = now + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
-      }
-      if (now + wait > deadline) {
-        live.refused.fetch_add(1, std::memory_order_relaxed);
-        return Status::from_literal(Code::QuotaExceeded,
-                                    "publish: the namespace's publish quota would not admit the message within "
-                                    "the topic's block_timeout");
-      }
-      if (tenancy->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
-      tenancy->sleep(std::min(wait, kMaxSleepNs));
-      now = tenancy->now();
+    // The common case: this thread's credit covers the message (no atomic write).
+    PublishCredit& c = tl_credit[0];
+    const double need_m = pub_msgs.per_unit();
+    const double need_b = static_cast<double>(bytes) * pub_bytes.per_unit();
+    if (c.ns == this && c.msgs_ns >= need_m && c.bytes_ns >= need_b &&
+        c.epoch == policy_epoch.load(std::memory_order_relaxed) && c.owner == tenancy->uid()) {
+      c.msgs_ns -= need_m;
+      c.bytes_ns -= need_b;
+    } else if (Status s = admit_limited(bytes, may_block, timeout); !s.ok()) {
+      return s;
     }
   }
   live.msgs_in.fetch_add(1, std::memory_order_relaxed);
@@ -324,10 +354,67 @@ Status NamespaceState::admit_publish(std::size_t bytes, bool may_block, std::chr
   return Status();
 }
 
+Status NamespaceState::admit_limited(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept {
+  PublishCredit& c = credit_of(this);
+  const double need_m = pub_msgs.per_unit();
+  const double need_b = static_cast<double>(bytes) * pub_bytes.per_unit();
+  // Takes m ns of pub_msgs and b of pub_bytes, both or neither: 0 or the wait.
+  auto take = [this](std::int64_t m, std::int64_t b, std::int64_t now) {
+    std::int64_t wait = m > 0 ? pub_msgs.take_ns(m, now) : 0;
+    if (wait == 0 && b > 0) {
+      wait = pub_bytes.take_ns(b, now);
+      if (wait > 0) pub_msgs.give_back_ns(m);
+    }
+    return wait;
+  };
+  std::int64_t now = tenancy->now();
+  std::int64_t deadline = 0;
+  for (bool first = true;; first = false) {
+    // What the credit lacks, then the same topped up to a chunk.
+    const auto dm = need_m > c.msgs_ns ? static_cast<std::int64_t>(std::ceil(need_m - c.msgs_ns)) : 0;
+    const auto db = need_b > c.bytes_ns ? static_cast<std::int64_t>(std::ceil(need_b - c.bytes_ns)) : 0;
+    const std::int64_t cm = dm > 0 ? std::max(dm, credit_chunk(pub_msgs)) : 0;
+    const std::int64_t cb = db > 0 ? std::max(db, credit_chunk(pub_bytes)) : 0;
+    std::int64_t got_m = cm, got_b = cb;
+    std::int64_t wait = take(cm, cb, now);
+    if (wait > 0 && (cm > dm || cb > db)) {
+      got_m = dm;
+      got_b = db;
+      wait = take(dm, db, now);
+    }
+    if (wait == 0) {
+      c.msgs_ns += static_cast<double>(got_m) - need_m;
+      c.bytes_ns += static_cast<double>(got_b) - need_b;
+      return Status();
+    }
+    mark_ceiling(now);
+    if (first) {
+      if (!may_block) {
+        live.refused.fetch_add(1, std::memory_order_relaxed);
+        return Status::from_literal(Code::QuotaExceeded,
+                                    "publish: the namespace's publish quota is used up (NamespacePolicy::publish)");
+      }
+      live.throttled.fetch_add(1, std::memory_order_relaxed);
+      deadline = now + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+    }
+    if (now + wait > deadline) {
+      live.refused.fetch_add(1, std::memory_order_relaxed);
+      return Status::from_literal(Code::QuotaExceeded,
+                                  "publish: the namespace's publish quota would not admit the message within "
+                                  "the topic's block_timeout");
+    }
+    if (tenancy->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+    tenancy->sleep(std::min(wait, kMaxSleepNs));
+    now = tenancy->now();
+  }
+}
+
 void NamespaceState::unadmit_publish(std::size_t bytes) noexcept {
   if (pub_limited.load(std::memory_order_relaxed)) {
-    pub_msgs.give_back(1);
-    pub_bytes.give_back(static_cast<double>(bytes));
+    // Back into this thread's credit (the admission just filled it).
+    PublishCredit& c = credit_of(this);
+    c.msgs_ns += pub_msgs.per_unit();
+    c.bytes_ns += static_cast<double>(bytes) * pub_bytes.per_unit();
   }
   live.msgs_in.fetch_sub(1, std::memory_order_relaxed);
   live.bytes_in.fetch_sub(bytes, std::memory_order_relaxed);
@@ -354,7 +441,10 @@ std::int64_t NamespaceState::consume_wait() noexcept {
 // ---------------------------------------------------------------- registry
 
 TenancyImpl::TenancyImpl(DurableStore* store, const std::atomic<bool>* closing)
-    : store_(store), closing_(closing), opened_ns_(now()) {}
+    : store_(store),
+      closing_(closing),
+      opened_ns_(now()),
+      uid_(g_next_tenancy_uid.fetch_add(1, std::memory_order_relaxed)) {}
 
 TenancyImpl::~TenancyImpl() { close(); }
 

@@ -18,6 +18,11 @@
 //    for the counters, one CAS loop per limited bucket (GCRA: a bucket is
 //    its "theoretical arrival time"; taking n units moves it n × cost ahead;
 //    a take that would move it more than the burst past now is refused).
+//    A publishing thread takes its namespace's quota in chunks of up to
+//    kCreditChunkNs (PublishCredit, tenancy.cpp) and spends them with no
+//    atomic at all: the shared buckets never admit more than GCRA allows;
+//    a thread that stops publishing strands at most one chunk (100 µs of the
+//    quota) until it publishes to that namespace again.
 // 4. Credential secrets exist only as salted PBKDF2-HMAC-SHA256 hashes, in
 //    memory and in the store; they are compared with CRYPTO_memcmp.
 #pragma once
@@ -59,11 +64,17 @@ struct TokenBucket {
   std::atomic<std::int64_t> tat{0};
 
   bool limited() const noexcept { return ns_per_unit.load(std::memory_order_relaxed) > 0; }
+  /// ns of the bucket one unit costs (0 = unlimited).
+  double per_unit() const noexcept { return ns_per_unit.load(std::memory_order_relaxed); }
   void configure(double per_s, double burst_s) noexcept;
-  /// 0: `units` taken at `now`; else ns until they could be.
-  std::int64_t take(double units, std::int64_t now) noexcept;
+  /// 0: `inc` ns of the bucket (units × per_unit()) taken at `now`; else ns
+  /// until they could be.
+  std::int64_t take_ns(std::int64_t inc, std::int64_t now) noexcept;
   /// Undo a take (the publish was refused later for another reason).
-  void give_back(double units) noexcept;
+  void give_back_ns(std::int64_t inc) noexcept;
+  std::int64_t cost_ns(double units) const noexcept {
+    return static_cast<std::int64_t>(units * ns_per_unit.load(std::memory_order_relaxed) + 0.5);
+  }
   /// Take unconditionally (consume side: charged after the handler ran).
   void charge(double units, std::int64_t now) noexcept;
   /// ns until the bucket is back within its burst (0 = now).
@@ -90,6 +101,8 @@ struct NamespaceState {
   // Publisher side and worker side on separate cache lines.
   alignas(64) TokenBucket pub_msgs, pub_bytes;
   std::atomic<bool> pub_limited{false};
+  // Bumped by apply_policy: credit taken under an older policy is dropped.
+  std::atomic<std::uint64_t> policy_epoch{0};
   alignas(64) TokenBucket con_msgs, con_bytes;
   std::atomic<bool> con_limited{false};
 
@@ -122,6 +135,7 @@ struct NamespaceState {
   void apply_policy() noexcept;  // policy → buckets
  private:
   void mark_ceiling(std::int64_t now) noexcept;
+  Status admit_limited(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept;
 };
 
 struct CredentialState {
@@ -186,6 +200,9 @@ class TenancyImpl {
   }
   void sleep(std::int64_t ns) const noexcept;
   bool closing() const noexcept { return closing_->load(std::memory_order_relaxed); }
+  /// Unique per TenancyImpl of the process (never reused, unlike an address):
+  /// tells a thread's publish credit whose namespaces it holds.
+  std::uint64_t uid() const noexcept { return uid_; }
   void set_clock(TenancyClock c) noexcept { clock_ = c; }
   /// Called after a namespace is declared: topics must re-resolve (BusCore).
   void set_rebind(std::function<void()> fn) { rebind_ = std::move(fn); }
@@ -203,6 +220,7 @@ class TenancyImpl {
   TenancyClock clock_{};
   std::function<void()> rebind_;
   const std::int64_t opened_ns_;
+  const std::uint64_t uid_;
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<NamespaceState>, std::less<>> namespaces_ GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<CredentialState>, std::less<>> credentials_ GUARDED_BY(mu_);

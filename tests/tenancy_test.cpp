@@ -218,6 +218,13 @@ TEST_CASE("grants change at run time and apply to existing clients at their next
   CHECK(c.publish(t, msg("x")).code() == Code::PermissionDenied);
   REQUIRE(ns.set_grants("reader", {Grant{"tenant-a.events", true, true, false}}).ok());
   CHECK(c.publish(t, msg("x")).ok());
+  CHECK(c.publish(t, msg("x")).ok());  // the allowed topic is remembered...
+  Topic other = bus->create_topic("tenant-a.other").value();
+  CHECK(c.publish(other, msg("x")).code() == Code::PermissionDenied);  // ...only that topic
+  CHECK(c.publish(t, msg("x")).ok());
+  REQUIRE(ns.set_grants("reader", {Grant{"tenant-a.events", false, true, false}}).ok());
+  CHECK(c.publish(t, msg("x")).code() == Code::PermissionDenied);  // and forgotten when grants change
+  REQUIRE(ns.set_grants("reader", {Grant{"tenant-a.events", true, true, false}}).ok());
   Client copy = c;
   REQUIRE(ns.remove_credential("reader").ok());
   CHECK(c.publish(t, msg("x")).code() == Code::PermissionDenied);
@@ -354,6 +361,88 @@ TEST_CASE("quota: tenant A at 500 msg/s, normal 80 msg/s, flash sale offering 20
   // Another namespace is not held by tenant-a's quota.
   Topic other = bus->create_topic("tenant-b.orders", fail_fast).value();
   for (int i = 0; i < 1000; ++i) REQUIRE(other.publish(msg("order")).ok());
+}
+
+// Publishing threads take a high quota in chunks of up to 100 µs (PublishCredit,
+// lib/tenancy.cpp) and spend them without an atomic: the buckets must still
+// admit exactly the quota, also when one thread feeds more namespaces than it
+// keeps credit for (4) and when the policy changes under a thread's credit.
+TEST_CASE("quota: credit chunks keep high quotas exact") {
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), false, 1);
+  use_fake_clock(*bus);
+  TopicOptions fail_fast;
+  fail_fast.backpressure = Backpressure::FailFast;
+  auto offer = [&](std::vector<Topic>& topics, double rate_each, double seconds, std::vector<std::uint64_t>* ok) {
+    const auto step = static_cast<std::int64_t>(1e9 / (rate_each * static_cast<double>(topics.size())));
+    const auto n = static_cast<std::int64_t>(rate_each * seconds) * static_cast<std::int64_t>(topics.size());
+    std::uint64_t other = 0;  // any refusal but QuotaExceeded
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t k = static_cast<std::size_t>(i) % topics.size();
+      Status s = topics[k].publish(msg("payload-16-bytes"));
+      if (s.ok()) {
+        ++(*ok)[k];
+      } else if (s.code() != Code::QuotaExceeded) {
+        ++other;
+      }
+      g_clock.fetch_add(step);
+    }
+    CHECK(other == 0);
+  };
+
+  SUBCASE("one namespace: 200k msg/s offered 400k msg/s") {
+    NamespacePolicy p;
+    p.publish.msgs_per_s = 200'000;
+    p.publish.burst_s = 0.01;
+    REQUIRE(bus->namespaces()->create("fast", p).ok());
+    std::vector<Topic> t{bus->create_topic("fast.events", fail_fast).value()};
+    std::vector<std::uint64_t> ok(1);
+    offer(t, 400'000, 2, &ok);
+    MESSAGE("accepted " << ok[0] << " of 800000 in 2 s at a 200000 msg/s quota");
+    CHECK(ok[0] <= 200'000 * 2 + 2'000 + 1);  // never above rate × time + burst
+    CHECK(ok[0] >= 200'000 * 2 * 0.97);
+    CHECK(bus->namespaces()->describe("fast").value().usage.msgs_in == ok[0]);
+  }
+
+  SUBCASE("six namespaces round-robin from one thread: msgs and bytes quotas") {
+    std::vector<Topic> topics;
+    for (int i = 0; i < 6; ++i) {
+      NamespacePolicy p;
+      if (i % 2 == 0) {
+        p.publish.msgs_per_s = 50'000;
+      } else {
+        p.publish.bytes_per_s = 50'000 * 17.0;  // key "k" + 16-byte payload
+      }
+      p.publish.burst_s = 0.01;
+      const std::string name = "rr" + std::to_string(i);
+      REQUIRE(bus->namespaces()->create(name, p).ok());
+      topics.push_back(bus->create_topic(name + ".events", fail_fast).value());
+    }
+    std::vector<std::uint64_t> ok(6);
+    offer(topics, 100'000, 2, &ok);
+    for (int i = 0; i < 6; ++i) {
+      MESSAGE("namespace rr" << i << ": accepted " << ok[i] << " of 200000 at a 50000 msg/s quota");
+      CHECK(ok[i] <= 50'000 * 2 + 500 + 1);
+      CHECK(ok[i] >= 50'000 * 2 * 0.97);
+    }
+  }
+
+  SUBCASE("a lower policy applies at once, not after the thread's credit") {
+    NamespacePolicy p;
+    p.publish.msgs_per_s = 1'000'000;
+    p.publish.burst_s = 0.1;
+    REQUIRE(bus->namespaces()->create("shrink", p).ok());
+    Topic t = bus->create_topic("shrink.events", fail_fast).value();
+    for (int i = 0; i < 1000; ++i) REQUIRE(t.publish(msg("x")).ok());  // the thread now holds credit
+    p.publish.msgs_per_s = 100;  // burst 0.1 s: 10 messages
+    REQUIRE(bus->namespaces()->set_policy("shrink", p).ok());
+    g_clock.fetch_add(1'000'000'000);  // the old debt is paid: a full new burst
+    int accepted = 0;
+    for (int i = 0; i < 1000; ++i) accepted += t.publish(msg("x")).ok() ? 1 : 0;
+    MESSAGE("after lowering the quota to 100 msg/s (burst 10): " << accepted << " of 1000 at one instant");
+    CHECK(accepted >= 10);
+    CHECK(accepted <= 11);
+  }
 }
 
 TEST_CASE("quota: a consumer over its consume quota is slowed, not failed") {

@@ -79,6 +79,7 @@ class LANEBUS_API Client {
   struct State;
   explicit Client(std::unique_ptr<State> state) noexcept;
   Status check(int action, std::string_view name) noexcept;
+  Status check_publish(const Topic& topic) noexcept;
   std::unique_ptr<State> state_;
 };
 
