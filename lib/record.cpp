@@ -497,8 +497,19 @@ inline bool varint_at(const char* base, std::size_t size, std::size_t* pos, std:
 }  // namespace
 
 bool RecordView::find(std::uint32_t id, FieldType* type, std::string_view* value) const noexcept {
+  // From the field after the last one found to the end, then from the start
+  // (ids are unique in a record: the publish check refuses repeats; a
+  // record parsed with a repeated id may read either copy).
+  const char* const base = body_.data();
+  const std::size_t size = body_.size();
+  std::size_t from = hint_.at.load(std::memory_order_relaxed);
+  if (from > size) from = 0;
   std::size_t next = 0;
-  return scan(body_.data(), body_.size(), 0, body_.size(), id, type, value, &next);
+  if (scan(base, size, from, size, id, type, value, &next) || (from != 0 && scan(base, size, 0, from, id, type, value, &next))) {
+    hint_.at.store(next <= UINT32_MAX ? static_cast<std::uint32_t>(next) : 0, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
 }
 
 bool RecordView::has(std::uint32_t id) const noexcept {
@@ -580,7 +591,13 @@ const Status& mismatch() {
 template <typename T>
 Result<T> RecordView::read(std::uint32_t id, FieldType want) const noexcept {
   const FieldList* fields = static_cast<const FieldList*>(fields_);
-  const FieldDef* def = fields ? detail::find_field(*fields, id) : nullptr;
+  return read_def<T>(fields ? detail::find_field(*fields, id) : nullptr, id, want);
+}
+
+template <typename T>
+Result<T> RecordView::read_def(const void* def_ptr, std::uint32_t id, FieldType want) const noexcept {
+  const FieldList* fields = static_cast<const FieldList*>(fields_);
+  const FieldDef* def = static_cast<const FieldDef*>(def_ptr);
   if (tap_ != nullptr && def != nullptr) {
     if (path_ == 0) {
       tap_->count_top(fields, static_cast<std::uint32_t>(def - fields->data()), def->id, version_);
@@ -714,7 +731,36 @@ Result<T> RecordView::read_named(std::string_view name, FieldType want) const no
   if (fields == nullptr) return Status::from_literal(Code::NotFound, "record: a read by name needs a reader schema");
   const FieldDef* def = detail::find_field(*fields, name);
   if (def == nullptr) return Status::from_literal(Code::NotFound, "record: the reader schema has no field by that name");
-  return read<T>(def->id, want);
+  return read_def<T>(def, def->id, want);
+}
+
+FieldKey::FieldKey(std::string_view name) : name_(name) {}
+FieldKey::FieldKey(const FieldKey& other) : name_(other.name_), def_(other.def_.load(std::memory_order_acquire)) {}
+FieldKey& FieldKey::operator=(const FieldKey& other) {
+  if (this != &other) {
+    name_ = other.name_;
+    def_.store(other.def_.load(std::memory_order_acquire), std::memory_order_release);
+  }
+  return *this;
+}
+
+template <typename T>
+Result<T> RecordView::read_key(const FieldKey& key, FieldType want) const noexcept {
+  const FieldList* fields = static_cast<const FieldList*>(fields_);
+  if (fields == nullptr) return Status::from_literal(Code::NotFound, "record: a read by name needs a reader schema");
+  // The cached definition counts only if it is an element of this view's
+  // field list (checked as addresses before it is read) with the key's name.
+  const FieldDef* def = static_cast<const FieldDef*>(key.def_.load(std::memory_order_acquire));
+  const auto at = reinterpret_cast<std::uintptr_t>(def);
+  const auto lo = reinterpret_cast<std::uintptr_t>(fields->data());
+  if (def == nullptr || at < lo || at >= lo + fields->size() * sizeof(FieldDef) || (at - lo) % sizeof(FieldDef) != 0 ||
+      def->name != key.name_) {
+    def = detail::find_field(*fields, std::string_view(key.name_));
+    if (def == nullptr)
+      return Status::from_literal(Code::NotFound, "record: the reader schema has no field by that name");
+    key.def_.store(def, std::memory_order_release);
+  }
+  return read_def<T>(def, def->id, want);
 }
 
 Result<bool> RecordView::get_bool(std::uint32_t id) const noexcept { return read<bool>(id, FieldType::Bool); }
@@ -758,6 +804,28 @@ Result<std::string_view> RecordView::get_bytes(std::string_view n) const noexcep
 Result<std::int64_t> RecordView::get_timestamp(std::string_view n) const noexcept {
   return read_named<std::int64_t>(n, FieldType::Timestamp);
 }
+
+Result<bool> RecordView::get_bool(const FieldKey& k) const noexcept { return read_key<bool>(k, FieldType::Bool); }
+Result<std::int64_t> RecordView::get_int64(const FieldKey& k) const noexcept {
+  return read_key<std::int64_t>(k, FieldType::Int64);
+}
+Result<std::uint64_t> RecordView::get_uint64(const FieldKey& k) const noexcept {
+  return read_key<std::uint64_t>(k, FieldType::Uint64);
+}
+Result<double> RecordView::get_double(const FieldKey& k) const noexcept { return read_key<double>(k, FieldType::Double); }
+Result<std::string_view> RecordView::get_string(const FieldKey& k) const noexcept {
+  return read_key<std::string_view>(k, FieldType::String);
+}
+Result<std::string_view> RecordView::get_bytes(const FieldKey& k) const noexcept {
+  return read_key<std::string_view>(k, FieldType::Bytes);
+}
+Result<std::int64_t> RecordView::get_timestamp(const FieldKey& k) const noexcept {
+  return read_key<std::int64_t>(k, FieldType::Timestamp);
+}
+Result<RecordView> RecordView::get_record(const FieldKey& k) const noexcept {
+  return read_key<RecordView>(k, FieldType::Record);
+}
+Result<ListView> RecordView::get_list(const FieldKey& k) const noexcept { return read_key<ListView>(k, FieldType::List); }
 Result<RecordView> RecordView::get_record(std::string_view n) const noexcept {
   return read_named<RecordView>(n, FieldType::Record);
 }

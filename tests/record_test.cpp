@@ -4,8 +4,11 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <algorithm>
 #include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "lanebus/record.hpp"
 #include "lanebus/schema.hpp"
@@ -289,6 +292,106 @@ TEST_CASE("reading through a reader schema: names, defaults, widening, unknown f
   CHECK(v->get_int64("weight_kg").code() == Code::InvalidArgument);  // the reader says double
   CHECK(v->get_int64("no_such_field").code() == Code::NotFound);
   CHECK(*v->get_int64(99) == 1);  // by id, unknown to the reader: raw read
+}
+
+// The field search starts after the last field found (RecordView::hint_):
+// any read order must find every field, absent ids stay absent.
+TEST_CASE("fields read in any order are found; the search wraps around") {
+  std::mt19937_64 rng(test_seed("record_read_order"));
+  char buf[256];
+  const std::string rec = build_full(buf, sizeof(buf));
+  auto v = RecordView::parse(rec);
+  REQUIRE(v.ok());
+  std::vector<std::uint32_t> ids{1, 2, 3, 4, 5, 6, 7, 8, 9, 42};
+  std::vector<std::string> expected;
+  for (std::uint32_t id : ids) {
+    RecordView fresh = *RecordView::parse(rec);
+    expected.push_back(fresh.has(id) ? std::string(to_string(*fresh.type_of(id))) : "absent");
+  }
+  CHECK(expected[8] == "absent");
+  CHECK(expected[9] == "absent");
+  for (int round = 0; round < 2000; ++round) {
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (std::uint32_t id : ids) {
+      const std::size_t k = id == 42 ? 9 : id - 1;
+      const std::string got = v->has(id) ? std::string(to_string(*v->type_of(id))) : "absent";
+      REQUIRE(got == expected[k]);
+    }
+    RecordView copy = *v;  // a copy keeps a valid start
+    CHECK(*copy.get_string(1) == "S-1");
+    CHECK(*copy.get_double(2) == 12.5);
+  }
+}
+
+// A FieldKey resolves its name once per reader schema; every read through it
+// must be the read by name: values, defaults, widening, errors. One key met
+// by views of two reader schemas (the shipment schema, and one where the name
+// has another id and type) resolves again, also from several threads at once.
+TEST_CASE("reads through a FieldKey are the reads by name, across reader schemas and threads") {
+  const SchemaVersion s = shipment();
+  auto other = SchemaVersion::from_json(R"({"fields": [
+    {"id": 1, "name": "pieces", "type": "string", "default": "n/a"},
+    {"id": 2, "name": "weight_kg", "type": "int64", "default": 7},
+    {"id": 9, "name": "shipment_id", "type": "string"}]})");
+  REQUIRE_MESSAGE(other.ok(), other.status().to_string());
+  char buf[256];
+  RecordBuilder b(buf, sizeof(buf));
+  b.add_string(1, "S-9").add_int64(2, 40).add_timestamp(5, 7).add_int64(99, 1);
+  const std::string rec(*b.finish());
+  const FieldKey id("shipment_id"), weight("weight_kg"), pieces("pieces"), express("express"), tags("tags"),
+      dest("dest"), blob("blob"), created("created"), nope("no_such_field");
+  auto check_shipment = [&](const RecordView& v) {
+    CHECK(*v.get_string(id) == *v.get_string("shipment_id"));
+    CHECK(*v.get_double(weight) == 40.0);  // int64 widened to double
+    CHECK(*v.get_int64(pieces) == 1);      // default
+    CHECK(*v.get_bool(express) == false);
+    CHECK(v.get_list(tags)->size() == 0);
+    CHECK(*v.get_record(dest)->get_string("city") == "?");
+    CHECK(*v.get_bytes(blob) == "");
+    CHECK(*v.get_timestamp(created) == 7);
+    CHECK(v.get_int64(weight).code() == Code::InvalidArgument);  // the reader says double
+    CHECK(v.get_int64(nope).code() == Code::NotFound);
+  };
+  auto check_other = [&](const RecordView& v) {
+    CHECK(*v.get_int64(weight) == 40);             // id 2 here is an int64
+    CHECK(*v.get_string(pieces) == "S-9");         // id 1 here is "pieces"
+    CHECK(v.get_string(id).code() == Code::NotFound);  // id 9: absent, no default
+    CHECK(v.get_bool(express).code() == Code::NotFound);  // not in this schema
+    CHECK(v.get_double(weight).code() == Code::InvalidArgument);
+  };
+  auto vs = s.view(rec);
+  auto vo = other->view(rec);
+  REQUIRE(vs.ok());
+  REQUIRE(vo.ok());
+  check_shipment(*vs);
+  check_other(*vo);
+  check_shipment(*vs);  // back: the keys resolve again
+  // Without a reader schema a key read is NotFound, like a read by name.
+  CHECK(RecordView::parse(rec)->get_string(id).code() == Code::NotFound);
+  // Copies keep the name (and the resolution).
+  FieldKey copy = weight;
+  CHECK(copy.name() == "weight_kg");
+  CHECK(*vs->get_double(copy) == 40.0);
+  // Shared keys, concurrent views of both schemas (TSan checks the cache).
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20000; ++i) {
+        if ((i + t) % 2 == 0) {
+          auto w = vs->get_double(weight);
+          auto p = vs->get_int64(pieces);
+          if (!w.ok() || *w != 40.0 || !p.ok() || *p != 1) ++wrong;
+        } else {
+          auto w = vo->get_int64(weight);
+          auto p = vo->get_string(pieces);
+          if (!w.ok() || *w != 40 || !p.ok() || *p != "S-9") ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
 }
 
 // The publish check (one pass, with a fast path for records without lists)

@@ -360,11 +360,13 @@ TEST_CASE("reads of nested fields are counted as \"parent.child\", down to 3 lev
   std::atomic<int> n{0};
   GroupOptions go;
   go.reads = {"order_id", "zone"};  // declaring "zone" covers "zone.region" and below
+  // Reads through FieldKeys are counted exactly like reads by name.
+  const FieldKey order_id("order_id"), region_key("region");
   auto sub = bus->subscribe(t, "nested", [&](const MessageView& m) {
                    auto v = s.view("n", m).value();
-                   CHECK(*v.get_string("order_id") == "o-1");
+                   CHECK(*v.get_string(order_id) == "o-1");
                    auto zone = v.get_record("zone").value();
-                   CHECK(*zone.get_string("region") == "EU");
+                   CHECK(*zone.get_string(region_key) == "EU");
                    auto inner = zone.get_record("inner").value();
                    CHECK(*inner.get_int64("code") == 7);
                    CHECK(*inner.get_record("deep")->get_bool("x"));  // level 4: not counted

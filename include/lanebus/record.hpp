@@ -4,8 +4,10 @@
 // the schema rules are in doc/schemas.md.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "lanebus/export.hpp"
@@ -107,6 +109,28 @@ class LANEBUS_API RecordBuilder {
 
 class RecordView;
 
+/// A field name resolved once: a read through a key (RecordView::get_*(const
+/// FieldKey&)) skips the search of the reader schema by name, and otherwise
+/// behaves exactly like the read by name (defaults, widening, errors, usage
+/// counting). The key remembers its field in the last reader schema it met
+/// and resolves again when a view has another one. Make one per field and
+/// keep it (a static, or a member of the consumer), e.g.
+///   static const lanebus::FieldKey kZone("shipping_zone");
+///   auto zone = view.get_string(kZone);
+/// Thread safety: a key may be shared by threads (its cache is atomic).
+class LANEBUS_API FieldKey {
+ public:
+  explicit FieldKey(std::string_view name);
+  FieldKey(const FieldKey& other);
+  FieldKey& operator=(const FieldKey& other);
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  friend class RecordView;
+  std::string name_;
+  mutable std::atomic<const void*> def_{nullptr};  // detail::FieldDef of the last reader schema
+};
+
 /// A list field: `size()` elements of `element_type()`, read by index.
 /// Reading element i walks the list (lists are small; iterate with next()
 /// for long ones). Thread safety: const methods are safe.
@@ -187,6 +211,17 @@ class LANEBUS_API RecordView {
   Result<RecordView> get_record(std::string_view name) const noexcept;
   Result<ListView> get_list(std::string_view name) const noexcept;
 
+  /// By a resolved name (FieldKey): the same as by name, without the lookup.
+  Result<bool> get_bool(const FieldKey& key) const noexcept;
+  Result<std::int64_t> get_int64(const FieldKey& key) const noexcept;
+  Result<std::uint64_t> get_uint64(const FieldKey& key) const noexcept;
+  Result<double> get_double(const FieldKey& key) const noexcept;
+  Result<std::string_view> get_string(const FieldKey& key) const noexcept;
+  Result<std::string_view> get_bytes(const FieldKey& key) const noexcept;
+  Result<std::int64_t> get_timestamp(const FieldKey& key) const noexcept;
+  Result<RecordView> get_record(const FieldKey& key) const noexcept;
+  Result<ListView> get_list(const FieldKey& key) const noexcept;
+
   /// True if the record itself carries field `id` (defaults not considered).
   bool has(std::uint32_t id) const noexcept;
   /// The type the record carries for `id`, or NotFound.
@@ -223,8 +258,14 @@ class LANEBUS_API RecordView {
   /// Resolve a read: the value, or the reader schema's default (*dflt set).
   template <typename T>
   Result<T> read(std::uint32_t id, FieldType want) const noexcept;
+  /// The same with the reader schema's definition of `id` looked up (a
+  /// detail::FieldDef, or nullptr).
+  template <typename T>
+  Result<T> read_def(const void* def, std::uint32_t id, FieldType want) const noexcept;
   template <typename T>
   Result<T> read_named(std::string_view name, FieldType want) const noexcept;
+  template <typename T>
+  Result<T> read_key(const FieldKey& key, FieldType want) const noexcept;
 
   std::string_view body_{};
   const SchemaVersion* schema_ = nullptr;
@@ -235,6 +276,20 @@ class LANEBUS_API RecordView {
   // levels (doc/schemas.md).
   std::uint32_t path_ = 0;
   std::uint16_t version_ = 0;        // the writer's schema version (audit)
+  // Where the field search starts: the boundary after the last field found
+  // (always a field boundary of body_), so fields read in record order are
+  // found in one step. Atomic: views are read from several threads; copied
+  // with the view.
+  struct SearchHint {
+    std::atomic<std::uint32_t> at{0};
+    SearchHint() noexcept = default;
+    SearchHint(const SearchHint& o) noexcept : at(o.at.load(std::memory_order_relaxed)) {}
+    SearchHint& operator=(const SearchHint& o) noexcept {
+      at.store(o.at.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      return *this;
+    }
+  };
+  mutable SearchHint hint_;
 };
 
 }  // namespace lanebus
