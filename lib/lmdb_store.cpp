@@ -15,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -241,7 +242,7 @@ Status open_einval(std::string_view what, std::string_view path) {
 
 LmdbTxn::LmdbTxn(LmdbTxn&& other) noexcept
     : env_(other.env_), txn_(std::exchange(other.txn_, nullptr)), lock_(std::move(other.lock_)),
-      write_(other.write_) {}
+      write_(other.write_), writer_locked_(std::exchange(other.writer_locked_, false)) {}
 
 LmdbTxn& LmdbTxn::operator=(LmdbTxn&& other) noexcept {
   if (this != &other) {
@@ -250,6 +251,7 @@ LmdbTxn& LmdbTxn::operator=(LmdbTxn&& other) noexcept {
     txn_ = std::exchange(other.txn_, nullptr);
     lock_ = std::move(other.lock_);
     write_ = other.write_;
+    writer_locked_ = std::exchange(other.writer_locked_, false);
   }
   return *this;
 }
@@ -261,7 +263,15 @@ void LmdbTxn::abort() noexcept {
     mdb_txn_abort(txn_);
     txn_ = nullptr;
   }
+  release_writer();
   if (lock_.owns_lock()) lock_.unlock();
+}
+
+void LmdbTxn::release_writer() noexcept {
+  if (writer_locked_) {
+    writer_locked_ = false;
+    env_->unlock_writer();
+  }
 }
 
 Result<std::string_view> LmdbTxn::get(LmdbDbi dbi, std::string_view key) {
@@ -312,6 +322,7 @@ Status LmdbTxn::commit() {
   if (txn_ == nullptr) return Status(Code::Internal, "commit of an ended transaction");
   int rc = mdb_txn_commit(txn_);  // frees the txn whatever the outcome
   txn_ = nullptr;
+  release_writer();
   if (lock_.owns_lock()) lock_.unlock();
   if (rc == 0) return Status();
   if (rc == EIO && write_) {
@@ -398,6 +409,7 @@ LmdbEnv::LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexc
 
 LmdbEnv::~LmdbEnv() {
   mdb_env_close(env_);
+  if (writer_fd_ >= 0) ::close(writer_fd_);
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry().erase({dev_, ino_});
 }
@@ -512,6 +524,11 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
   // Stale slots of dead processes pin old pages, which makes the file grow.
   int dead = 0;
   mdb_reader_check(env, &dead);
+  if (!config.read_only) {
+    // The cross-process writer queue (see the class comment). Without it
+    // (EACCES, EROFS) writers still exclude each other through LMDB's mutex.
+    out->writer_fd_ = ::open((path + "/writer.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  }
   return out;
 }
 
@@ -539,14 +556,64 @@ Status LmdbEnv::adopt_map_size() {
   return Status();
 }
 
+Status LmdbEnv::lock_writer() {
+  writer_mutex_.lock();
+  if (writer_fd_ < 0) return Status();
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 0;
+  fl.l_len = 1;
+  while (::fcntl(writer_fd_, F_SETLKW, &fl) != 0) {
+    const int e = errno;
+    if (e == EINTR) continue;
+    if (e == EDEADLK) {  // no lock cycle is possible here; the kernel's check can be wrong across threads
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    writer_mutex_.unlock();
+    return Status(Code::IOError, "begin write transaction on " + quoted(config_.path) +
+                                     ": fcntl(F_SETLKW) on writer.lock: " + std::strerror(e));
+  }
+  return Status();
+}
+
+void LmdbEnv::unlock_writer() noexcept {
+  if (writer_fd_ >= 0) {
+    struct flock fl {};
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    ::fcntl(writer_fd_, F_SETLK, &fl);
+  }
+  writer_mutex_.unlock();
+}
+
 Result<LmdbTxn> LmdbEnv::begin(bool write) {
+  if (write) {
+    Status s = lock_writer();
+    if (!s.ok()) return s;
+  }
+  // Released on every return below but the one that hands it to the txn.
+  struct WriterHold {
+    LmdbEnv* env;
+    ~WriterHold() {
+      if (env != nullptr) env->unlock_writer();
+    }
+  } hold{write ? this : nullptr};
   bool checked_readers = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
     if (fatal_.load()) return fatal_status();
     std::shared_lock<std::shared_mutex> lock(map_mutex_);
     MDB_txn* txn = nullptr;
     int rc = mdb_txn_begin(env_, nullptr, write ? 0 : MDB_RDONLY, &txn);
-    if (rc == 0) return LmdbTxn(this, txn, std::move(lock), write);
+    if (rc == 0) {
+      LmdbTxn out(this, txn, std::move(lock), write);
+      out.writer_locked_ = write;
+      hold.env = nullptr;
+      return out;
+    }
     lock.unlock();
     if (rc == MDB_MAP_RESIZED) {
       Status s = adopt_map_size();

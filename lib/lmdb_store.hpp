@@ -83,10 +83,12 @@ class LmdbTxn {
   friend class LmdbCursor;
   LmdbTxn(LmdbEnv* env, MDB_txn* txn, std::shared_lock<std::shared_mutex> lock, bool write) noexcept
       : env_(env), txn_(txn), lock_(std::move(lock)), write_(write) {}
+  void release_writer() noexcept;
   LmdbEnv* env_ = nullptr;
   MDB_txn* txn_ = nullptr;
   std::shared_lock<std::shared_mutex> lock_;  // held while the txn uses the map
   bool write_ = false;
+  bool writer_locked_ = false;  // holds env_'s writer lock (a write txn)
 };
 
 /// A cursor on one database inside a transaction; closed on destruction.
@@ -138,6 +140,18 @@ class LmdbCursor {
 ///   transaction holds `map_mutex_` shared, a resize takes it exclusively.
 ///   Growth after MDB_MAP_FULL doubles up to Config::map_size_max;
 ///   MDB_MAP_RESIZED (another process grew it) is handled inside begin_*.
+/// - Writers of different processes queue on a POSIX record lock on
+///   `writer.lock` in the store directory (fcntl F_SETLKW), taken before
+///   LMDB's writer mutex and released after the commit. LMDB's mutex is a
+///   robust pthread mutex in lock.mdb: when a process is killed with SIGKILL
+///   after its unlock woke it but before it took the mutex, the wake-up is
+///   lost and the next waiter sleeps forever on a free mutex (seen as a hung
+///   producer in bus_multiprocess_test under load). The kernel drops a dead
+///   process's record locks and wakes every waiter, so with the outer lock
+///   only threads of the one process that holds it ever wait on LMDB's mutex.
+///   Threads of one process queue on `writer_mutex_` first (record locks are
+///   per process). LMDB's mutex still decides who writes: a store without
+///   writer.lock (a read-only directory) or another program's writer is safe.
 /// - After a failed commit that is not MapFull/DiskFull, or a failed sync, the
 ///   environment is fatal: every later transaction fails with IOError naming
 ///   the first cause, until the store is closed and reopened.
@@ -208,6 +222,8 @@ class LmdbEnv {
   LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexcept;
   Result<LmdbTxn> begin(bool write);
   Status adopt_map_size();  // after MDB_MAP_RESIZED
+  Status lock_writer();     // writer_mutex_, then the record lock on writer_fd_
+  void unlock_writer() noexcept;
 
   Config config_;
   MDB_env* env_;
@@ -219,6 +235,8 @@ class LmdbEnv {
   // changed under map_mutex_ exclusively.
   std::atomic<std::uint64_t> map_size_{0};
   std::atomic<std::uint64_t> map_growths_{0};
+  std::mutex writer_mutex_;  // the writing thread of this process
+  int writer_fd_ = -1;       // writer.lock; -1 when it could not be opened
   std::atomic<bool> fatal_{false};
   mutable std::mutex fatal_mutex_;
   std::string fatal_cause_;  // GUARDED_BY(fatal_mutex_)
