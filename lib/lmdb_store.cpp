@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -260,7 +261,11 @@ LmdbTxn::~LmdbTxn() { abort(); }
 
 void LmdbTxn::abort() noexcept {
   if (txn_ != nullptr) {
-    mdb_txn_abort(txn_);
+    if (write_) {
+      mdb_txn_abort(txn_);
+    } else {
+      env_->end_read(txn_);
+    }
     txn_ = nullptr;
   }
   release_writer();
@@ -405,9 +410,33 @@ Status LmdbCursor::del() {
 // ---------------------------------------------------------------- LmdbEnv
 
 LmdbEnv::LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexcept
-    : config_(config), env_(env), dev_(dev), ino_(ino) {}
+    : config_(config), env_(env), dev_(dev), ino_(ino),
+      read_pool_cap_(std::min<std::size_t>(kReadPool, config.max_readers / 8)) {}
+
+MDB_txn* LmdbEnv::take_pooled_read() noexcept {
+  std::lock_guard<std::mutex> lock(read_pool_mutex_);
+  return read_pool_size_ == 0 ? nullptr : read_pool_[--read_pool_size_];
+}
+
+void LmdbEnv::end_read(MDB_txn* txn) noexcept {
+  mdb_txn_reset(txn);
+  {
+    std::lock_guard<std::mutex> lock(read_pool_mutex_);
+    if (read_pool_size_ < read_pool_cap_) {
+      read_pool_[read_pool_size_++] = txn;
+      return;
+    }
+  }
+  mdb_txn_abort(txn);
+}
+
+void LmdbEnv::drain_read_pool() noexcept {
+  std::lock_guard<std::mutex> lock(read_pool_mutex_);
+  while (read_pool_size_ > 0) mdb_txn_abort(read_pool_[--read_pool_size_]);
+}
 
 LmdbEnv::~LmdbEnv() {
+  drain_read_pool();
   mdb_env_close(env_);
   if (writer_fd_ >= 0) ::close(writer_fd_);
   std::lock_guard<std::mutex> lock(registry_mutex());
@@ -602,6 +631,14 @@ Result<LmdbTxn> LmdbEnv::begin(bool write) {
       if (env != nullptr) env->unlock_writer();
     }
   } hold{write ? this : nullptr};
+  if (!write && !fatal_.load()) {
+    if (MDB_txn* txn = take_pooled_read()) {
+      std::shared_lock<std::shared_mutex> lock(map_mutex_);
+      if (mdb_txn_renew(txn) == 0) return LmdbTxn(this, txn, std::move(lock), false);
+      // MDB_MAP_RESIZED or MDB_PANIC: drop it; a fresh begin below reports or handles the cause.
+      mdb_txn_abort(txn);
+    }
+  }
   bool checked_readers = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
     if (fatal_.load()) return fatal_status();
@@ -633,9 +670,10 @@ Result<LmdbTxn> LmdbEnv::begin(bool write) {
     }
     if (rc == MDB_READERS_FULL && !checked_readers) {
       checked_readers = true;
+      drain_read_pool();  // the slots this process keeps for reuse
       int dead = 0;
       mdb_reader_check(env_, &dead);
-      if (dead > 0) continue;
+      continue;
     }
     Status s = lmdb_error(rc, write ? "begin write transaction on" : "begin read transaction on", config_.path);
     if (rc == MDB_PANIC) set_fatal(s);
@@ -690,6 +728,25 @@ Result<int> LmdbEnv::reader_check() {
   int rc = mdb_reader_check(env_, &dead);
   if (rc != 0) return lmdb_error(rc, "check readers of", config_.path);
   return dead;
+}
+
+unsigned LmdbEnv::reader_slots_held() {
+  struct Count {
+    long pid;
+    unsigned n;
+  } count{static_cast<long>(::getpid()), 0};
+  // One line a slot: "%10d %zx %llu" (or "-" for a reset transaction's txnid).
+  mdb_reader_list(
+      env_,
+      [](const char* line, void* ctx) -> int {
+        auto* c = static_cast<Count*>(ctx);
+        char* end = nullptr;
+        const long pid = std::strtol(line, &end, 10);
+        if (end != line && pid == c->pid) ++c->n;
+        return 0;
+      },
+      &count);
+  return count.n;
 }
 
 Status LmdbEnv::sync() {

@@ -152,6 +152,11 @@ class LmdbCursor {
 ///   Threads of one process queue on `writer_mutex_` first (record locks are
 ///   per process). LMDB's mutex still decides who writes: a store without
 ///   writer.lock (a read-only directory) or another program's writer is safe.
+/// - Read transactions are reused: a finished one is reset (mdb_txn_reset)
+///   and kept, up to kReadPool, and the next begin_read renews it. A renewed
+///   transaction keeps its reader slot, so beginning it takes no lock at all;
+///   a fresh one takes LMDB's reader mutex, robust like the writer's and with
+///   the same lost wake-up, to find a slot. A reset transaction pins no pages.
 /// - After a failed commit that is not MapFull/DiskFull, or a failed sync, the
 ///   environment is fatal: every later transaction fails with IOError naming
 ///   the first cause, until the store is closed and reopened.
@@ -197,6 +202,9 @@ class LmdbEnv {
   Status grow_map();
   /// mdb_reader_check: the number of stale reader slots cleared.
   Result<int> reader_check();
+  /// Reader slots of lock.mdb that this process holds (open and kept read
+  /// transactions), from mdb_reader_list.
+  unsigned reader_slots_held();
   /// Flush committed data to disk (mdb_env_sync, forced). A failure marks the
   /// environment fatal.
   Status sync();
@@ -224,6 +232,9 @@ class LmdbEnv {
   Status adopt_map_size();  // after MDB_MAP_RESIZED
   Status lock_writer();     // writer_mutex_, then the record lock on writer_fd_
   void unlock_writer() noexcept;
+  MDB_txn* take_pooled_read() noexcept;   // a reset read txn, or nullptr
+  void end_read(MDB_txn* txn) noexcept;   // reset and keep it, or abort it
+  void drain_read_pool() noexcept;        // abort every kept txn (frees their slots)
 
   Config config_;
   MDB_env* env_;
@@ -235,6 +246,11 @@ class LmdbEnv {
   // changed under map_mutex_ exclusively.
   std::atomic<std::uint64_t> map_size_{0};
   std::atomic<std::uint64_t> map_growths_{0};
+  static constexpr std::size_t kReadPool = 8;
+  std::mutex read_pool_mutex_;
+  MDB_txn* read_pool_[kReadPool] = {};  // GUARDED_BY(read_pool_mutex_)
+  std::size_t read_pool_size_ = 0;      // GUARDED_BY(read_pool_mutex_)
+  std::size_t read_pool_cap_ = 0;       // min(kReadPool, max_readers / 8)
   std::mutex writer_mutex_;  // the writing thread of this process
   int writer_fd_ = -1;       // writer.lock; -1 when it could not be opened
   std::atomic<bool> fatal_{false};

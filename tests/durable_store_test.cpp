@@ -2,6 +2,9 @@
 // DurableStore contract tests: restart, replay, seek by time, retention, queues,
 // group commit, map growth and the bad-input / fault cases of doc/durable.md.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <cstring>
@@ -919,4 +922,130 @@ TEST_CASE("the append listener reports new end offsets after commit") {
   r.lane = 0;
   for (int i = 0; i < 5; ++i) REQUIRE(store->append(r).ok());
   CHECK(wait_until([&] { return seen_end.load() == 5; }));
+}
+
+// Writers of different processes queue on a record lock on writer.lock
+// before LMDB's robust writer mutex (lib/lmdb_store.hpp): a process that
+// holds it makes this process's begin_write wait, and when it is killed the
+// kernel drops its lock and the writer goes on.
+TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and goes on when that process is killed") {
+  TempDir dir;
+  lanebus::detail::LmdbEnv::Config cfg;
+  cfg.path = dir.path();
+  auto env = lanebus::detail::LmdbEnv::open(cfg);
+  REQUIRE_MESSAGE(env.ok(), env.status().to_string());
+  const std::string lock_file = dir.path() + "/writer.lock";
+  struct stat st {};
+  REQUIRE(::stat(lock_file.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Only async-signal-safe calls: the parent has threads.
+    const int fd = ::open(lock_file.c_str(), O_RDWR | O_CLOEXEC);
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    if (fd < 0 || ::fcntl(fd, F_SETLKW, &fl) != 0) ::_exit(3);
+    const char c = 'L';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(4);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+
+  std::atomic<int> state{0};  // 1 = began, 2 = committed
+  std::thread writer([&] {
+    auto txn = (*env)->begin_write();
+    if (!txn.ok()) return;
+    state.store(1);
+    auto dbi = (*env)->open_dbi(*txn, nullptr, false);
+    if (dbi.ok() && txn->put(*dbi, "k", "v").ok() && txn->commit().ok()) state.store(2);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(state.load() == 0);  // still queued behind the other process
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(wait_until([&] { return state.load() == 2; }, std::chrono::seconds(30)));
+  writer.join();
+  CHECK(state.load() == 2);
+  // A read in this process sees the write.
+  auto rtxn = (*env)->begin_read();
+  REQUIRE(rtxn.ok());
+  auto dbi = (*env)->open_dbi(*rtxn, nullptr, false);
+  REQUIRE(dbi.ok());
+  auto v = rtxn->get(*dbi, "k");
+  REQUIRE(v.ok());
+  CHECK(*v == "v");
+}
+
+// Read transactions are reset and renewed, so beginning one takes no lock in
+// lock.mdb (LMDB's reader mutex has the writer mutex's lost wake-up): a
+// finished read keeps its slot, and many reads on many threads hold no more
+// slots than are open at once plus the 8 kept.
+TEST_CASE("LmdbEnv: read transactions keep their reader slots for reuse, within a bound") {
+  TempDir dir;
+  lanebus::detail::LmdbEnv::Config cfg;
+  cfg.path = dir.path();
+  auto env = lanebus::detail::LmdbEnv::open(cfg);
+  REQUIRE_MESSAGE(env.ok(), env.status().to_string());
+  lanebus::detail::LmdbDbi main_dbi{};
+  {
+    auto w = (*env)->begin_write();
+    REQUIRE(w.ok());
+    auto dbi = (*env)->open_dbi(*w, nullptr, false);
+    REQUIRE(dbi.ok());
+    REQUIRE(w->put(*dbi, "k", "1").ok());
+    REQUIRE(w->commit().ok());
+    main_dbi = *dbi;
+  }
+  CHECK((*env)->reader_slots_held() == 0);
+  { auto r = (*env)->begin_read(); REQUIRE(r.ok()); }
+  CHECK((*env)->reader_slots_held() == 1);  // kept, reset
+  for (int i = 0; i < 100; ++i) {
+    auto r = (*env)->begin_read();
+    REQUIRE(r.ok());
+  }
+  CHECK((*env)->reader_slots_held() == 1);  // the same slot each time
+
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        auto r = (*env)->begin_read();
+        if (!r.ok()) { failures.fetch_add(1); continue; }
+        auto v = r->get(main_dbi, "k");
+        if (!v.ok() || *v != "1") failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0);
+  CHECK((*env)->reader_slots_held() <= 8);
+
+  // A renewed read sees the newest commit, not the snapshot it had before.
+  {
+    auto w = (*env)->begin_write();
+    REQUIRE(w.ok());
+    auto dbi = (*env)->open_dbi(*w, nullptr, false);
+    REQUIRE(dbi.ok());
+    REQUIRE(w->put(*dbi, "k", "2").ok());
+    REQUIRE(w->commit().ok());
+  }
+  auto r = (*env)->begin_read();
+  REQUIRE(r.ok());
+  auto dbi = (*env)->open_dbi(*r, nullptr, false);
+  REQUIRE(dbi.ok());
+  auto v = r->get(*dbi, "k");
+  REQUIRE(v.ok());
+  CHECK(*v == "2");
 }
