@@ -924,6 +924,32 @@ TEST_CASE("the append listener reports new end offsets after commit") {
   CHECK(wait_until([&] { return seen_end.load() == 5; }));
 }
 
+namespace {
+
+// The value of `key` in the main database, read in a fresh read transaction.
+std::string read_main(lanebus::detail::LmdbEnv& env, const char* key) {
+  auto r = env.begin_read();
+  REQUIRE(r.ok());
+  auto dbi = env.open_dbi(*r, nullptr, false);
+  REQUIRE(dbi.ok());
+  auto v = r->get(*dbi, key);
+  REQUIRE_MESSAGE(v.ok(), v.status().to_string());
+  return std::string(*v);
+}
+
+// Put `key` = `value` in the main database in one write transaction; the dbi.
+lanebus::detail::LmdbDbi write_main(lanebus::detail::LmdbEnv& env, const char* key, const char* value) {
+  auto w = env.begin_write();
+  REQUIRE(w.ok());
+  auto dbi = env.open_dbi(*w, nullptr, false);
+  REQUIRE(dbi.ok());
+  REQUIRE(w->put(*dbi, key, value).ok());
+  REQUIRE(w->commit().ok());
+  return *dbi;
+}
+
+}  // namespace
+
 // Writers of different processes queue on a record lock on writer.lock
 // before LMDB's robust writer mutex (lib/lmdb_store.hpp): a process that
 // holds it makes this process's begin_write wait, and when it is killed the
@@ -977,14 +1003,7 @@ TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and
   CHECK(wait_until([&] { return state.load() == 2; }, std::chrono::seconds(30)));
   writer.join();
   CHECK(state.load() == 2);
-  // A read in this process sees the write.
-  auto rtxn = (*env)->begin_read();
-  REQUIRE(rtxn.ok());
-  auto dbi = (*env)->open_dbi(*rtxn, nullptr, false);
-  REQUIRE(dbi.ok());
-  auto v = rtxn->get(*dbi, "k");
-  REQUIRE(v.ok());
-  CHECK(*v == "v");
+  CHECK(read_main(**env, "k") == "v");  // a read in this process sees the write
 }
 
 // Read transactions are reset and renewed, so beginning one takes no lock in
@@ -997,16 +1016,7 @@ TEST_CASE("LmdbEnv: read transactions keep their reader slots for reuse, within 
   cfg.path = dir.path();
   auto env = lanebus::detail::LmdbEnv::open(cfg);
   REQUIRE_MESSAGE(env.ok(), env.status().to_string());
-  lanebus::detail::LmdbDbi main_dbi{};
-  {
-    auto w = (*env)->begin_write();
-    REQUIRE(w.ok());
-    auto dbi = (*env)->open_dbi(*w, nullptr, false);
-    REQUIRE(dbi.ok());
-    REQUIRE(w->put(*dbi, "k", "1").ok());
-    REQUIRE(w->commit().ok());
-    main_dbi = *dbi;
-  }
+  const lanebus::detail::LmdbDbi main_dbi = write_main(**env, "k", "1");
   CHECK((*env)->reader_slots_held() == 0);
   { auto r = (*env)->begin_read(); REQUIRE(r.ok()); }
   CHECK((*env)->reader_slots_held() == 1);  // kept, reset
@@ -1033,19 +1043,6 @@ TEST_CASE("LmdbEnv: read transactions keep their reader slots for reuse, within 
   CHECK((*env)->reader_slots_held() <= 8);
 
   // A renewed read sees the newest commit, not the snapshot it had before.
-  {
-    auto w = (*env)->begin_write();
-    REQUIRE(w.ok());
-    auto dbi = (*env)->open_dbi(*w, nullptr, false);
-    REQUIRE(dbi.ok());
-    REQUIRE(w->put(*dbi, "k", "2").ok());
-    REQUIRE(w->commit().ok());
-  }
-  auto r = (*env)->begin_read();
-  REQUIRE(r.ok());
-  auto dbi = (*env)->open_dbi(*r, nullptr, false);
-  REQUIRE(dbi.ok());
-  auto v = r->get(*dbi, "k");
-  REQUIRE(v.ok());
-  CHECK(*v == "2");
+  write_main(**env, "k", "2");
+  CHECK(read_main(**env, "k") == "2");
 }
