@@ -926,6 +926,15 @@ TEST_CASE("the append listener reports new end offsets after commit") {
 
 namespace {
 
+// An LmdbEnv on `path` with the default configuration.
+std::unique_ptr<lanebus::detail::LmdbEnv> open_env(const std::string& path) {
+  lanebus::detail::LmdbEnv::Config cfg;
+  cfg.path = path;
+  auto env = lanebus::detail::LmdbEnv::open(cfg);
+  REQUIRE_MESSAGE(env.ok(), env.status().to_string());
+  return std::move(*env);
+}
+
 // The value of `key` in the main database, read in a fresh read transaction.
 std::string read_main(lanebus::detail::LmdbEnv& env, const char* key) {
   auto r = env.begin_read();
@@ -956,10 +965,7 @@ lanebus::detail::LmdbDbi write_main(lanebus::detail::LmdbEnv& env, const char* k
 // kernel drops its lock and the writer goes on.
 TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and goes on when that process is killed") {
   TempDir dir;
-  lanebus::detail::LmdbEnv::Config cfg;
-  cfg.path = dir.path();
-  auto env = lanebus::detail::LmdbEnv::open(cfg);
-  REQUIRE_MESSAGE(env.ok(), env.status().to_string());
+  auto env = open_env(dir.path());
   const std::string lock_file = dir.path() + "/writer.lock";
   struct stat st {};
   REQUIRE(::stat(lock_file.c_str(), &st) == 0);
@@ -989,10 +995,10 @@ TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and
 
   std::atomic<int> state{0};  // 1 = began, 2 = committed
   std::thread writer([&] {
-    auto txn = (*env)->begin_write();
+    auto txn = env->begin_write();
     if (!txn.ok()) return;
     state.store(1);
-    auto dbi = (*env)->open_dbi(*txn, nullptr, false);
+    auto dbi = env->open_dbi(*txn, nullptr, false);
     if (dbi.ok() && txn->put(*dbi, "k", "v").ok() && txn->commit().ok()) state.store(2);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -1003,7 +1009,7 @@ TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and
   CHECK(wait_until([&] { return state.load() == 2; }, std::chrono::seconds(30)));
   writer.join();
   CHECK(state.load() == 2);
-  CHECK(read_main(**env, "k") == "v");  // a read in this process sees the write
+  CHECK(read_main(*env, "k") == "v");  // a read in this process sees the write
 }
 
 // Read transactions are reset and renewed, so beginning one takes no lock in
@@ -1012,26 +1018,23 @@ TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and
 // slots than are open at once plus the 8 kept.
 TEST_CASE("LmdbEnv: read transactions keep their reader slots for reuse, within a bound") {
   TempDir dir;
-  lanebus::detail::LmdbEnv::Config cfg;
-  cfg.path = dir.path();
-  auto env = lanebus::detail::LmdbEnv::open(cfg);
-  REQUIRE_MESSAGE(env.ok(), env.status().to_string());
-  const lanebus::detail::LmdbDbi main_dbi = write_main(**env, "k", "1");
-  CHECK((*env)->reader_slots_held() == 0);
-  { auto r = (*env)->begin_read(); REQUIRE(r.ok()); }
-  CHECK((*env)->reader_slots_held() == 1);  // kept, reset
+  auto env = open_env(dir.path());
+  const lanebus::detail::LmdbDbi main_dbi = write_main(*env, "k", "1");
+  CHECK(env->reader_slots_held() == 0);
+  { auto r = env->begin_read(); REQUIRE(r.ok()); }
+  CHECK(env->reader_slots_held() == 1);  // kept, reset
   for (int i = 0; i < 100; ++i) {
-    auto r = (*env)->begin_read();
+    auto r = env->begin_read();
     REQUIRE(r.ok());
   }
-  CHECK((*env)->reader_slots_held() == 1);  // the same slot each time
+  CHECK(env->reader_slots_held() == 1);  // the same slot each time
 
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 6; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 500; ++i) {
-        auto r = (*env)->begin_read();
+        auto r = env->begin_read();
         if (!r.ok()) { failures.fetch_add(1); continue; }
         auto v = r->get(main_dbi, "k");
         if (!v.ok() || *v != "1") failures.fetch_add(1);
@@ -1040,9 +1043,9 @@ TEST_CASE("LmdbEnv: read transactions keep their reader slots for reuse, within 
   }
   for (auto& th : threads) th.join();
   CHECK(failures.load() == 0);
-  CHECK((*env)->reader_slots_held() <= 8);
+  CHECK(env->reader_slots_held() <= 8);
 
   // A renewed read sees the newest commit, not the snapshot it had before.
-  write_main(**env, "k", "2");
-  CHECK(read_main(**env, "k") == "2");
+  write_main(*env, "k", "2");
+  CHECK(read_main(*env, "k") == "2");
 }
