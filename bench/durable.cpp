@@ -17,7 +17,7 @@
 //             10k msg/s (steady-clock stamp in the payload) vs lmdb_commit (latency of
 //             one raw LMDB put + fsynced commit: the floor of any durable hop);
 //             here ratio = lanebus p50 / lmdb_commit p50 (lower is better)
-// Baselines: raw LMDB through lanebus's thin wrapper (lib/lmdb_store.hpp, one
+// Baselines: raw LMDB through lanebus's thin wrapper (lib/store/lmdb_store.hpp, one
 // write txn per batch with MDB_APPEND; batch = lanebus's average commit in the
 // matching case — the ceiling); SQLite WAL synchronous=FULL, one transaction
 // per message per producer thread (durable on return), and batched like lanebus.

@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // libFuzzer target: the catalogue and group/offset decoders of the durable
-// store (lib/store_codec.hpp): topics, lanes, groups, cursors, in-flight
+// store (lib/store/store_codec.hpp): topics, lanes, groups, cursors, in-flight
 // claims and the layout record. The first byte picks the decoder.
 #include <cstddef>
 #include <cstdint>

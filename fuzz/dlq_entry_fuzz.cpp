@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// libFuzzer target: the DLQ entry and audit record decoders (lib/dlq.hpp).
+// libFuzzer target: the DLQ entry and audit record decoders (lib/features/dlq.hpp).
 // Property: no crash; encode(decode(x)) is a fixed point of decode+encode.
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // libFuzzer target: lease-segment validation (LeaseTable::open attaching an
-// existing segment, lib/lease_table.cpp attach). The input is the whole
+// existing segment, lib/features/lease_table.cpp attach). The input is the whole
 // segment file; the seed corpus holds real segments, so mutations start from
 // a valid header. Property: a damaged or foreign segment is refused with a
 // Status, never a crash or an over-read (attach checks sizes before mapping).

@@ -2,7 +2,7 @@
 # lanebus — MIT License.
 # Keeps the manual honest: every relative link in README.md and doc/*.md must name a file of the
 # repository (and, with #anchor, a heading of that page), and every repository path quoted in
-# backticks (`tests/powercut_test.cpp`, `lib/lane_ring.hpp`, ...) must exist, so a claim cannot keep
+# backticks (`tests/powercut_test.cpp`, `lib/core/lane_ring.hpp`, ...) must exist, so a claim cannot keep
 # pointing at a test or file that was renamed or removed. Run by the Meson test `doc_links`.
 #
 # usage: check_links.py REPO_ROOT     exit 0 when every link resolves, 1 with one line per broken link

@@ -24,7 +24,7 @@ meson compile -C "$dir" $(ls fuzz/*_fuzz.cpp | xargs -n1 basename | sed 's/\.cpp
 targets="${FUZZ_TARGETS:-$(ls fuzz/*_fuzz.cpp | xargs -n1 basename | sed 's/\.cpp$//')}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # LMDB (not instrumented) may read a damaged page in the verify child: that
-# child dies by the signal (lib/verify.cpp resets the handlers).
+# child dies by the signal (lib/ops/verify.cpp resets the handlers).
 export ASAN_OPTIONS="allow_user_segv_handler=1:detect_leaks=1"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -15,7 +15,7 @@ case "$mode" in
   # TSan: tests/tsan.supp matches frames by source file, not checked with -g1.
   asan)  dir=build-asan; extra=(-Db_sanitize=address,undefined -Db_lundef=false -Dcpp_args=-g1) ;;
   # -Wno-tsan: GCC 12 warns that TSan does not instrument std::atomic_thread_fence
-  # (used by moodycamel's queue and by lib/lease_table.cpp's cross-process undo
+  # (used by moodycamel's queue and by lib/features/lease_table.cpp's cross-process undo
   # log), which -Dwerror=true (CI) turns into a build error. The warning is
   # about TSan's coverage, not the code; what it means for TSan's reports is
   # handled in tests/tsan.supp.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile every lib/ file with clang's -Wthread-safety -Werror (lock annotations
-# in lib/sync.hpp are checked by the compiler). Syntax-only: fast, no build dir.
+# in lib/util/sync.hpp are checked by the compiler). Syntax-only: fast, no build dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX="${CLANG:-clang++}"
@@ -14,10 +14,10 @@ trap 'rm -rf "$gen"' EXIT
 mkdir -p "$gen/lanebus"
 sed -e 's/@MAJOR@/0/;s/@MINOR@/0/;s/@PATCH@/0/;s/@VERSION@/0.0.0/' include/lanebus/version.hpp.in >"$gen/lanebus/version.hpp"
 status=0
-for f in lib/*.cpp; do
-  if ! "$CXX" -std=c++20 -fsyntax-only -Wthread-safety -Werror -Iinclude -I"$gen" -Ilib "$f"; then
+for f in lib/*/*.cpp; do
+  if ! "$CXX" -std=c++20 -fsyntax-only -Wthread-safety -Werror -Iinclude -I"$gen" -Ilib -Ilib/util -Ilib/store -Ilib/features -Ilib/core -Ilib/ops -Ilib/bridge "$f"; then
     status=1
   fi
 done
-[ $status -eq 0 ] && echo "thread_safety: all lib/*.cpp pass -Wthread-safety -Werror"
+[ $status -eq 0 ] && echo "thread_safety: all lib/*/*.cpp pass -Wthread-safety -Werror"
 exit $status

@@ -960,7 +960,7 @@ lanebus::detail::LmdbDbi write_main(lanebus::detail::LmdbEnv& env, const char* k
 }  // namespace
 
 // Writers of different processes queue on a record lock on writer.lock
-// before LMDB's robust writer mutex (lib/lmdb_store.hpp): a process that
+// before LMDB's robust writer mutex (lib/store/lmdb_store.hpp): a process that
 // holds it makes this process's begin_write wait, and when it is killed the
 // kernel drops its lock and the writer goes on.
 TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and goes on when that process is killed") {

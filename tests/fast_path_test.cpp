@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The plain worker fast path (lib/ephemeral_lane.cpp, doc/performance.md):
+// The plain worker fast path (lib/core/ephemeral_lane.cpp, doc/performance.md):
 // acks, retries, handler exceptions, rejects and exhausted retries mixed in
 // the same runs of a lane keep per-key order and leave exactly the counters
 // the general loop leaves, with two producer threads, two workers, two

@@ -551,7 +551,7 @@ TEST_CASE("expire deletes done records older than durable_retention, oldest firs
   CHECK(s2.status("k3").code() == Code::NotFound);
 }
 
-// The bus's maintenance (lib/delivery.cpp) calls IdempotencyImpl::expire for
+// The bus's maintenance (lib/core/delivery.cpp) calls IdempotencyImpl::expire for
 // every scope about once a second.
 TEST_CASE("the bus's maintenance deletes done records after durable_retention") {
   TempDir tmp;

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// `lanebus namespace move` (lib/namespace_move.hpp, doc/tenancy.md "Moving a
+// `lanebus namespace move` (lib/features/namespace_move.hpp, doc/tenancy.md "Moving a
 // namespace") end to end with the built tool (LANEBUS_TOOL): a namespace with
 // records in every table moves while the tool is killed with SIGKILL at
 // seeded random points (named points inside and between its transactions,

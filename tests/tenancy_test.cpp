@@ -364,7 +364,7 @@ TEST_CASE("quota: tenant A at 500 msg/s, normal 80 msg/s, flash sale offering 20
 }
 
 // Publishing threads take a high quota in chunks of up to 100 µs (PublishCredit,
-// lib/tenancy.cpp) and spend them without an atomic: the buckets must still
+// lib/features/tenancy.cpp) and spend them without an atomic: the buckets must still
 // admit exactly the quota, also when one thread feeds more namespaces than it
 // keeps credit for (4) and when the policy changes under a thread's credit.
 TEST_CASE("quota: credit chunks keep high quotas exact") {

@@ -1,7 +1,7 @@
 // lanebus — MIT License.
 // `lanebus namespace move SRC_DIR DST_DIR NAMESPACE`: move a namespace's
 // records to another store with the bus closed, resumable if killed
-// (lib/namespace_move.hpp; manual: doc/tenancy.md "Moving a namespace").
+// (lib/features/namespace_move.hpp; manual: doc/tenancy.md "Moving a namespace").
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>

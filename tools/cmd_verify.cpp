@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // `lanebus verify DIR [--quiet] [--progress N]`: walk every page and record of a
-// durable store (lib/verify.hpp) in a child process and report what it found.
+// durable store (lib/ops/verify.hpp) in a child process and report what it found.
 #include <cstdio>
 #include <cstring>
 #include <string>

@@ -1,7 +1,7 @@
 // lanebus — MIT License.
 // Independent readers of the two export formats, written from their
 // specifications (Prometheus text exposition 0.0.4, RFC 8259 JSON) for tests:
-// they must not share code with lib/exposition.hpp.
+// they must not share code with lib/ops/exposition.hpp.
 #pragma once
 
 #include <cctype>

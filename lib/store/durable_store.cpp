@@ -359,7 +359,7 @@ Result<std::uint64_t> start_offset(LmdbTxn& txn, LmdbDbi log, std::uint32_t tid,
 
 }  // namespace
 
-// ---- exposed decoders (lib/store_codec.hpp: the verify walk and fuzz targets) ----
+// ---- exposed decoders (lib/store/store_codec.hpp: the verify walk and fuzz targets) ----
 
 Status decode_log_record(std::string_view value, std::string_view topic, std::uint32_t lane, std::uint64_t offset,
                          StoredMessage* out) {
@@ -613,7 +613,7 @@ Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& opt
     return Status(Code::InvalidArgument, "open store " + q(options.directory) +
                                              ": max_batch, max_pending and retention_batch must be > 0");
   }
-  if (options.verify_on_open) {  // the walk in a child that may die (lib/verify.hpp)
+  if (options.verify_on_open) {  // the walk in a child that may die (lib/ops/verify.hpp)
     auto report = verify_store_in_child(options.directory);
     if (!report.ok() && report.code() != Code::NotFound) return report.status();
     if (report.ok() && !report->ok()) {
@@ -1154,7 +1154,7 @@ Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   if (!topic.ok()) return topic.status();
   auto ls = ctx.lane(r.topic_id, r.lane);
   if (!ls.ok()) return ls.status();
-  // Fenced topics (doc/leases.md, lib/fence.cpp): decided here, in the transaction,
+  // Fenced topics (doc/leases.md, lib/features/fence.cpp): decided here, in the transaction,
   // against the high-water as left by earlier ops of this batch, before
   // anything of this op is written. A duplicate writes nothing.
   FencePlan fence;
@@ -1354,7 +1354,7 @@ Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
                                                q(topic->fence) + " and the message has no fencing token");
     }
     // Ask the lease table now, on the caller's thread, so the writer never
-    // waits on it while holding LMDB's writer lock (lib/fence.cpp).
+    // waits on it while holding LMDB's writer lock (lib/features/fence.cpp).
     op.fence = fences_.preconfirm(*topic, request.lane, request.header.fencing_token);
   }
   op.is_append = true;

@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // The durable store's value decoders (doc/storage-format.md), exposed for the
-// verify walk (lib/verify.cpp) and the fuzz targets (fuzz/). Each one takes
+// verify walk (lib/ops/verify.cpp) and the fuzz targets (fuzz/). Each one takes
 // untrusted bytes: it returns false / Corruption for anything lanebus did not
 // write, and never reads outside the view it is given.
 #pragma once

@@ -100,7 +100,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
                                 "(raise TopicOptions::slot_bytes)");
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
 
-  // Tenancy: the namespace's publish quota and usage (lib/tenancy.hpp).
+  // Tenancy: the namespace's publish quota and usage (lib/features/tenancy.hpp).
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
                                     options.block_timeout);
@@ -211,7 +211,7 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   std::uint16_t schema_version;
   if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
-  // Tenancy: the namespace's publish quota and usage (lib/tenancy.hpp).
+  // Tenancy: the namespace's publish quota and usage (lib/features/tenancy.hpp).
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   if (Status q = nsp->admit_publish(need, !done && options.backpressure == Backpressure::Block,

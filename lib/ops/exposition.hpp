@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Writers for the two export formats, shared by lib/metrics.cpp and the CLI
+// Writers for the two export formats, shared by lib/ops/metrics.cpp and the CLI
 // (tools/cmd_stats.cpp): Prometheus text exposition 0.0.4 and JSON.
 #pragma once
 

@@ -32,7 +32,7 @@
 //   LMDB's page accounting (pages of every tree + listed free pages + the two
 //   meta pages == pages in the snapshot), as LMDB's own mdb_audit does.
 // - lanebus's own values are decoded with the store's decoders
-//   (lib/store_codec.hpp, dlq.hpp), and the cross-table invariants of
+//   (lib/store/store_codec.hpp, dlq.hpp), and the cross-table invariants of
 //   doc/storage-format.md are checked: log keys exactly [first, next) per lane,
 //   count and bytes, monotonic index timestamps, cursors and claims inside the
 //   lane, DLQ pending marks pointing at entries.

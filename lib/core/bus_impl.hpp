@@ -386,7 +386,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Visit every group lane's usage counters (BusCore::mu_ held; fn must not call the bus).
   void for_each_usage_tap(const std::function<void(const TopicImpl&, const GroupImpl&, const UsageTap&)>& fn);
 
-  /// Bridges (lib/bridge.cpp) report through these: `fn` runs inside stats()
+  /// Bridges (lib/bridge/bridge.cpp) report through these: `fn` runs inside stats()
   /// (after the topics are filled in, BusCore::mu_ and bridges_mu_ held) and
   /// must not call back into the bus. Lock order: mu_, then bridges_mu_.
   std::uint64_t add_bridge_stats(std::function<BridgeStats(const BusStats&)> fn);
@@ -406,7 +406,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
 
-  // Delivery core (delivery.cpp, lib/delivery.hpp).
+  // Delivery core (delivery.cpp, lib/core/delivery.hpp).
   Admission admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept;
   Invocation invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept;
   /// `durable`: the ack is counted (and a claimed key completed) by the

@@ -195,7 +195,7 @@ class DlqStore {
   /// Insert `entry` as it is (state, times, replay offset kept) under the
   /// next entry id, inside the caller's write transaction, and count it in
   /// the stats record (state, entries, bytes, arrivals). Used by the offline
-  /// namespace move (lib/namespace_move.hpp). Returns the new id.
+  /// namespace move (lib/features/namespace_move.hpp). Returns the new id.
   [[nodiscard]] static Result<std::uint64_t> import_in(StoreTxn& txn, DlqEntry entry);
   /// Delete entry `id` and its pending index, uncounting it (state, entries,
   /// bytes; arrival totals stay). NotFound when absent. Same user.
@@ -220,7 +220,7 @@ class DlqStore {
 std::string encode_dlq_entry(const DlqEntry& e);
 Result<DlqEntry> decode_dlq_entry(std::string_view bytes);
 /// OK when a `dlq_audit` record (key be64 seq, value) decodes; Corruption otherwise
-/// (the verify walk, lib/verify.cpp, and the fuzz targets).
+/// (the verify walk, lib/ops/verify.cpp, and the fuzz targets).
 Status check_dlq_audit_record(std::string_view key, std::string_view value);
 
 }  // namespace lanebus::detail

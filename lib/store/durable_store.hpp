@@ -204,14 +204,14 @@ struct StoreCounters {
 /// Tables that other lanebus components keep in the store's environment, so
 /// their writes commit in the same transaction as appends and acks.
 enum class StoreTable : std::uint8_t {
-  Idempotency,     ///< `idem`: idempotency records (lib/idempotency.cpp)
+  Idempotency,     ///< `idem`: idempotency records (lib/features/idempotency.cpp)
   IdempotencyAge,  ///< `idem_age`: done records by time, for durable retention
   Dlq,             ///< `dlq`: dead-letter entries
   DlqAudit,        ///< `dlq_audit`: who replayed / archived / purged what, when
   Fence,           ///< `fence`: fencing high-water marks (doc/leases.md)
   User,            ///< `user`: handlers' own tables (transactional consume)
   Tenancy,         ///< `tenancy`: namespaces, credentials, usage by minute (doc/tenancy.md)
-  Schema,          ///< `schema`: schema registry, contracts, usage audit (lib/schema_registry.cpp)
+  Schema,          ///< `schema`: schema registry, contracts, usage audit (lib/features/schema_registry.cpp)
 };
 inline constexpr int kStoreTables = 8;
 
@@ -241,7 +241,7 @@ class StoreTxn {
   Status scan(StoreTable table, std::string_view from, std::string_view prefix,
               const std::function<bool(std::string_view key, std::string_view value)>& visit);
   /// The core tables (doc/storage-format.md), for the offline namespace move
-  /// (lib/namespace_move.hpp) only: raw keys and values, bypassing the topic
+  /// (lib/features/namespace_move.hpp) only: raw keys and values, bypassing the topic
   /// cache and the writer's lane state, so never use them on a store a bus
   /// has open. Same rules and errors as get/put/del/scan.
   enum class Core : std::uint8_t { Meta, Topics, Lanes, Log, Groups, Cursors, Inflight };
@@ -451,7 +451,7 @@ class DurableStore {
   /// The hook that confirms a generation barrier on a fenced topic (see
   /// FenceConfirmFn: which thread calls it and what it may do). The Bus sets
   /// it to LeaseTable::confirm_grant. Without a hook every barrier is refused
-  /// (FenceViolation). May be called at any time (defined in lib/fence.cpp).
+  /// (FenceViolation). May be called at any time (defined in lib/features/fence.cpp).
   void set_fence_confirm(FenceConfirmFn confirm);
   /// TEST ONLY, for negative controls: false turns every fence check and
   /// fence update of this store object off (fenced appends are accepted as
@@ -552,7 +552,7 @@ class DurableStore {
   std::thread::id writer_id_;
 
   std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> append_listener_;
-  LaneFences fences_;  // fenced topics (lib/fence.cpp)
+  LaneFences fences_;  // fenced topics (lib/features/fence.cpp)
 
   // Counters: relaxed atomics — each is an independent statistic; no other
   // memory is published through them.

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The schema registry (lib/schema_registry.hpp, doc/schemas.md): versions,
+// The schema registry (lib/features/schema_registry.hpp, doc/schemas.md): versions,
 // compatibility, contracts, deprecations, the usage audit and the audit log,
 // kept in the store's `schema` table (doc/storage-format.md).
 #include "schema_registry.hpp"

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The delivery core (lib/delivery.hpp): admit, invoke and settle, shared by
+// The delivery core (lib/core/delivery.hpp): admit, invoke and settle, shared by
 // every lane runner; dead-lettering and DLQ maintenance.
 #include "delivery.hpp"
 

@@ -119,7 +119,7 @@ BusStats BusCore::stats() const {
     }
     out.topics.push_back(std::move(ts));
   }
-  // Bridges (lib/bridge.cpp) add theirs; they read the topic stats above for lag.
+  // Bridges (lib/bridge/bridge.cpp) add theirs; they read the topic stats above for lag.
   {
     MutexLock bl(&bridges_mu_);
     for (const auto& [id, fn] : bridge_stats_) out.bridges.push_back(fn(out));

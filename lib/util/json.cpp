@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// The schema files' JSON reader (lib/json.hpp).
+// The schema files' JSON reader (lib/util/json.hpp).
 #include "json.hpp"
 
 #include <cerrno>

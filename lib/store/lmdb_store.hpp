@@ -261,7 +261,7 @@ class LmdbEnv {
 }  // namespace lanebus::detail
 
 // ---------------------------------------------------------------- verify walk
-// (`lanebus verify` and StoreOptions::verify_on_open; used by lib/verify.cpp)
+// (`lanebus verify` and StoreOptions::verify_on_open; used by lib/ops/verify.cpp)
 
 namespace lanebus::detail {
 

@@ -10,7 +10,7 @@ delim = "LANEBUS_EMBED"
 if ")" + delim + '"' in text:
     sys.exit(f"{src}: contains the raw string delimiter ){delim}\"")
 with open(out, "w", encoding="utf-8") as f:
-    f.write(f"// Generated from {src.split('/')[-1]} by lib/embed_text.py at build time: do not edit.\n")
+    f.write(f"// Generated from {src.split('/')[-1]} by lib/ops/embed_text.py at build time: do not edit.\n")
     f.write("#pragma once\n#include <string_view>\n\nnamespace lanebus::detail {\n")
     f.write(f'inline constexpr std::string_view {name} = R"{delim}(')
     f.write(text)

@@ -790,7 +790,7 @@ Result<std::uint64_t> LmdbEnv::used_bytes() {
 }  // namespace lanebus::detail
 
 // ---------------------------------------------------------------- LmdbWalk
-// (the verify walk; see lib/verify.cpp)
+// (the verify walk; see lib/ops/verify.cpp)
 
 namespace lanebus::detail {
 
