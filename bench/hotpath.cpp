@@ -4,7 +4,8 @@
 // divide a function's inclusive Ir by the message count. Wall-clock numbers
 // on a shared VM swing by 2x; instruction counts do not.
 //
-// Usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1]
+// Usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch]
+//   --handler batch: Bus::subscribe_batch instead of subscribe.
 //   One producer thread publishes N 64-byte messages (16 keys over 8 lanes)
 //   to one topic with G groups on one worker: through Publisher::publish
 //   (B = 1, the default) or Publisher::publish_batch in spans of B. The
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   std::uint64_t msgs = 100'000;
   std::uint32_t batch = 1, groups = 1;
   bool metrics = true;
+  bool batch_handler = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string_view a = argv[i];
     const char* v = argv[i + 1];
@@ -34,8 +36,9 @@ int main(int argc, char** argv) {
     else if (a == "--batch") batch = static_cast<std::uint32_t>(std::atoi(v));
     else if (a == "--groups") groups = static_cast<std::uint32_t>(std::atoi(v));
     else if (a == "--metrics") metrics = std::atoi(v) != 0;
+    else if (a == "--handler") batch_handler = std::string_view(v) == "batch";
     else {
-      std::fprintf(stderr, "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1]\n");
+      std::fprintf(stderr, "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch]\n");
       return 2;
     }
   }
@@ -45,6 +48,18 @@ int main(int argc, char** argv) {
   std::atomic<std::uint64_t> handled{0};
   std::vector<lanebus::Subscription> subs;
   for (std::uint32_t g = 0; g < groups; ++g) {
+    if (batch_handler) {
+      // Bus::subscribe_batch: spans of up to 64 messages of one lane.
+      subs.push_back(bus->subscribe_batch(topic, "g" + std::to_string(g), [&](std::span<const lanebus::MessageView> ms) {
+                          for (const lanebus::MessageView& m : ms) {
+                            std::uint64_t seq;
+                            std::memcpy(&seq, m.payload().data(), sizeof seq);
+                          }
+                          handled.fetch_add(ms.size(), std::memory_order_relaxed);
+                          return lanebus::BatchOutcome::all_acked();
+                        }).value());
+      continue;
+    }
     subs.push_back(bus->subscribe(topic, "g" + std::to_string(g), [&](const lanebus::MessageView& m) {
                         std::uint64_t seq;
                         std::memcpy(&seq, m.payload().data(), sizeof seq);

@@ -81,6 +81,40 @@ TEST_CASE("100k publishes and deliveries after warm-up allocate nothing") {
   CHECK(bytes.load() == (20'000ull + kMessages) * sizeof(payload));
 }
 
+TEST_CASE("a solo Publisher, a batch handler and a plain handler allocate nothing after warm-up") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2}).value();
+  // One Publisher only: the topic is solo (plain ring appends, magazines).
+  auto topic = bus->create_topic("alloc.solo", {.lanes = 8, .capacity = 4096}).value();
+  std::atomic<std::uint64_t> batched{0}, plain{0}, calls{0};
+  auto sb = bus->subscribe_batch(topic, "batch", [&](std::span<const MessageView> ms) {
+                  batched.fetch_add(ms.size(), std::memory_order_relaxed);
+                  calls.fetch_add(1, std::memory_order_relaxed);
+                  return BatchOutcome::all_acked();
+                }).value();
+  auto sp = bus->subscribe(topic, "plain", [&](const MessageView&) {
+                  plain.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  Publisher pub = bus->publisher();
+  char payload[64];
+  std::memset(payload, 'y', sizeof(payload));
+  const char* keys[] = {"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"};
+  auto run = [&](int n, std::uint64_t base) {
+    for (int i = 0; i < n; ++i)
+      REQUIRE(pub.publish(topic, {.key = keys[i % 10], .payload = std::string_view(payload, sizeof payload)}).ok());
+    REQUIRE(wait_until([&] { return batched.load() == base + n && plain.load() == base + n; }));
+  };
+  run(20'000, 0);
+  lanebus::test::alloc_counting(true);
+  run(kMessages, 20'000);
+  lanebus::test::alloc_counting(false);
+  std::uint64_t allocs = lanebus::test::alloc_count();
+  INFO("allocations during 100k solo publishes, batch and plain deliveries: " << allocs << ", batch calls "
+                                                                             << calls.load());
+  CHECK(allocs == 0);
+}
+
 TEST_CASE("a full fail-fast topic refuses without allocating") {
   lanebus::test::skip_if_sanitized();
   auto bus = Bus::open({.workers = 1}).value();

@@ -184,3 +184,223 @@ TEST_CASE("plain groups: acks, retries, exceptions and rejects in one run keep p
   }
   CHECK(bus->shutdown(ShutdownMode::Drain).ok());
 }
+
+// ---------------------------------------------------------------- solo publishers
+// A topic published to through one Publisher only is owned by it (bus_impl.hpp,
+// "Solo publishers"): plain ring appends, no locked instruction. Another
+// publisher takes it over for good; the owner gives it back when destroyed.
+
+#include "bus_impl.hpp"
+#include "wall_clock.hpp"
+
+namespace {
+std::uintptr_t owner_of(Bus& bus, std::string_view topic) {
+  return lanebus::detail::Access::core(bus)->find(topic)->owner.load();
+}
+
+/// Per key: sequence numbers arrive as 0, 1, 2, ... exactly once.
+struct Sequences {
+  std::mutex mu;
+  std::map<std::string, int> next;
+  int violations = 0;
+  std::atomic<std::uint64_t> seen{0};
+  void see(std::string_view key, int seq) {
+    std::lock_guard l(mu);
+    int& n = next[std::string(key)];
+    if (seq != n) ++violations;
+    n = seq + 1;
+    seen.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+std::string payload_of(int seq) { return std::to_string(seq); }
+}  // namespace
+
+TEST_CASE("a solo publisher's topic is taken over by a second Publisher and by Topic::publish, losing nothing") {
+  const bool asym = lanebus::detail::AsymmetricFence::available();
+  auto bus = std::move(*Bus::open({.name = "solo", .workers = 2}));
+  // 256 slots: magazines of 8, and the publishers meet backpressure often.
+  Topic topic = *bus->create_topic("solo.t", {.lanes = 4, .capacity = 256});
+  Sequences seqs;
+  auto sub = *bus->subscribe(topic, "g", [&](const MessageView& m) {
+    seqs.see(m.key(), std::stoi(std::string(m.payload())));
+    return Outcome::ack();
+  });
+  constexpr int kPerKey = 2500, kKeys = 8;
+  std::atomic<int> first_done{0};
+  std::thread a([&, pub = bus->publisher()]() mutable {
+    for (int i = 0; i < kPerKey; ++i)
+      for (int k = 0; k < kKeys; ++k) {
+        const std::string key = "a" + std::to_string(k), p = payload_of(i);
+        REQUIRE(pub.publish(topic, {.key = key, .payload = p}).ok());
+        if (i == kPerKey / 4 && k == 0) first_done.store(1);
+      }
+  });
+  while (first_done.load() == 0) std::this_thread::yield();
+  if (asym) CHECK(owner_of(*bus, "solo.t") >= 2);  // owned by a's publisher
+  std::thread b([&, pub = bus->publisher()]() mutable {
+    for (int i = 0; i < kPerKey; ++i)
+      for (int k = 0; k < kKeys; ++k) {
+        const std::string key = "b" + std::to_string(k), p = payload_of(i);
+        REQUIRE(pub.publish(topic, {.key = key, .payload = p}).ok());
+      }
+  });
+  std::thread c([&] {
+    for (int i = 0; i < kPerKey / 5; ++i) {
+      const std::string p = payload_of(i);
+      REQUIRE(topic.publish({.key = "c", .payload = p}).ok());
+    }
+  });
+  a.join();
+  b.join();
+  c.join();
+  const std::uint64_t total = std::uint64_t{2} * kPerKey * kKeys + kPerKey / 5;
+  REQUIRE(wait_until([&] { return seqs.seen.load() == total; }, std::chrono::seconds(30)));
+  CHECK(seqs.violations == 0);
+  CHECK(owner_of(*bus, "solo.t") == 1);  // shared for good
+  // The publishers are gone: their magazines are back, nothing is in use.
+  REQUIRE(wait_until([&] { return bus->stats().topics.at(0).slots_in_use == 0; }, std::chrono::seconds(10)));
+  CHECK(bus->stats().topics.at(0).published == total);
+}
+
+TEST_CASE("a destroyed Publisher gives its topic back, its cached slots do not hold up a drain, and it may outlive its bus") {
+  const bool asym = lanebus::detail::AsymmetricFence::available();
+  auto bus = std::move(*Bus::open({.name = "solo2", .workers = 1}));
+  Topic topic = *bus->create_topic("solo2.t", {.lanes = 2, .capacity = 1024});
+  std::atomic<int> handled{0};
+  auto sub = *bus->subscribe(topic, "g", [&](const MessageView&) {
+    handled.fetch_add(1);
+    return Outcome::ack();
+  });
+  std::uintptr_t first_owner = 0;
+  {
+    Publisher p = bus->publisher();
+    for (int i = 0; i < 100; ++i) REQUIRE(p.publish(topic, {.key = "k", .payload = "x"}).ok());
+    first_owner = owner_of(*bus, "solo2.t");
+    if (asym) CHECK(first_owner >= 2);
+  }
+  CHECK(owner_of(*bus, "solo2.t") == 0);  // given back
+  Publisher q = bus->publisher();
+  REQUIRE(q.publish(topic, {.key = "k", .payload = "y"}).ok());
+  if (asym) CHECK(owner_of(*bus, "solo2.t") >= 2);
+  REQUIRE(wait_until([&] { return handled.load() == 101; }, std::chrono::seconds(10)));
+  // q's magazine still caches free slots: they are not "in use".
+  CHECK(bus->stats().topics.at(0).slots_in_use == 0);
+  sub = Subscription();
+  CHECK(bus->shutdown(ShutdownMode::Drain, std::chrono::milliseconds(2000)).ok());
+  CHECK(q.publish(topic, {.key = "k", .payload = "z"}).code() == Code::ShutDown);
+  bus.reset();  // q outlives the bus: its destructor hands its slots back to live memory (ASan)
+}
+
+TEST_CASE("WallClock stays within 50 us of CLOCK_REALTIME on every thread") {
+  using lanebus::detail::WallClock;
+  // Past the first 10 ms of the process (calibration).
+  const std::int64_t start = WallClock::realtime_ns();
+  while (WallClock::realtime_ns() - start < 20'000'000) (void)WallClock::now_ns();
+  std::atomic<int> bad{0};
+  std::atomic<std::int64_t> worst{0};
+  auto run = [&] {
+    const std::int64_t until = WallClock::realtime_ns() + 150'000'000;
+    for (;;) {
+      const std::int64_t before = WallClock::realtime_ns();
+      const std::int64_t w = WallClock::now_ns();
+      const std::int64_t after = WallClock::realtime_ns();
+      const std::int64_t err = w < before ? before - w : (w > after ? w - after : 0);
+      if (err > worst.load()) worst.store(err);
+      if (err > 50'000) bad.fetch_add(1);
+      if (after > until) break;
+    }
+  };
+  std::thread t(run);
+  run();
+  t.join();
+  MESSAGE("largest error against CLOCK_REALTIME: " << worst.load() << " ns; TSC scaled: " << WallClock::scaled());
+  CHECK(bad.load() == 0);
+}
+
+// ---------------------------------------------------------------- batch handlers
+
+TEST_CASE("batch handlers: spans keep lane order, a stop retries or rejects one message and the rest come again") {
+  auto bus = std::move(*Bus::open({.name = "batch", .workers = 1}));
+  Topic topic = *bus->create_topic("batch.t", {.lanes = 2, .capacity = 4096});
+  Sequences seqs;
+  std::atomic<bool> gate{false};
+  std::atomic<std::size_t> biggest{0};
+  std::atomic<int> stops{0}, rejects{0}, throws{0};
+  auto sub = *bus->subscribe_batch(
+      topic, "g",
+      [&](std::span<const MessageView> ms) -> BatchOutcome {
+        while (!gate.load()) std::this_thread::yield();  // the first call waits: later spans are long
+        if (ms.size() > biggest.load()) biggest.store(ms.size());
+        for (std::size_t j = 0; j < ms.size(); ++j) {
+          const MessageView& m = ms[j];
+          const int seq = std::stoi(std::string(m.payload()));
+          if (seq % 97 == 5 && m.attempt() == 1) {
+            stops.fetch_add(1);
+            return BatchOutcome::stop_at(j, Outcome::retry("try again"));
+          }
+          if (seq % 101 == 7 && m.attempt() == 1) {
+            throws.fetch_add(1);
+            if (j == 0) throw std::runtime_error("boom");  // an exception stops at the span's first message
+            return BatchOutcome::stop_at(j, Outcome::retry("before the throw"));
+          }
+          if (seq % 89 == 3) {
+            rejects.fetch_add(1);
+            seqs.see(m.key(), seq);  // rejected: done with, in order
+            return BatchOutcome::stop_at(j, Outcome::reject("bad"));
+          }
+          seqs.see(m.key(), seq);
+        }
+        return BatchOutcome::all_acked();
+      },
+      {.max_attempts = 3, .batch_max = 32});
+  Publisher pub = bus->publisher();
+  constexpr int kPerKey = 1500;
+  for (int i = 0; i < kPerKey; ++i) {
+    if (i == 500) gate.store(true);  // 2,000 messages wait for the first call: long spans
+    for (const char* key : {"a", "b", "c", "d"}) {
+      const std::string p = std::to_string(i);
+      const Status st = pub.publish(topic, {.key = key, .payload = p});
+      if (!st.ok()) gate.store(true);
+      REQUIRE(st.ok());
+    }
+  }
+  REQUIRE(wait_until([&] { return seqs.seen.load() == 4u * kPerKey; }, std::chrono::seconds(30)));
+  CHECK(seqs.violations == 0);
+  CHECK(biggest.load() > 1);
+  CHECK(biggest.load() <= 32);
+  const TopicStats ts = bus->stats().topics.at(0);
+  const LaneCounters& gs = ts.groups.at(0).total;
+  CHECK(gs.rejected == static_cast<std::uint64_t>(rejects.load()));
+  CHECK(gs.retried == static_cast<std::uint64_t>(stops.load() + throws.load()));
+  CHECK(gs.acked + gs.rejected == 4u * kPerKey);
+}
+
+TEST_CASE("batch handlers: bad options and handles are refused with a named cause") {
+  auto bus = std::move(*Bus::open({.name = "batch2", .workers = 1}));
+  Topic topic = *bus->create_topic("batch2.t");
+  Topic queue = *bus->create_queue("batch2.q");
+  auto ok = [](std::span<const MessageView>) { return BatchOutcome::all_acked(); };
+  auto r0 = bus->subscribe_batch(topic, "g", ok, {.batch_max = 0});
+  CHECK(r0.status().code() == Code::InvalidArgument);
+  CHECK(r0.status().message().find("batch_max") != std::string_view::npos);
+  auto r1 = bus->subscribe_batch(topic, "g", ok, {.batch_max = 5000});
+  CHECK(r1.status().code() == Code::InvalidArgument);
+  auto r2 = bus->subscribe_batch(topic, "g", BatchHandler{});
+  CHECK(r2.status().code() == Code::InvalidArgument);
+  auto r3 = bus->consume_batch(topic, ok);
+  CHECK(r3.status().code() == Code::InvalidArgument);
+  CHECK(r3.status().message().find("is a topic") != std::string_view::npos);
+  auto r4 = bus->subscribe_batch(queue, "g", ok);
+  CHECK(r4.status().code() == Code::InvalidArgument);
+  // A queue's competing batch consumer, with DropOldest's general loop (spans of one).
+  Topic dq = *bus->create_queue("batch2.dq", {.backpressure = Backpressure::DropOldest, .capacity = 64});
+  std::atomic<int> got{0};
+  auto sub = *bus->consume_batch(dq, [&](std::span<const MessageView> ms) {
+    CHECK(ms.size() == 1);
+    got.fetch_add(static_cast<int>(ms.size()));
+    return BatchOutcome::all_acked();
+  });
+  for (int i = 0; i < 10; ++i) REQUIRE(dq.publish({.key = "k", .payload = "x"}).ok());
+  CHECK(wait_until([&] { return got.load() == 10; }, std::chrono::seconds(10)));
+}

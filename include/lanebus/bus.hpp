@@ -263,6 +263,15 @@ class LANEBUS_API Bus {
   /// Errors: InvalidArgument (not a queue, empty handler), Busy, ShutDown.
   Result<Subscription> consume(const Topic& queue, Handler handler, const GroupOptions& options = {});
 
+  /// subscribe / consume with a batch handler (see BatchHandler): one call
+  /// receives up to GroupOptions::batch_max consecutive messages of a lane
+  /// and settles them with one BatchOutcome. Same groups, guarantees and
+  /// errors as subscribe / consume (plus InvalidArgument for batch_max
+  /// outside 1..1024). Retries, the DLQ and per-key order apply per message.
+  Result<Subscription> subscribe_batch(const Topic& topic, std::string_view group, BatchHandler handler,
+                                       const GroupOptions& options = {});
+  Result<Subscription> consume_batch(const Topic& queue, BatchHandler handler, const GroupOptions& options = {});
+
   /// subscribe / consume with a transactional handler (see transaction.hpp):
   /// its store writes, outbox publishes, dedup record and ack commit in one
   /// LMDB transaction. Durable topics and queues only (else InvalidArgument).
@@ -333,6 +342,8 @@ class LANEBUS_API Bus {
   std::vector<std::pair<std::string, std::shared_ptr<detail::BusCore>>> ns_cores_;
   detail::BusCore* core_for(std::string_view name) const noexcept;
   std::shared_ptr<detail::BusCore> owner_of(const Topic& topic) const noexcept;
+  Result<Subscription> attach_plain(const Topic& topic, std::string_view group, Handler handler, BatchHandler batch,
+                                    const GroupOptions& options, bool queue);
 };
 
 }  // namespace lanebus

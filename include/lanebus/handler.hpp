@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string_view>
 
 #include "lanebus/message.hpp"
@@ -49,5 +50,36 @@ class Outcome {
 /// to close. An exception escaping it is caught and counted as a failure of
 /// that message (treated like retry("exception: ...")).
 using Handler = std::function<Outcome(const MessageView&)>;
+
+/// What a batch handler tells the bus about the messages of one call.
+///
+/// - all_acked(): every message of the span is done.
+/// - stop_at(i, outcome): messages [0, i) are acked; message i gets
+///   `outcome` (retry or reject, with the rules of Outcome; an ack counts as
+///   an ack of message i); messages after i were not handled: they come
+///   again, in order and at the same attempt, in a later call. A handler
+///   should stop at the first message it cannot finish, so per-key order
+///   holds exactly as for a one-message handler.
+class BatchOutcome {
+ public:
+  static BatchOutcome all_acked() noexcept { return BatchOutcome(~std::size_t{0}, Outcome::ack()); }
+  static BatchOutcome stop_at(std::size_t index, Outcome outcome) noexcept { return BatchOutcome(index, outcome); }
+
+  /// Messages acked before the stop (all_acked(): the largest size_t).
+  std::size_t acked() const noexcept { return acked_; }
+  /// The outcome of message acked() when it is inside the span.
+  const Outcome& next() const noexcept { return next_; }
+
+ private:
+  BatchOutcome(std::size_t acked, Outcome next) noexcept : acked_(acked), next_(next) {}
+  std::size_t acked_;
+  Outcome next_;
+};
+
+/// A batch handler (Bus::subscribe_batch, Bus::consume_batch): receives up
+/// to GroupOptions::batch_max messages of one lane, oldest first. The views
+/// and their bytes are valid for the call. Same threading and exception
+/// rules as Handler; an exception counts as stop_at(0, retry).
+using BatchHandler = std::function<BatchOutcome(std::span<const MessageView>)>;
 
 }  // namespace lanebus

@@ -20,7 +20,9 @@ struct Access;
 struct MessageHeader {
   /// Unique per bus; assigned by publish, increasing per publishing thread.
   std::uint64_t id = 0;
-  /// Wall-clock time of publish, in nanoseconds since the Unix epoch.
+  /// Wall-clock time of publish, in nanoseconds since the Unix epoch. On
+  /// in-process topics it is read from the TSC scaled to CLOCK_REALTIME:
+  /// within 50 µs of CLOCK_REALTIME at the same moment (lib/util/wall_clock.hpp).
   std::int64_t created_at_ns = 0;
   /// Free for the application: ties a message to the request that caused it. 0 = none.
   std::uint64_t correlation_id = 0;

@@ -125,6 +125,13 @@ struct GroupOptions {
   /// run (fairness between lanes). Default 64.
   std::uint32_t batch = 64;
 
+  /// Batch handlers (Bus::subscribe_batch): the most messages of one lane in
+  /// one call. 1..1024. Default 64. Spans reach this size on in-memory groups
+  /// without idempotency scope, key_parallel_retry, attempt_timeout or
+  /// DropOldest; elsewhere (durable lanes included) each call carries one
+  /// message.
+  std::uint32_t batch_max = 64;
+
   /// Idempotency scope (Bus::idempotency) of the group, or empty for none.
   /// With a scope, a message that carries an idempotency key is claimed in
   /// the scope before its handler runs: a key already done is acked without
@@ -168,7 +175,9 @@ struct BusOptions {
   /// Worker threads that run handlers. 0 = std::thread::hardware_concurrency().
   std::size_t workers = 0;
   /// How long an idle worker spins looking for work before it parks (sleeps
-  /// on a semaphore, burning no CPU). Default 50 µs. 0 = park at once.
+  /// on a semaphore, burning no CPU), and how long a worker lingers on an
+  /// in-memory lane it just emptied while no other lane waits (at least
+  /// 1 µs). Default 50 µs. 0 = park at once.
   std::chrono::nanoseconds spin{50'000};
   /// Default for how long the Bus destructor lets pending messages drain
   /// before abandoning them. Default 5 s.

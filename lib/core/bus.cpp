@@ -126,16 +126,25 @@ std::uint64_t next_publisher_id(detail::PublisherState& st) noexcept {
 }
 }  // namespace
 
+namespace {
+Status publish_through(detail::PublisherState& st, detail::TopicImpl* t, const OutgoingMessage& m,
+                       bool may_block) noexcept {
+  const std::uint64_t id = next_publisher_id(st);
+  if (detail::PublisherLink* l = st.link(t)) return t->publish_via(st, *l, m, may_block, id);
+  return t->publish(m, may_block, id);
+}
+}  // namespace
+
 Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
   if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
-  return topic.impl_->publish(message, true, next_publisher_id(*state_));
+  return publish_through(*state_, topic.impl_, message, true);
 }
 
 Status Publisher::try_publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
   if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
-  return topic.impl_->publish(message, false, next_publisher_id(*state_));
+  return publish_through(*state_, topic.impl_, message, false);
 }
 
 BatchPublishResult Publisher::publish_batch(const Topic& topic, std::span<const OutgoingMessage> messages) noexcept {
@@ -244,30 +253,45 @@ Result<Topic> Bus::find(std::string_view name) const {
   return Topic(t);
 }
 
-Result<Subscription> Bus::subscribe(const Topic& topic, std::string_view group, Handler handler,
-                                    const GroupOptions& options) {
+Result<Subscription> Bus::attach_plain(const Topic& topic, std::string_view group, Handler handler,
+                                      BatchHandler batch, const GroupOptions& options, bool queue) {
+  const char* what = queue ? (batch ? "consume_batch" : "consume") : (batch ? "subscribe_batch" : "subscribe");
   const std::shared_ptr<detail::BusCore> owner = owner_of(topic);
   if (owner == nullptr)
-    return Status(Code::InvalidArgument, "subscribe: the topic handle is empty or belongs to another bus");
-  if (topic.impl_->is_queue)
-    return Status(Code::InvalidArgument,
-                  "subscribe: \"" + topic.impl_->name + "\" is a queue; use Bus::consume for competing consumers");
-  if (Status s = detail::check_name(group, "group"); !s.ok()) return s;
-  auto c = owner->attach(topic.impl_, group, std::move(handler), {}, options);
+    return Status(Code::InvalidArgument, std::string(what) + ": the " + (queue ? "queue" : "topic") +
+                                             " handle is empty or belongs to another bus");
+  if (!queue && topic.impl_->is_queue)
+    return Status(Code::InvalidArgument, std::string(what) + ": \"" + topic.impl_->name +
+                                             "\" is a queue; use Bus::consume for competing consumers");
+  if (queue && !topic.impl_->is_queue)
+    return Status(Code::InvalidArgument, std::string(what) + ": \"" + topic.impl_->name +
+                                             "\" is a topic; use Bus::subscribe with a group name");
+  if (!queue) {
+    if (Status s = detail::check_name(group, "group"); !s.ok()) return s;
+  }
+  auto c = owner->attach(topic.impl_, group, std::move(handler), {}, options, std::move(batch));
   if (!c.ok()) return c.status();
   return Subscription(owner, *c);
 }
 
+Result<Subscription> Bus::subscribe(const Topic& topic, std::string_view group, Handler handler,
+                                    const GroupOptions& options) {
+  return attach_plain(topic, group, std::move(handler), {}, options, false);
+}
+
 Result<Subscription> Bus::consume(const Topic& queue, Handler handler, const GroupOptions& options) {
-  const std::shared_ptr<detail::BusCore> owner = owner_of(queue);
-  if (owner == nullptr)
-    return Status(Code::InvalidArgument, "consume: the queue handle is empty or belongs to another bus");
-  if (!queue.impl_->is_queue)
-    return Status(Code::InvalidArgument,
-                  "consume: \"" + queue.impl_->name + "\" is a topic; use Bus::subscribe with a group name");
-  auto c = owner->attach(queue.impl_, {}, std::move(handler), {}, options);
-  if (!c.ok()) return c.status();
-  return Subscription(owner, *c);
+  return attach_plain(queue, {}, std::move(handler), {}, options, true);
+}
+
+Result<Subscription> Bus::subscribe_batch(const Topic& topic, std::string_view group, BatchHandler handler,
+                                          const GroupOptions& options) {
+  if (!handler) return Status(Code::InvalidArgument, "subscribe_batch: the handler is empty");
+  return attach_plain(topic, group, {}, std::move(handler), options, false);
+}
+
+Result<Subscription> Bus::consume_batch(const Topic& queue, BatchHandler handler, const GroupOptions& options) {
+  if (!handler) return Status(Code::InvalidArgument, "consume_batch: the handler is empty");
+  return attach_plain(queue, {}, {}, std::move(handler), options, true);
 }
 
 Status Bus::seek(const Topic& topic, std::string_view group, const StartPosition& position) {
@@ -335,6 +359,8 @@ Result<DlqCounters> DeadLetters::counters() { return core_->dlq()->counters(); }
 Publisher Bus::publisher() {
   auto st = std::make_unique<detail::PublisherState>();
   st->bus = core_.get();
+  st->keep = core_;
+  st->slot = core_->claim_publisher_slot();
   return Publisher(std::move(st));
 }
 

@@ -35,6 +35,21 @@
 //   one reads a batch from the log at the lane's position (topics) or claims
 //   messages (queues), calls the handler, and commits offsets / acks.
 //
+// - Solo publishers (doc/performance.md): a topic published to through one
+//   Publisher only is owned by it (TopicImpl::owner = its slot + 2). The
+//   owner publishes without a locked instruction: a slot from its magazine,
+//   plain ring appends (lane_ring.hpp invariant 4), plain lane and usage
+//   counters. Its two Dekker hand-offs (the ring entry against the lane's
+//   `scheduled` flag; the slot taken against `closing`) use a light fence,
+//   and the rare sides pay a heavy one (asym_fence.hpp): a worker that
+//   clears `scheduled` of a lane of a topic that was ever solo (`asym`),
+//   shutdown before it counts slots. Each solo publish runs inside an
+//   `in_push` window of its publisher slot (store in_push, light fence,
+//   re-check owner). Any other publish first makes the topic shared for good
+//   (owner = 1): it swaps the owner out, runs a heavy fence and waits for
+//   the old owner's window to close, after which the old owner sees the
+//   change at its next re-check. Without membarrier no topic goes solo.
+//
 // Lock order: BusCore::mu_ (registry: topic map, group creation, consumer
 // slots) → GroupImpl::commit_mu (durable seek vs offset commits). durable_mu_
 // (store topic id → TopicImpl) is a leaf. No lanebus lock is held while a
@@ -55,6 +70,8 @@
 #include <vector>
 
 #include "access.hpp"
+#include "asym_fence.hpp"
+#include "wall_clock.hpp"
 #include "delivery.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
@@ -87,18 +104,17 @@ extern thread_local BusCore* tl_running_bus;
 struct GroupLane;
 extern thread_local GroupLane* tl_running_lane;
 
+/// GroupOptions::batch_max's upper bound (a batch's views live on the worker's stack).
+inline constexpr std::uint32_t kMaxBatch = 1024;
+
 /// GroupLane::running_since_ns of a call in a group without attempt_timeout
 /// (its start time is not read: no clock read on the hot path).
 inline constexpr std::int64_t kRunningUntimed = 1;
 
-/// Wall clock, ns since the epoch (message timestamps, DLQ times): the clock
-/// system_clock::now reads (CLOCK_REALTIME, vDSO), called directly to skip
-/// the library wrapper on the hot path (doc/performance.md, clock reads).
-inline std::int64_t now_ns() noexcept {
-  timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
+/// Wall clock, ns since the epoch (message timestamps, latencies, DLQ
+/// times): the TSC scaled to CLOCK_REALTIME (wall_clock.hpp states the error
+/// bound), so the hot path reads no clock_gettime per message.
+inline std::int64_t now_ns() noexcept { return WallClock::now_ns(); }
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -209,6 +225,7 @@ struct Consumer {
   GroupImpl* group = nullptr;
   Handler handler;                    // written under BusCore::mu_ before `enabled` is set
   TxHandler tx_handler;               // instead of handler: transactional consume (durable only)
+  BatchHandler batch_handler;         // instead of handler: spans of one lane (ephemeral_lane.cpp)
   std::atomic<bool> enabled{false};   // may receive messages
   std::atomic<std::uint32_t> calls{0};  // workers pinning this consumer
   bool in_use = false;                // slot assigned (guarded by BusCore::mu_)
@@ -296,11 +313,22 @@ struct TxnState {
   bool is_void() const noexcept { return !refused.ok(); }
 };
 
+struct PublisherState;
+struct PublisherLink;
+
 class TopicImpl {
  public:
   TopicImpl(BusCore* bus, std::string name, bool is_queue, const TopicOptions& options);
 
+  /// The shared publish path (any thread): makes the topic shared first.
   Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
+  /// Publish through a Publisher's link: its slot magazine, and the solo
+  /// path while the publisher owns the topic (see "Solo publishers").
+  Status publish_via(PublisherState& p, PublisherLink& link, const OutgoingMessage& m, bool may_block,
+                     std::uint64_t id) noexcept;
+  /// End solo ownership for good (owner = 1): after it returns, no solo
+  /// publish of this topic runs, and its effects are visible.
+  void make_shared() noexcept;
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
   /// Topic::publish_batch for an ephemeral topic; message j gets id first_id + j.
   BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
@@ -331,6 +359,13 @@ class TopicImpl {
   std::unique_ptr<LaneLoad[]> lane_load;
   std::atomic<std::uint64_t> unrouted{0};
   std::atomic<std::uint64_t> refused{0};
+  /// Solo ownership: 0 = nobody published yet, 1 = shared, k + 2 = solo by
+  /// the publisher of slot k. Goes 0 → k + 2 → 0 (its publisher is gone),
+  /// and to 1 from any state, for good.
+  std::atomic<std::uintptr_t> owner{0};
+  /// Set before the first solo publish and never cleared: workers clearing a
+  /// lane's `scheduled` flag run the heavy fence.
+  std::atomic<bool> asym{false};
   /// The namespace holding the topic (tenancy.hpp); set at creation, swapped
   /// when a covering namespace is declared. Never null after creation.
   std::atomic<NamespaceState*> ns{nullptr};
@@ -340,14 +375,49 @@ class TopicImpl {
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
+  /// The status of a publish that found no slot (publish and publish_via).
+  Status no_slot(bool may_block) noexcept;
+  /// Route a filled slot to every active group's ring of its lane; `solo`:
+  /// the owner's plain appends. Returns false when no group took it (freed).
+  bool route(Slot* s, std::uint32_t lane, bool solo) noexcept;
   bool drop_oldest(std::uint32_t first_lane) noexcept;
 };
 
-/// Per-thread publishing state behind Publisher.
+/// One topic a Publisher publishes to: its slot magazine (message_pool.hpp).
+struct PublisherLink {
+  TopicImpl* topic = nullptr;
+  Magazine mag;
+};
+
+inline constexpr std::uint32_t kNoPublisherSlot = 0xffffffffu;
+
+/// Per-thread publishing state behind Publisher. Holds the core, so the
+/// pools its magazines return slots to outlive it.
 struct PublisherState {
+  PublisherState() = default;
+  PublisherState(const PublisherState&) = delete;
+  PublisherState& operator=(const PublisherState&) = delete;
+  /// Returns the magazines' slots, gives up solo ownership and the slot.
+  ~PublisherState();
+
+  /// The link for `t` (created on first use; nullptr when all kLinks are
+  /// taken: the shared path then serves that topic).
+  PublisherLink* link(TopicImpl* t) noexcept;
+
   BusCore* bus = nullptr;
+  std::shared_ptr<BusCore> keep;
   std::uint64_t next_id = 0;
   std::uint64_t end_id = 0;
+  std::uint32_t slot = kNoPublisherSlot;  // BusCore::publisher_slot: solo ownership, usage tallies
+  static constexpr std::uint32_t kLinks = 4;
+  PublisherLink links[kLinks];
+  std::uint32_t link_count = 0;
+};
+
+/// A publisher slot: the in_push window of solo publishes (see "Solo publishers").
+struct alignas(64) PublisherSlot {
+  std::atomic<std::uint32_t> in_push{0};  // written by the slot's publisher
+  std::atomic<bool> used{false};
 };
 
 class BusCore : public std::enable_shared_from_this<BusCore> {
@@ -358,7 +428,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Status start();
   Result<TopicImpl*> create(std::string_view name, bool is_queue, const TopicOptions& options);
   Result<Consumer*> attach(TopicImpl* topic, std::string_view group, Handler handler, TxHandler tx_handler,
-                           const GroupOptions& options);
+                           const GroupOptions& options, BatchHandler batch_handler = {});
   Result<std::string> table_get(std::string_view table, std::string_view key) const;
   Status detach(Consumer* c) noexcept;
   Status shutdown(ShutdownMode mode, std::chrono::milliseconds timeout);
@@ -367,6 +437,20 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   /// Make sure `gl` is (or will be) run by a worker.
   void schedule(GroupLane* gl) noexcept;
+  /// Clear `gl`'s scheduled flag (its worker is done with it). The caller then
+  /// checks for work that arrived meanwhile and schedules again: the worker's
+  /// side of the Dekker hand-off, with the heavy fence on topics that were
+  /// ever solo ("Solo publishers").
+  void unschedule(GroupLane* gl) noexcept {
+    gl->scheduled.store(false, std::memory_order_seq_cst);
+    if (gl->group->topic->asym.load(std::memory_order_relaxed)) AsymmetricFence::heavy();
+  }
+
+  /// Publisher slots (solo ownership, usage tallies): kNoPublisherSlot when all are taken.
+  static constexpr std::uint32_t kPublisherSlots = kPublisherTallies;
+  std::uint32_t claim_publisher_slot() noexcept;
+  void release_publisher_slot(std::uint32_t k) noexcept;
+  PublisherSlot& publisher_slot(std::uint32_t k) noexcept { return pub_slots_[k]; }
   /// Queue a scheduled lane in its namespace's class of the run queue.
   void enqueue_lane(GroupLane* gl) noexcept;
 
@@ -403,6 +487,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// run_lane's plain fast path (ephemeral_lane.cpp, doc/performance.md).
   std::int64_t run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
                          std::uint32_t* handled) noexcept;
+  /// run_plain for a batch handler (single dequeuer): spans of up to batch_max.
+  std::int64_t run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees, std::uint32_t* handled) noexcept;
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
 
@@ -463,6 +549,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::int64_t slots_in_use() const;
   /// "topic "t" group "g" lane 3 (running for 812 ms), ..." for every handler call running now.
   std::string running_handlers() const;
+
+  PublisherSlot pub_slots_[kPublisherSlots];
 
   mutable Mutex mu_;
   mutable Mutex bridges_mu_;  // after mu_

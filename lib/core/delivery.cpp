@@ -94,6 +94,10 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
         Transaction t = Access::transaction(tx);
         inv.outcome = c->tx_handler(view, t);
       }
+    } else if (c->batch_handler) {
+      // A batch handler outside the batch runner: a span of one.
+      const BatchOutcome b = c->batch_handler(std::span<const MessageView>(&view, 1));
+      inv.outcome = b.acked() >= 1 ? Outcome::ack() : b.next();
     } else {
       inv.outcome = c->handler(view);
     }

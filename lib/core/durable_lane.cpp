@@ -53,7 +53,7 @@ void BusCore::run_durable_lane(GroupLane* gl) {
   }
   // Owner-only state must be read before the lane is released to others.
   const std::uint64_t read_pos = gl->read_pos;
-  gl->scheduled.store(false, std::memory_order_seq_cst);
+  unschedule(gl);
   if (abandon) return;
   if (c == nullptr) {
     // No consumer right now: messages stay in the store. attach() schedules

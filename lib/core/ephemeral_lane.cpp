@@ -43,7 +43,7 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
   const bool queue = gl->group->topic->is_queue;
   const std::uint64_t read_pos = gl->read_pos;
   if (earliest != 0 && timer_) timer_->arm(&gl->wake, earliest);
-  gl->scheduled.store(false, std::memory_order_seq_cst);
+  unschedule(gl);
   // The wake may have fired before the flag was cleared (schedule() then saw
   // the lane scheduled and did nothing): check the time ourselves.
   const bool due = earliest != 0 && RetryTimer::now_ns() >= earliest;
@@ -71,6 +71,7 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   LaneRing& ring = gl->ring;
   const std::uint32_t batch = g->options.batch;
   const bool metrics = options.metrics;
+  const std::int64_t linger_ns = std::max<std::int64_t>(options.spin.count(), 1'000);
   const Handler& handler = c->handler;
   std::uint64_t delivered = gl->delivered.load(std::memory_order_relaxed);
   std::uint64_t acked = gl->acked.load(std::memory_order_relaxed);
@@ -86,13 +87,26 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   while (handled < batch) {
     std::uint32_t idx;
     if (!take(idx)) {
-      // Empty: linger as the general loop does when no other lane waits.
+      // Empty: linger on this lane while no other lane waits, for as long as
+      // an idle worker would spin on the run queue (BusOptions::spin). A
+      // producer in a stream publishes again within it, and the lane stays
+      // scheduled: no trip through the run queue and no unschedule (with its
+      // heavy fence on solo topics) per message.
       if (runq_.size_approx() != 0) break;
       frees.flush();
       bool got = false;
-      for (int spin = 0; spin < 64 && !got; ++spin) {
+      std::int64_t until = 0;
+      for (std::uint32_t spin = 1; !got; ++spin) {
         cpu_relax();
         got = take(idx);
+        if (got || (spin & 63) != 0) continue;
+        if (runq_.size_approx() != 0 || closing()) break;
+        const std::int64_t now = now_ns();
+        if (until == 0) {
+          until = now + linger_ns;
+        } else if (now >= until) {
+          break;
+        }
       }
       if (!got) break;
     }
@@ -156,6 +170,121 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   return hold_ns;
 }
 
+// ---------------------------------------------------------------- the batch fast path
+
+// run_plain for a batch handler (Bus::subscribe_batch): each call gets the
+// run of messages the lane holds (up to batch_max), looked at in the ring and
+// taken only once settled, so the messages after a stop stay at the head of
+// the lane for the next call. One clock read per call stamps the latencies
+// (every message of the span is done when the call returns). Ring with one
+// dequeuer only (no DropOldest).
+std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees,
+                                      std::uint32_t* handled_out) noexcept {
+  GroupImpl* g = gl->group;
+  MessagePool& pool = g->topic->pool;
+  LaneRing& ring = gl->ring;
+  const std::uint32_t limit = std::max(g->options.batch, g->options.batch_max);
+  const std::uint32_t span_max = g->options.batch_max;
+  const bool metrics = options.metrics;
+  const std::int64_t linger_ns = std::max<std::int64_t>(options.spin.count(), 1'000);
+  const BatchHandler& handler = c->batch_handler;
+  Slot* slots[kMaxBatch];
+  alignas(MessageView) unsigned char view_bytes[kMaxBatch * sizeof(MessageView)];
+  MessageView* const views = reinterpret_cast<MessageView*>(view_bytes);
+  std::uint64_t delivered = gl->delivered.load(std::memory_order_relaxed);
+  std::uint64_t acked_total = gl->acked.load(std::memory_order_relaxed);
+  std::uint64_t bytes = 0;
+  std::uint32_t handled = 0;
+  std::int64_t hold_ns = -1;
+  tl_running_consumer = c;
+  tl_running_bus = this;
+  tl_running_lane = gl;
+  gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+  while (handled < limit) {
+    std::uint32_t n = 0;
+    std::uint32_t idx;
+    while (n < span_max && ring.peek_single(n, idx)) slots[n++] = pool.at(idx);
+    if (n == 0) {
+      // Empty: linger as run_plain does.
+      if (runq_.size_approx() != 0) break;
+      frees.flush();
+      bool got = false;
+      std::int64_t until = 0;
+      for (std::uint32_t spin = 1; !got; ++spin) {
+        cpu_relax();
+        got = ring.peek_single(0, idx);
+        if (got || (spin & 63) != 0) continue;
+        if (runq_.size_approx() != 0 || closing()) break;
+        const std::int64_t now = now_ns();
+        if (until == 0) {
+          until = now + linger_ns;
+        } else if (now >= until) {
+          break;
+        }
+      }
+      if (!got) break;
+      continue;
+    }
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Slot* s = slots[i];
+      new (&views[i]) MessageView(s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0);
+      Access::set_attempt(views[i], 1);
+    }
+    if (metrics) gl->oldest_ns.store(slots[0]->header.created_at_ns, std::memory_order_relaxed);
+    std::optional<BatchOutcome> result;
+    try {
+      result.emplace(handler(std::span<const MessageView>(views, n)));
+    } catch (const std::exception&) {
+      result.emplace(BatchOutcome::stop_at(0, Outcome::retry("handler threw an exception")));
+    } catch (...) {
+      result.emplace(BatchOutcome::stop_at(0, Outcome::retry("handler threw a non-standard exception")));
+    }
+    std::uint32_t acked = static_cast<std::uint32_t>(std::min<std::size_t>(result->acked(), n));
+    if (acked < n && result->next().kind() == Outcome::Kind::Ack) ++acked;  // an ack at the stop
+    const std::uint32_t settled = acked + (acked < n ? 1 : 0);
+    ring.advance_single(settled);
+    gl->delivered.store(delivered += settled, std::memory_order_relaxed);
+    gl->acked.store(acked_total += acked, std::memory_order_relaxed);
+    handled += settled;
+    if (metrics && acked > 0) {
+      const std::int64_t now = now_ns();
+      for (std::uint32_t i = 0; i < acked; ++i) {
+        const std::int64_t d = now - slots[i]->header.created_at_ns;
+        gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+      }
+    }
+    for (std::uint32_t i = 0; i < settled; ++i) bytes += slots[i]->payload_len;
+    for (std::uint32_t i = 0; i < acked; ++i) frees.release(slots[i]);
+    if (acked == n) continue;
+    // Message `acked` failed: the delivery core decides, as in run_plain.
+    Slot* s = slots[acked];
+    gl->running_since_ns.store(0, std::memory_order_release);
+    gl->attempts = 1;
+    gl->first_failure_ns = 0;
+    Invocation inv;
+    inv.outcome = result->next();
+    const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, 1};
+    const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
+    if (st.next == Settlement::Next::Retry) {
+      gl->current = s;  // kept at the head of its lane: later messages must not overtake it
+      hold_ns = st.delay_ns;
+      break;
+    }
+    if (st.next == Settlement::Next::DeadLetter)
+      dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
+    frees.release(s);
+    gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+  }
+  tl_running_consumer = nullptr;
+  tl_running_bus = nullptr;
+  tl_running_lane = nullptr;
+  gl->running_since_ns.store(0, std::memory_order_release);
+  tl_delivered_msgs += handled;  // tenancy usage (scheduler.cpp)
+  tl_delivered_bytes += bytes;
+  *handled_out = handled;
+  return hold_ns;
+}
+
 // ---------------------------------------------------------------- the runner
 
 void BusCore::run_lane(GroupLane* gl) {
@@ -172,7 +301,7 @@ void BusCore::run_lane(GroupLane* gl) {
     // A queue with no consumer: messages wait. Unschedule; attach() reschedules
     // lanes once a consumer exists (Dekker on enabled / scheduled).
     const bool holding = gl->current != nullptr || !gl->parked.empty();  // owner-only: read before releasing
-    gl->scheduled.store(false, std::memory_order_seq_cst);
+    unschedule(gl);
     if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) schedule(gl);
     return;
   }
@@ -191,9 +320,14 @@ void BusCore::run_lane(GroupLane* gl) {
   // scope, no key_parallel_retry, no attempt_timeout and no retry pending
   // hands each message of the ring straight to its handler. The general loop
   // below takes the lane again when a message is held for a retry.
+  // A batch handler takes the batch path, which needs a single dequeuer;
+  // with DropOldest it runs in the general loop (spans of one, via invoke).
   const bool plain = c != nullptr && gl->current == nullptr && gl->parked.empty() && !kp &&
-                     g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler;
-  if (plain) hold_ns = run_plain(gl, c, single, frees, &handled);
+                     g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler &&
+                     (!c->batch_handler || single);
+  if (plain) {
+    hold_ns = c->batch_handler ? run_plain_batch(gl, c, frees, &handled) : run_plain(gl, c, single, frees, &handled);
+  }
   while (!plain && handled < g->options.batch) {
     // 1. A parked message whose backoff is over (key_parallel_retry).
     std::ptrdiff_t pi = -1;
@@ -327,7 +461,7 @@ void BusCore::run_lane(GroupLane* gl) {
     }
     return;
   }
-  gl->scheduled.store(false, std::memory_order_seq_cst);
+  unschedule(gl);
   if (gl->ring.ready()) schedule(gl);
 }
 

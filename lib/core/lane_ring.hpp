@@ -16,6 +16,11 @@
 // 1. cell[p & mask].seq == p      : free, may be written for position p.
 // 2. cell[p & mask].seq == p + 1  : holds the value for position p.
 // 3. A dequeuer of p stores seq = p + capacity, freeing the cell for p + capacity.
+// 4. push_solo / enqueue_bulk_solo may be used only by the one publisher that
+//    holds its topic's solo ownership (bus_impl.hpp, "Solo publishers"): no
+//    other enqueuer runs meanwhile, so tail_ needs no read-modify-write and a
+//    cell needs no seq_cst store (the Dekker hand-off with the lane's
+//    `scheduled` flag is then closed by an asymmetric fence, asym_fence.hpp).
 #pragma once
 
 #include <atomic>
@@ -57,6 +62,32 @@ class LaneRing {
     // (Dekker hand-off with the worker, see bus_impl.hpp).
     cell->seq.store(pos + 1, std::memory_order_seq_cst);
     return true;
+  }
+
+  /// try_enqueue for the topic's solo publisher (invariant 4): plain loads
+  /// and stores, no locked instruction. Spins while the cell's previous
+  /// dequeuer finishes its store (the ring cannot be full: see enqueue_bulk).
+  void push_solo(std::uint32_t value) noexcept {
+    const std::uint64_t pos = tail_.load(std::memory_order_relaxed);
+    Cell* cell = &cells_[pos & mask_];
+    // acquire: pairs with the dequeuer's release that freed the cell.
+    while (cell->seq.load(std::memory_order_acquire) != pos) std::this_thread::yield();
+    cell->value = value;
+    cell->seq.store(pos + 1, std::memory_order_release);
+    tail_.store(pos + 1, std::memory_order_relaxed);
+  }
+
+  /// enqueue_bulk for the topic's solo publisher (invariant 4), without the
+  /// closing fence (the caller's asymmetric fence orders the hand-off).
+  void enqueue_bulk_solo(const std::uint32_t* values, std::uint32_t count) noexcept {
+    const std::uint64_t pos = tail_.load(std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      Cell* cell = &cells_[(pos + i) & mask_];
+      while (cell->seq.load(std::memory_order_acquire) != pos + i) std::this_thread::yield();
+      cell->value = values[i];
+      cell->seq.store(pos + i + 1, std::memory_order_release);
+    }
+    tail_.store(pos + count, std::memory_order_relaxed);
   }
 
   /// Append `count` values as one run of consecutive positions (publish_batch:
@@ -114,6 +145,25 @@ class LaneRing {
     head_.store(pos + 1, std::memory_order_relaxed);
     cell->seq.store(pos + mask_ + 1, std::memory_order_release);
     return true;
+  }
+
+  /// The value `i` positions past the oldest, if it is there (a ring with one
+  /// dequeuer, as try_dequeue_single): a batch is looked at before it is taken.
+  bool peek_single(std::uint32_t i, std::uint32_t& value) const noexcept {
+    const std::uint64_t pos = head_.load(std::memory_order_relaxed) + i;
+    const Cell& cell = cells_[pos & mask_];
+    if (cell.seq.load(std::memory_order_acquire) != pos + 1) return false;
+    value = cell.value;
+    return true;
+  }
+
+  /// Take the oldest `n` values, every one of them seen by peek_single.
+  void advance_single(std::uint32_t n) noexcept {
+    const std::uint64_t pos = head_.load(std::memory_order_relaxed);
+    head_.store(pos + n, std::memory_order_relaxed);
+    // release: the values read above happen before an enqueuer reuses the cells.
+    for (std::uint32_t i = 0; i < n; ++i)
+      cells_[(pos + i) & mask_].seq.store(pos + i + mask_ + 1, std::memory_order_release);
   }
 
   /// True if the oldest position holds a value. seq_cst load: the worker's

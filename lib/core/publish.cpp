@@ -86,46 +86,9 @@ Status TopicImpl::check_schema(const OutgoingMessage& m, std::uint16_t* version)
   return st;
 }
 
-Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
-  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
-  // Untyped topics skip the out-of-line check (doc/performance.md).
-  std::uint16_t schema_version = m.schema_version;
-  if (schema.load(std::memory_order_relaxed) != nullptr) {
-    if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
-  }
-  std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
-  if (need > options.slot_bytes)
-    return Status::from_literal(Code::PayloadTooLarge,
-                                "publish: key + idempotency key + payload exceed the topic's slot_bytes "
-                                "(raise TopicOptions::slot_bytes)");
-  if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
-
-  // Tenancy: the namespace's publish quota and usage (lib/features/tenancy.hpp).
-  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
-  if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
-                                    options.block_timeout);
-      !q.ok())
-    return q;
-
-  const std::uint32_t lane = lane_for_key(m.key, options.lanes);
-  Slot* s = pool.try_alloc();  // a free slot (the common case) without the out-of-line call
-  if (s == nullptr) s = acquire_slot(lane, may_block);
-  if (s == nullptr) {
-    nsp->unadmit_publish(need);
-    if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
-    refused.fetch_add(1, std::memory_order_relaxed);
-    if (may_block && options.backpressure != Backpressure::FailFast)
-      return Status::from_literal(Code::TimedOut, "publish: the topic stayed full for its whole block_timeout");
-    return Status::from_literal(Code::WouldBlock, "publish: the topic is full (all capacity slots in use)");
-  }
-  // try_alloc incremented the pool's in_use (seq_cst); shutdown sets closing
-  // and then waits on in_use, so either we see closing here or it waits for us.
-  if (bus->closing()) {
-    pool.free(s);
-    nsp->unadmit_publish(need);
-    return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
-  }
-
+namespace {
+void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t created_at,
+               std::uint16_t schema_version) noexcept {
   s->lane = lane;
   s->key_len = static_cast<std::uint32_t>(m.key.size());
   s->idem_len = static_cast<std::uint32_t>(m.idempotency_key.size());
@@ -135,12 +98,51 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
   std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
   s->header.id = id;
-  s->header.created_at_ns = now_ns();
+  s->header.created_at_ns = created_at;
   s->header.correlation_id = m.correlation_id;
   s->header.fencing_token = m.fencing_token;
   s->header.attempt = 0;
   s->header.content_type = m.content_type;
   s->header.schema_version = schema_version;
+}
+
+Status shut_down() noexcept { return Status::from_literal(Code::ShutDown, "publish: the bus is shut down"); }
+
+/// Wait for `in_push` of a publisher slot to drop (a solo publish in flight).
+void wait_window(const PublisherSlot& ps) noexcept {
+  for (std::uint32_t spin = 0; ps.in_push.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < 128) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+}  // namespace
+
+Status TopicImpl::no_slot(bool may_block) noexcept {
+  if (bus->closing()) return shut_down();
+  refused.fetch_add(1, std::memory_order_relaxed);
+  if (may_block && options.backpressure != Backpressure::FailFast)
+    return Status::from_literal(Code::TimedOut, "publish: the topic stayed full for its whole block_timeout");
+  return Status::from_literal(Code::WouldBlock, "publish: the topic is full (all capacity slots in use)");
+}
+
+void TopicImpl::make_shared() noexcept {
+  std::uintptr_t o = owner.load(std::memory_order_acquire);
+  while (o != 1) {
+    if (!owner.compare_exchange_weak(o, 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    if (o >= 2) {
+      // The old owner either sees owner == 1 at its next re-check, or its
+      // window is open and visible here: wait for it to close (asym_fence.hpp).
+      AsymmetricFence::heavy();
+      wait_window(bus->publisher_slot(static_cast<std::uint32_t>(o - 2)));
+    }
+    return;
+  }
+}
+
+bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
   // Route to every active group. The slot's reference count must be final
   // before the first ring push makes it visible, so collect the targets first
   // (a group deactivated meanwhile still drains its rings, so a stale target
@@ -159,25 +161,36 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
     }
     targets[n++] = g->lanes[lane].get();
   }
-  lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+  std::atomic<std::uint64_t>& published = lane_load[lane].published;
+  if (solo) {
+    // The only writer while the topic is solo (make_shared waits for us).
+    published.store(published.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  } else {
+    published.fetch_add(1, std::memory_order_relaxed);
+  }
   if (n == 0) {
     unrouted.fetch_add(1, std::memory_order_relaxed);
     pool.free(s);
-    return Status();
+    return false;
   }
   const std::uint32_t index = pool.index_of(s);
   // The ring holds at most `capacity` entries and every entry pins a live
   // slot, so it cannot be full; a failed try only means a dequeuer of the
   // cell we need has not finished its store yet.
   auto push = [&](GroupLane* gl) {
-    while (!gl->ring.try_enqueue(index)) std::this_thread::yield();
+    if (solo) {
+      gl->ring.push_solo(index);
+      AsymmetricFence::light();  // the entry, then the flag: the worker's unschedule runs the heavy fence
+    } else {
+      while (!gl->ring.try_enqueue(index)) std::this_thread::yield();
+    }
     bus->schedule(gl);
   };
   if (!overflow) {
-    // relaxed: the seq_cst ring push below publishes the count with the slot.
+    // relaxed: the ring push below (release) publishes the count with the slot.
     s->refs.store(n, std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < n; ++i) push(targets[i]);
-    return Status();
+    return true;
   }
   s->refs.store(1, std::memory_order_relaxed);  // the publisher's guard
   for (std::uint32_t gi = 0; gi < ng; ++gi) {
@@ -187,6 +200,106 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
     push(g->lanes[lane].get());
   }
   pool.release(s);  // drop the guard
+  return true;
+}
+
+Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
+  if (owner.load(std::memory_order_relaxed) != 1) make_shared();
+  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  // Untyped topics skip the out-of-line check (doc/performance.md).
+  std::uint16_t schema_version = m.schema_version;
+  if (schema.load(std::memory_order_relaxed) != nullptr) {
+    if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  }
+  std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+  if (need > options.slot_bytes)
+    return Status::from_literal(Code::PayloadTooLarge,
+                                "publish: key + idempotency key + payload exceed the topic's slot_bytes "
+                                "(raise TopicOptions::slot_bytes)");
+  if (bus->closing()) return shut_down();
+
+  // Tenancy: the namespace's publish quota and usage (lib/features/tenancy.hpp).
+  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
+  if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
+                                    options.block_timeout);
+      !q.ok())
+    return q;
+
+  const std::uint32_t lane = lane_for_key(m.key, options.lanes);
+  Slot* s = pool.try_alloc();  // a free slot (the common case) without the out-of-line call
+  if (s == nullptr) s = acquire_slot(lane, may_block);
+  if (s == nullptr) {
+    nsp->unadmit_publish(need);
+    return no_slot(may_block);
+  }
+  // try_alloc incremented the pool's in_use (seq_cst); shutdown sets closing
+  // and then waits on in_use, so either we see closing here or it waits for us.
+  if (bus->closing()) {
+    pool.free(s);
+    nsp->unadmit_publish(need);
+    return shut_down();
+  }
+  fill_slot(s, m, lane, id, now_ns(), schema_version);
+  route(s, lane, false);
+  return Status();
+}
+
+Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const OutgoingMessage& m, bool may_block,
+                              std::uint64_t id) noexcept {
+  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
+  // A typed topic checks the record, a namespace with a publish quota
+  // admits the message: the checked (shared) path. So does a publisher
+  // without a slot (more than kPublisherSlots at once).
+  if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
+      nsp->pub_limited.load(std::memory_order_relaxed))
+    return publish(m, may_block, id);
+  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+  if (need > options.slot_bytes)
+    return Status::from_literal(Code::PayloadTooLarge,
+                                "publish: key + idempotency key + payload exceed the topic's slot_bytes "
+                                "(raise TopicOptions::slot_bytes)");
+  if (bus->closing()) return shut_down();
+  const std::uint32_t lane = lane_for_key(m.key, options.lanes);
+  Slot* s = pool.take(link.mag);  // plain loads and stores unless the magazine refills
+  if (s == nullptr) s = acquire_slot(lane, may_block);
+  if (s == nullptr) return no_slot(may_block);
+  // The slot counts in in_use now; then read closing (shutdown's Dekker:
+  // shutdown sets closing, runs the heavy fence, then counts slots).
+  const bool asym_ok = AsymmetricFence::available();
+  if (asym_ok) {
+    AsymmetricFence::light();
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  if (bus->closing()) {
+    pool.free(s);
+    return shut_down();
+  }
+  fill_slot(s, m, lane, id, now_ns(), m.schema_version);
+
+  // Solo ownership ("Solo publishers", bus_impl.hpp).
+  const std::uintptr_t tag = std::uintptr_t{p.slot} + 2;
+  std::uintptr_t o = owner.load(std::memory_order_relaxed);
+  if (o == 0 && asym_ok) {
+    asym.store(true, std::memory_order_seq_cst);  // before the first solo append
+    if (owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
+  }
+  if (o == tag) {
+    PublisherSlot& ps = bus->publisher_slot(p.slot);
+    ps.in_push.store(1, std::memory_order_relaxed);
+    AsymmetricFence::light();  // the window, then the owner: make_shared runs the heavy fence
+    if (owner.load(std::memory_order_relaxed) == tag) {
+      route(s, lane, true);
+      ps.in_push.store(0, std::memory_order_release);  // our appends before make_shared's wait ends
+      nsp->count_in_slot(p.slot, 1, need);
+      return Status();
+    }
+    ps.in_push.store(0, std::memory_order_release);
+  }
+  if (owner.load(std::memory_order_relaxed) != 1) make_shared();
+  route(s, lane, false);
+  nsp->count_in_slot(p.slot, 1, need);
   return Status();
 }
 
@@ -258,24 +371,6 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
 
 namespace {
 constexpr std::uint32_t kBatchChunk = 64;
-
-void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t created_at) noexcept {
-  s->lane = lane;
-  s->key_len = static_cast<std::uint32_t>(m.key.size());
-  s->idem_len = static_cast<std::uint32_t>(m.idempotency_key.size());
-  s->payload_len = static_cast<std::uint32_t>(m.payload.size());
-  char* d = s->data();
-  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
-  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
-  std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
-  s->header.id = id;
-  s->header.created_at_ns = created_at;
-  s->header.correlation_id = m.correlation_id;
-  s->header.fencing_token = m.fencing_token;
-  s->header.attempt = 0;
-  s->header.content_type = m.content_type;
-  s->header.schema_version = m.schema_version;
-}
 }  // namespace
 
 BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
@@ -319,6 +414,7 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
 
 BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
                                                       std::uint64_t first_id) noexcept {
+  if (owner.load(std::memory_order_relaxed) != 1) make_shared();  // appends with fetch_add below
   BatchPublishResult r;
   for (const OutgoingMessage& m : ms) {
     if (m.payload.empty()) {
@@ -404,7 +500,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     const std::int64_t created_at = now_ns();  // one read per chunk
     for (std::uint32_t i = 0; i < k; ++i) {
       lanes_of[i] = lane_for_key(chunk[i].key, options.lanes);
-      fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at);
+      fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at, chunk[i].schema_version);
       // relaxed: the ring append's release stores (and fence) publish it with the slot.
       slots[i]->refs.store(n, std::memory_order_relaxed);
     }

@@ -193,8 +193,8 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
 }
 
 Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler handler, TxHandler tx_handler,
-                                  const GroupOptions& o) {
-  if (!handler && !tx_handler)
+                                  const GroupOptions& o, BatchHandler batch_handler) {
+  if (!handler && !tx_handler && !batch_handler)
     return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": the handler is empty");
   if (tx_handler && !t->durable)
     return Status(Code::InvalidArgument, "subscribe to \"" + t->name +
@@ -202,6 +202,9 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   if (o.key_parallel_limit == 0 || o.key_parallel_limit > 65536)
     return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": key_parallel_limit must be 1..65536, got " +
                                              std::to_string(o.key_parallel_limit));
+  if (o.batch_max == 0 || o.batch_max > kMaxBatch)
+    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": batch_max must be 1.." +
+                                             std::to_string(kMaxBatch) + ", got " + std::to_string(o.batch_max));
   if (o.max_attempts == 0 || o.batch == 0)
     return Status(Code::InvalidArgument,
                   "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
@@ -269,6 +272,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   c->in_use = true;
   c->handler = std::move(handler);
   c->tx_handler = std::move(tx_handler);
+  c->batch_handler = std::move(batch_handler);
   if (t->is_queue && g->consumer_count.load(std::memory_order_relaxed) == 0) {
     // The first consumer of a queue sets its delivery options.
     g->options = o;
@@ -315,6 +319,7 @@ Status BusCore::detach(Consumer* c) noexcept {
   TxHandler old_tx = std::move(c->tx_handler);
   c->handler = nullptr;
   c->tx_handler = nullptr;
+  c->batch_handler = nullptr;
   c->in_use = false;
   if (g->consumer_count.fetch_sub(1, std::memory_order_seq_cst) == 1 && !g->persistent) {
     // Last consumer of a topic group: it stops receiving; queued messages are

@@ -102,6 +102,42 @@ void BusCore::enqueue_lane(GroupLane* gl) noexcept {
   runq_.enqueue(gl, ns != nullptr ? &ns->sched : nullptr);  // never allocates (fair_queue.hpp)
 }
 
+std::uint32_t BusCore::claim_publisher_slot() noexcept {
+  for (std::uint32_t k = 0; k < kPublisherSlots; ++k) {
+    bool used = false;
+    if (pub_slots_[k].used.compare_exchange_strong(used, true, std::memory_order_acq_rel)) return k;
+  }
+  return kNoPublisherSlot;
+}
+
+void BusCore::release_publisher_slot(std::uint32_t k) noexcept {
+  pub_slots_[k].in_push.store(0, std::memory_order_relaxed);
+  pub_slots_[k].used.store(false, std::memory_order_release);
+}
+
+PublisherLink* PublisherState::link(TopicImpl* t) noexcept {
+  for (std::uint32_t i = 0; i < link_count; ++i)
+    if (links[i].topic == t) return &links[i];
+  if (link_count == kLinks) return nullptr;
+  PublisherLink& l = links[link_count++];
+  l.topic = t;
+  t->pool.attach(&l.mag);
+  return &l;
+}
+
+PublisherState::~PublisherState() {
+  for (std::uint32_t i = 0; i < link_count; ++i) {
+    TopicImpl* t = links[i].topic;
+    t->pool.detach(&links[i].mag);
+    if (slot != kNoPublisherSlot) {
+      // Give up solo ownership: the next publisher of the topic may take it.
+      std::uintptr_t mine = std::uintptr_t{slot} + 2;
+      t->owner.compare_exchange_strong(mine, 0, std::memory_order_acq_rel, std::memory_order_relaxed);
+    }
+  }
+  if (slot != kNoPublisherSlot && keep) keep->release_publisher_slot(slot);
+}
+
 Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
   std::uint32_t n = g->consumers_hw.load(std::memory_order_acquire);
   if (n == 0) return nullptr;
@@ -278,6 +314,10 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   MutexLock guard(&shutdown_mu_);
   if (stopped_.load()) return Status();
   closing_.store(true, std::memory_order_seq_cst);
+  // Publishers through a Publisher take a slot with a light fence before
+  // they read closing (publish_via): from here on each of them sees closing
+  // or is counted in slots_in_use().
+  if (AsymmetricFence::available()) AsymmetricFence::heavy();
   Status result;
   const auto drain_deadline = std::chrono::steady_clock::now() + timeout;
   if (mode == ShutdownMode::Drain) {

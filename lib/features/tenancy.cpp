@@ -162,10 +162,11 @@ NamespaceUsage add(NamespaceUsage a, const NamespaceUsage& b) {
   return a;
 }
 
-NamespaceUsage load(const UsageCounters& c) {
+NamespaceUsage load(const NamespaceState& ns) {
+  const UsageCounters& c = ns.live;
   NamespaceUsage u;
-  u.msgs_in = c.msgs_in.load(std::memory_order_relaxed);
-  u.bytes_in = c.bytes_in.load(std::memory_order_relaxed);
+  u.msgs_in = ns.msgs_in();
+  u.bytes_in = ns.bytes_in();
   u.msgs_out = c.msgs_out.load(std::memory_order_relaxed);
   u.bytes_out = c.bytes_out.load(std::memory_order_relaxed);
   u.throttled = c.throttled.load(std::memory_order_relaxed);
@@ -333,6 +334,18 @@ void NamespaceState::mark_ceiling(std::int64_t now) noexcept {
   const std::int64_t sec = now / 1'000'000'000;
   if (last_ceiling_sec.exchange(sec, std::memory_order_relaxed) != sec)
     live.seconds_at_ceiling.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::uint64_t NamespaceState::msgs_in() const noexcept {
+  std::uint64_t n = live.msgs_in.load(std::memory_order_relaxed);
+  for (const PublisherTally& t : pub_tally) n += t.msgs.load(std::memory_order_relaxed);
+  return n;
+}
+
+std::uint64_t NamespaceState::bytes_in() const noexcept {
+  std::uint64_t n = live.bytes_in.load(std::memory_order_relaxed);
+  for (const PublisherTally& t : pub_tally) n += t.bytes.load(std::memory_order_relaxed);
+  return n;
 }
 
 Status NamespaceState::admit_publish(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept {
@@ -560,7 +573,7 @@ void TenancyImpl::ticker_main() {
 void TenancyImpl::tick() noexcept {
   MutexLock l(&mu_);
   for (auto& [name, ns] : namespaces_) {
-    const std::uint64_t in = ns->live.msgs_in.load(std::memory_order_relaxed);
+    const std::uint64_t in = ns->msgs_in();
     const std::uint64_t d = in - ns->ticker_last_in;
     ns->ticker_last_in = in;
     if (d > ns->peak_per_s.load(std::memory_order_relaxed)) ns->peak_per_s.store(d, std::memory_order_relaxed);
@@ -576,7 +589,7 @@ Status TenancyImpl::flush_usage() {
   {
     MutexLock l(&mu_);
     for (auto& [name, ns] : namespaces_) {
-      NamespaceUsage now = load(ns->live);
+      NamespaceUsage now = load(*ns);
       now.peak_in_per_s = static_cast<double>(ns->peak_per_s.load(std::memory_order_relaxed));
       const NamespaceUsage& f = ns->flushed;
       NamespaceUsage d;
@@ -709,11 +722,11 @@ Status TenancyImpl::set_policy(std::string_view name, const NamespacePolicy& pol
 }
 
 NamespaceUsage TenancyImpl::usage_locked(const NamespaceState& ns) const {
-  NamespaceUsage u = add(ns.base, load(ns.live));
+  NamespaceUsage u = add(ns.base, load(ns));
   const double run_peak = static_cast<double>(ns.peak_per_s.load(std::memory_order_relaxed));
   u.peak_in_per_s = run_peak;
   const double secs = static_cast<double>(now() - opened_ns_) / 1e9;
-  u.avg_in_per_s = secs > 0 ? static_cast<double>(ns.live.msgs_in.load(std::memory_order_relaxed)) / secs : 0;
+  u.avg_in_per_s = secs > 0 ? static_cast<double>(ns.msgs_in()) / secs : 0;
   return u;
 }
 

@@ -90,6 +90,16 @@ struct UsageCounters {
 
 class TenancyImpl;
 
+/// Publisher slots of a bus (BusCore::kPublisherSlots): each Publisher that
+/// holds one counts its accepted messages in its own tally of the namespace.
+inline constexpr std::uint32_t kPublisherTallies = 64;
+
+/// One publisher's share of a namespace's msgs_in / bytes_in: written by that
+/// publisher only (plain increments, no locked instruction), summed by readers.
+struct alignas(64) PublisherTally {
+  std::atomic<std::uint64_t> msgs{0}, bytes{0};
+};
+
 struct NamespaceState {
   NamespaceState(TenancyImpl* t, std::string n) : tenancy(t), name(std::move(n)) {}
 
@@ -109,7 +119,8 @@ struct NamespaceState {
   // The namespace's share of the workers (fair_queue.hpp); weight from the policy.
   alignas(64) SchedClass sched;
 
-  alignas(64) UsageCounters live;               // this run
+  alignas(64) UsageCounters live;               // this run (msgs_in / bytes_in: plus pub_tally)
+  PublisherTally pub_tally[kPublisherTallies];  // msgs_in / bytes_in of slotted publishers
   std::atomic<std::int64_t> last_ceiling_sec{-1};
   std::atomic<std::uint64_t> peak_per_s{0};     // ticker
   std::uint64_t ticker_last_in = 0;             // ticker-owned
@@ -121,6 +132,17 @@ struct NamespaceState {
   /// to `timeout` for the quota (Backpressure::Block), else refuse at once.
   Status admit_publish(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept;
   void unadmit_publish(std::size_t bytes) noexcept;
+  /// A slotted publisher (`slot` < kPublisherTallies) counts `bytes` of one
+  /// accepted message in an unlimited namespace: usage only, no atomic RMW.
+  /// One thread per slot at a time.
+  void count_in_slot(std::uint32_t slot, std::uint64_t msgs, std::uint64_t bytes) noexcept {
+    PublisherTally& t = pub_tally[slot];
+    t.msgs.store(t.msgs.load(std::memory_order_relaxed) + msgs, std::memory_order_relaxed);
+    t.bytes.store(t.bytes.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+  }
+  /// live.msgs_in / bytes_in plus every publisher tally.
+  std::uint64_t msgs_in() const noexcept;
+  std::uint64_t bytes_in() const noexcept;
   /// Count appends that bypass admission (DLQ replays, transactional
   /// outbox appends): usage only, no quota.
   void count_in(std::uint64_t msgs, std::uint64_t bytes) noexcept {
