@@ -24,7 +24,7 @@ valgrind --tool=callgrind --callgrind-out-file="$out" "$build/bench/hotpath" "${
 callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
   awk -v m="$msgs" -v g="$groups" '
     /\[/ { next }
-    match($0, /:lanebus::detail::(TopicImpl::publish_batch|TopicImpl::publish|BusCore::run_lane)\(/) {
+    match($0, /:lanebus::detail::(TopicImpl::publish_batch|TopicImpl::publish_via|TopicImpl::publish|BusCore::run_lane)\(/) {
       name = substr($0, RSTART + 18, RLENGTH - 19);
       if (seen[name]++) next;
       ir = $1; gsub(",", "", ir);
