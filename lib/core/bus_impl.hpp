@@ -489,6 +489,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
                          std::uint32_t* handled) noexcept;
   /// run_plain for a batch handler (single dequeuer): spans of up to batch_max.
   std::int64_t run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees, std::uint32_t* handled) noexcept;
+  /// The plain runners' wait on an emptied lane (ephemeral_lane.cpp).
+  template <class Found>
+  bool linger(FreeChain& frees, Found&& found) noexcept;
+  /// A plain run's message that was not acked: settle it; true if held for a retry.
+  bool settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, FreeChain& frees,
+                            std::int64_t* hold_ns) noexcept;
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
 

@@ -55,6 +55,57 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
 
 // ---------------------------------------------------------------- the plain fast path
 
+// Waits on a lane the plain runner just emptied, while no other lane waits,
+// for as long as an idle worker would spin on the run queue (BusOptions::spin,
+// at least 1 µs). A producer in a stream publishes again within it, and the
+// lane stays scheduled: no trip through the run queue and no unschedule (with
+// its heavy fence on solo topics) per message. True when `found` found one.
+template <class Found>
+bool BusCore::linger(FreeChain& frees, Found&& found) noexcept {
+  if (runq_.size_approx() != 0) return false;
+  frees.flush();
+  const std::int64_t linger_ns = std::max<std::int64_t>(options.spin.count(), 1'000);
+  std::int64_t until = 0;
+  for (std::uint32_t spin = 1;; ++spin) {
+    cpu_relax();
+    if (found()) return true;
+    if ((spin & 63) != 0) continue;
+    if (runq_.size_approx() != 0 || closing()) return false;
+    const std::int64_t now = now_ns();
+    if (until == 0) {
+      until = now + linger_ns;
+    } else if (now >= until) {
+      return false;
+    }
+  }
+}
+
+// A message of a plain run that was not acked (first attempt of the lane's
+// head message; plain groups never park): settle decides as in the general
+// loop. True when it stays at the head of its lane for a retry (*hold_ns:
+// the backoff); the run must end.
+bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, FreeChain& frees,
+                                   std::int64_t* hold_ns) noexcept {
+  gl->running_since_ns.store(0, std::memory_order_release);
+  gl->attempts = 1;
+  gl->first_failure_ns = 0;
+  Invocation inv;
+  inv.outcome = out;
+  const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, 1};
+  const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
+  if (st.next == Settlement::Next::Retry) {
+    gl->current = s;  // kept at the head of its lane: later messages must not overtake it
+    *hold_ns = st.delay_ns;
+    return true;
+  }
+  if (st.next == Settlement::Next::DeadLetter)
+    dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
+  frees.release(s);
+  gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+  return false;
+}
+
+
 // Delivers the lane's ring in one loop: the same steps as admit (nothing to
 // admit) → invoke → settle for an ack, with the per-call bookkeeping that
 // does not depend on the message done once per run (the running marks and
@@ -71,7 +122,6 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   LaneRing& ring = gl->ring;
   const std::uint32_t batch = g->options.batch;
   const bool metrics = options.metrics;
-  const std::int64_t linger_ns = std::max<std::int64_t>(options.spin.count(), 1'000);
   const Handler& handler = c->handler;
   std::uint64_t delivered = gl->delivered.load(std::memory_order_relaxed);
   std::uint64_t acked = gl->acked.load(std::memory_order_relaxed);
@@ -87,28 +137,7 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   while (handled < batch) {
     std::uint32_t idx;
     if (!take(idx)) {
-      // Empty: linger on this lane while no other lane waits, for as long as
-      // an idle worker would spin on the run queue (BusOptions::spin). A
-      // producer in a stream publishes again within it, and the lane stays
-      // scheduled: no trip through the run queue and no unschedule (with its
-      // heavy fence on solo topics) per message.
-      if (runq_.size_approx() != 0) break;
-      frees.flush();
-      bool got = false;
-      std::int64_t until = 0;
-      for (std::uint32_t spin = 1; !got; ++spin) {
-        cpu_relax();
-        got = take(idx);
-        if (got || (spin & 63) != 0) continue;
-        if (runq_.size_approx() != 0 || closing()) break;
-        const std::int64_t now = now_ns();
-        if (until == 0) {
-          until = now + linger_ns;
-        } else if (now >= until) {
-          break;
-        }
-      }
-      if (!got) break;
+      if (!linger(frees, [&] { return take(idx); })) break;
     }
     Slot* s = pool.at(idx);
     const std::int64_t created_at = s->header.created_at_ns;
@@ -141,24 +170,8 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
       frees.release(s);
       continue;
     }
-    // Not acked: the delivery core decides, as in the general loop (first
-    // attempt of the lane's head message; plain groups never park).
-    gl->running_since_ns.store(0, std::memory_order_release);
-    gl->attempts = 1;
-    gl->first_failure_ns = 0;
-    Invocation inv;
-    inv.outcome = *failure;
-    const Parcel p{&s->header, s->key(), s->idempotency_key(), payload, s->lane, 0, 1};
-    const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
-    if (st.next == Settlement::Next::Retry) {
-      gl->current = s;  // kept at the head of its lane: later messages must not overtake it
-      hold_ns = st.delay_ns;
-      break;
-    }
-    if (st.next == Settlement::Next::DeadLetter)
-      dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
-    frees.release(s);
-    gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+    // Not acked: the delivery core decides, as in the general loop.
+    if (settle_plain_failure(gl, s, *failure, frees, &hold_ns)) break;
   }
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;
@@ -186,7 +199,6 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
   const std::uint32_t limit = std::max(g->options.batch, g->options.batch_max);
   const std::uint32_t span_max = g->options.batch_max;
   const bool metrics = options.metrics;
-  const std::int64_t linger_ns = std::max<std::int64_t>(options.spin.count(), 1'000);
   const BatchHandler& handler = c->batch_handler;
   Slot* slots[kMaxBatch];
   alignas(MessageView) unsigned char view_bytes[kMaxBatch * sizeof(MessageView)];
@@ -205,24 +217,7 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
     std::uint32_t idx;
     while (n < span_max && ring.peek_single(n, idx)) slots[n++] = pool.at(idx);
     if (n == 0) {
-      // Empty: linger as run_plain does.
-      if (runq_.size_approx() != 0) break;
-      frees.flush();
-      bool got = false;
-      std::int64_t until = 0;
-      for (std::uint32_t spin = 1; !got; ++spin) {
-        cpu_relax();
-        got = ring.peek_single(0, idx);
-        if (got || (spin & 63) != 0) continue;
-        if (runq_.size_approx() != 0 || closing()) break;
-        const std::int64_t now = now_ns();
-        if (until == 0) {
-          until = now + linger_ns;
-        } else if (now >= until) {
-          break;
-        }
-      }
-      if (!got) break;
+      if (!linger(frees, [&] { return ring.peek_single(0, idx); })) break;
       continue;
     }
     for (std::uint32_t i = 0; i < n; ++i) {
@@ -257,23 +252,7 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
     for (std::uint32_t i = 0; i < acked; ++i) frees.release(slots[i]);
     if (acked == n) continue;
     // Message `acked` failed: the delivery core decides, as in run_plain.
-    Slot* s = slots[acked];
-    gl->running_since_ns.store(0, std::memory_order_release);
-    gl->attempts = 1;
-    gl->first_failure_ns = 0;
-    Invocation inv;
-    inv.outcome = result->next();
-    const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, 1};
-    const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
-    if (st.next == Settlement::Next::Retry) {
-      gl->current = s;  // kept at the head of its lane: later messages must not overtake it
-      hold_ns = st.delay_ns;
-      break;
-    }
-    if (st.next == Settlement::Next::DeadLetter)
-      dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
-    frees.release(s);
-    gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+    if (settle_plain_failure(gl, slots[acked], result->next(), frees, &hold_ns)) break;
   }
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;
