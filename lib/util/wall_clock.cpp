@@ -22,45 +22,72 @@ bool tsc_clocksource() noexcept {
   return ok;
 }
 
-struct First {
-  bool usable;
-  std::uint64_t tsc;
-  std::int64_t ns;
-};
+std::atomic<bool> g_refreshing{false};
+// Writer state (guarded by g_refreshing): the base the mult is measured from.
+std::uint64_t g_base_tsc = 0;
+std::int64_t g_base_ns = 0;
+// Before the first calibration: no re-anchor attempt (and its flag) until then.
+std::atomic<std::int64_t> g_calibrate_at_ns{0};
 
-/// The process's first anchor, the far end of every mult measurement.
-const First& first() noexcept {
-  static const First f = [] {
-    First x{tsc_clocksource(), 0, 0};
-    x.tsc = __rdtsc();
-    x.ns = WallClock::realtime_ns();
-    return x;
-  }();
-  return f;
+constexpr std::int64_t kFirstSpanNs = 100'000'000;   // calibrate over at least 100 ms
+constexpr std::int64_t kSlideSpanNs = 10'000'000'000;  // then measure over up to the last ~10 s
+
+/// A (TSC, CLOCK_REALTIME) pair read close together: the TSC at the middle
+/// of the clock read, retried while a preemption spreads the reads over more
+/// than 2^16 ticks (~22 µs at 3 GHz). False when no tight pair came.
+bool sample(std::uint64_t* tsc, std::int64_t* ns) noexcept {
+  for (int tries = 0; tries < 4; ++tries) {
+    const std::uint64_t t1 = __rdtsc();
+    const std::int64_t n = WallClock::realtime_ns();
+    const std::uint64_t t2 = __rdtsc();
+    if (t2 >= t1 && t2 - t1 < (std::uint64_t{1} << 16)) {
+      *tsc = t1 + (t2 - t1) / 2;
+      *ns = n;
+      return true;
+    }
+  }
+  return false;
 }
 
-std::atomic<bool> g_refreshing{false};
+bool usable() noexcept {
+  static const bool ok = tsc_clocksource();
+  return ok;
+}
 }  // namespace
 
 std::int64_t WallClock::refresh() noexcept {
-  const First& f = first();
-  // The pair (ns, tsc): the TSC read at the middle of the clock read.
-  const std::uint64_t t1 = __rdtsc();
-  const std::int64_t ns = realtime_ns();
-  const std::uint64_t t2 = __rdtsc();
-  if (!f.usable) return ns;
-  const std::uint64_t tsc = t1 + (t2 - t1) / 2;
-  const std::int64_t span_ns = ns - f.ns;
-  if (span_ns < 10'000'000 || tsc <= f.tsc) return ns;  // too early for a good mult (or a clock step back)
+  std::uint64_t tsc;
+  std::int64_t ns;
+  if (!usable() || !sample(&tsc, &ns)) return realtime_ns();
+  if (ns < g_calibrate_at_ns.load(std::memory_order_relaxed)) return ns;  // too early for a rate
   if (g_refreshing.exchange(true, std::memory_order_acquire)) return ns;  // another thread re-anchors
-  const unsigned __int128 m = (static_cast<unsigned __int128>(span_ns) << 32) / (tsc - f.tsc);
-  const std::uint32_t seq = anchor_.seq.load(std::memory_order_relaxed);
-  anchor_.seq.store(seq + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  anchor_.tsc0.store(tsc, std::memory_order_relaxed);
-  anchor_.ns0.store(ns, std::memory_order_relaxed);
-  anchor_.mult.store(static_cast<std::uint64_t>(m), std::memory_order_relaxed);
-  anchor_.seq.store(seq + 2, std::memory_order_release);
+  std::uint64_t mult = anchor_.mult.load(std::memory_order_relaxed);
+  if (g_base_tsc == 0 || tsc <= g_base_tsc || ns <= g_base_ns) {
+    g_base_tsc = tsc;  // the first sample, or the clock stepped back: measure from here
+    g_base_ns = ns;
+    if (mult == 0) g_calibrate_at_ns.store(ns + kFirstSpanNs, std::memory_order_relaxed);
+  } else if (const std::int64_t span = ns - g_base_ns; span >= kFirstSpanNs) {
+    const auto m = static_cast<std::uint64_t>((static_cast<unsigned __int128>(span) << 32) / (tsc - g_base_tsc));
+    if (mult == 0 || (m > mult ? m - mult : mult - m) <= mult / 1000) {
+      mult = m;  // within 0.1 % of the last rate: NTP's slew, or a better measure
+      if (span >= kSlideSpanNs) {
+        g_base_tsc = tsc;
+        g_base_ns = ns;
+      }
+    } else {
+      g_base_tsc = tsc;  // a step of the system clock: keep the rate, measure again from here
+      g_base_ns = ns;
+    }
+  }
+  if (mult != 0) {
+    const std::uint32_t seq = anchor_.seq.load(std::memory_order_relaxed);
+    anchor_.seq.store(seq + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    anchor_.tsc0.store(tsc, std::memory_order_relaxed);
+    anchor_.ns0.store(ns, std::memory_order_relaxed);
+    anchor_.mult.store(mult, std::memory_order_relaxed);
+    anchor_.seq.store(seq + 2, std::memory_order_release);
+  }
   g_refreshing.store(false, std::memory_order_release);
   return ns;
 }

@@ -9,19 +9,22 @@
 // - One anchor for the process: (tsc0, ns0, mult), mult = ns per tick in
 //   32.32 fixed point, under a sequence lock. A reader whose TSC is more than
 //   kRefreshTicks (2^27, 45-70 ms at 2-3 GHz) past tsc0 re-anchors: it reads
-//   CLOCK_REALTIME and, if it wins a flag, publishes the new anchor; mult is
-//   measured over the whole time since the first anchor of the process.
-// - Until the first 10 ms of the process have passed (no good mult yet), and
-//   where the TSC is not the kernel's clocksource (it may then be unstable),
-//   now_ns() is clock_gettime itself.
+//   a tight (TSC, CLOCK_REALTIME) pair (retried while a preemption spreads
+//   it) and, if it wins a flag, publishes the new anchor.
+// - mult is measured over at least the first 100 ms of the process, then
+//   over a base that slides every ~10 s. A measure more than 0.1 % off the
+//   last one is a step of the system clock: the rate stays, the base moves.
+// - Until the first 100 ms have passed, and where the TSC is not the
+//   kernel's clocksource (it may then be unstable), now_ns() is
+//   clock_gettime itself.
 //
 // Error bound (tested in tests/fast_path_test.cpp): within 50 µs of
 // CLOCK_REALTIME read at the same moment. Between re-anchors the error grows
-// with the mult's error (under 10^-5 after 10 ms) and NTP's slew (at most
-// 500 ppm: 35 µs over 70 ms); a step of the system clock shows after the
-// next re-anchor. Every thread reads the same anchor, so an interval between
-// two stamps (a latency) errs by at most 0.05 % of the interval plus the
-// anchor change between them.
+// with the mult's error (under 2·10^-4 after 100 ms: ±11 µs of anchor
+// jitter) and NTP's slew (at most 500 ppm): at most ~45 µs over 70 ms; a step
+// of the system clock shows after the next re-anchor. Every thread reads the
+// same anchor, so an interval between two stamps (a latency) errs by at most
+// 0.07 % of the interval plus an anchor change between them.
 #pragma once
 
 #include <atomic>
