@@ -292,6 +292,40 @@ TEST_CASE("a destroyed Publisher gives its topic back, its cached slots do not h
   bus.reset();  // q outlives the bus: its destructor hands its slots back to live memory (ASan)
 }
 
+TEST_CASE("publish_batch through a Publisher appends solo, and keeps order when Topic::publish takes the topic over") {
+  const bool asym = lanebus::detail::AsymmetricFence::available();
+  auto bus = std::move(*Bus::open({.name = "solo3", .workers = 2}));
+  Topic topic = *bus->create_topic("solo3.t", {.lanes = 4, .block_timeout = std::chrono::seconds(30), .capacity = 512});
+  Sequences seqs;
+  auto sub = *bus->subscribe(topic, "g", [&](const MessageView& m) {
+    seqs.see(m.key(), std::stoi(std::string(m.payload())));
+    return Outcome::ack();
+  });
+  constexpr int kRounds = 400, kSpan = 40;  // keys k0..k7, five messages of each per span
+  std::atomic<int> round{0};
+  std::thread a([&, pub = bus->publisher()]() mutable {
+    std::vector<std::string> keys(kSpan), payloads(kSpan);
+    std::vector<OutgoingMessage> span(kSpan);
+    for (int r = 0; r < kRounds; ++r) {
+      for (int j = 0; j < kSpan; ++j) {
+        keys[j] = "k" + std::to_string(j % 8);
+        payloads[j] = std::to_string(r * (kSpan / 8) + j / 8);
+        span[j] = {.key = keys[j], .payload = payloads[j]};
+      }
+      const BatchPublishResult res = pub.publish_batch(topic, span);
+      REQUIRE(res.ok());
+      round.store(r + 1);
+    }
+  });
+  while (round.load() < kRounds / 4) std::this_thread::yield();
+  if (asym) CHECK(owner_of(*bus, "solo3.t") >= 2);
+  for (int i = 0; i < 500; ++i) REQUIRE(topic.publish({.key = "other", .payload = std::to_string(i)}).ok());
+  CHECK(owner_of(*bus, "solo3.t") == 1);
+  a.join();
+  REQUIRE(wait_until([&] { return seqs.seen.load() == std::uint64_t{kRounds} * kSpan + 500; }, std::chrono::seconds(30)));
+  CHECK(seqs.violations == 0);
+}
+
 TEST_CASE("WallClock stays within 50 us of CLOCK_REALTIME on every thread") {
   using lanebus::detail::WallClock;
   // Past the first 100 ms of calibration.

@@ -159,7 +159,7 @@ BatchPublishResult Publisher::publish_batch(const Topic& topic, std::span<const 
   } else {
     first = st.bus->take_ids(messages.size());
   }
-  return topic.impl_->publish_batch(messages, true, first);
+  return topic.impl_->publish_batch(messages, true, first, &st);
 }
 
 // Bus

@@ -331,11 +331,12 @@ class TopicImpl {
   void make_shared() noexcept;
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
   /// Topic::publish_batch for an ephemeral topic; message j gets id first_id + j.
-  BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
-                                   std::uint64_t first_id) noexcept;
+  /// `p`: the Publisher's state (its slot may own the topic), or nullptr.
+  BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block, std::uint64_t first_id,
+                                   PublisherState* p = nullptr) noexcept;
   /// publish_batch's fast path: no schema check, no quota (their callers check).
   BatchPublishResult publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
-                                             std::uint64_t first_id) noexcept;
+                                             std::uint64_t first_id, PublisherState* p = nullptr) noexcept;
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).

@@ -374,7 +374,7 @@ constexpr std::uint32_t kBatchChunk = 64;
 }  // namespace
 
 BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
-                                            std::uint64_t first_id) noexcept {
+                                            std::uint64_t first_id, PublisherState* p) noexcept {
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed)) {
     // A typed topic checks each record, a namespace with a publish quota
@@ -400,7 +400,7 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
     }
     return r;
   }
-  BatchPublishResult r = publish_batch_unchecked(ms, may_block, first_id);
+  BatchPublishResult r = publish_batch_unchecked(ms, may_block, first_id, p);
   // Usage of the namespace (no quota: admit_publish would only count).
   if (r.published > 0) {
     std::uint64_t bytes = 0;
@@ -413,8 +413,12 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
 }
 
 BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
-                                                      std::uint64_t first_id) noexcept {
-  if (owner.load(std::memory_order_relaxed) != 1) make_shared();  // appends with fetch_add below
+                                                      std::uint64_t first_id, PublisherState* p) noexcept {
+  // A Publisher with a slot may own the topic (solo appends per chunk, as
+  // publish_via); anyone else makes it shared.
+  const bool may_solo = p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available();
+  const std::uintptr_t tag = may_solo ? std::uintptr_t{p->slot} + 2 : 0;
+  if (!may_solo && owner.load(std::memory_order_relaxed) != 1) make_shared();
   BatchPublishResult r;
   for (const OutgoingMessage& m : ms) {
     if (m.payload.empty()) {
@@ -504,11 +508,34 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
       // relaxed: the ring append's release stores (and fence) publish it with the slot.
       slots[i]->refs.store(n, std::memory_order_relaxed);
     }
+    // Solo ownership for this chunk's appends ("Solo publishers", bus_impl.hpp).
+    bool solo = false;
+    if (may_solo) {
+      std::uintptr_t o = owner.load(std::memory_order_relaxed);
+      if (o == 0) {
+        asym.store(true, std::memory_order_seq_cst);  // before the first solo append
+        if (owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
+      }
+      if (o == tag) {
+        PublisherSlot& ps = bus->publisher_slot(p->slot);
+        ps.in_push.store(1, std::memory_order_relaxed);
+        AsymmetricFence::light();
+        solo = owner.load(std::memory_order_relaxed) == tag;
+        if (!solo) ps.in_push.store(0, std::memory_order_release);
+      }
+      if (!solo && owner.load(std::memory_order_relaxed) != 1) make_shared();
+    }
     if (n == 0) {
       for (std::uint32_t i = 0; i < k; ++i) {
-        lane_load[lanes_of[i]].published.fetch_add(1, std::memory_order_relaxed);
+        std::atomic<std::uint64_t>& published = lane_load[lanes_of[i]].published;
+        if (solo) {
+          published.store(published.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        } else {
+          published.fetch_add(1, std::memory_order_relaxed);
+        }
         pool.free(slots[i]);
       }
+      if (solo) bus->publisher_slot(p->slot).in_push.store(0, std::memory_order_release);
       unrouted.fetch_add(k, std::memory_order_relaxed);
       r.published += k;
       continue;
@@ -524,13 +551,24 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         done_mask |= std::uint64_t{1} << j;
         run[len++] = pool.index_of(slots[j]);
       }
-      lane_load[lane].published.fetch_add(len, std::memory_order_relaxed);
+      std::atomic<std::uint64_t>& published = lane_load[lane].published;
+      if (solo) {
+        published.store(published.load(std::memory_order_relaxed) + len, std::memory_order_relaxed);
+      } else {
+        published.fetch_add(len, std::memory_order_relaxed);
+      }
       for (std::uint32_t t = 0; t < n; ++t) {
         GroupLane* gl = targets[t]->lanes[lane].get();
-        gl->ring.enqueue_bulk(run, len);
+        if (solo) {
+          gl->ring.enqueue_bulk_solo(run, len);
+          AsymmetricFence::light();  // the entries, then the flag (unschedule's heavy fence)
+        } else {
+          gl->ring.enqueue_bulk(run, len);
+        }
         bus->schedule(gl);
       }
     }
+    if (solo) bus->publisher_slot(p->slot).in_push.store(0, std::memory_order_release);
     r.published += k;
   }
   return r;
