@@ -28,20 +28,45 @@
 namespace lanebus::detail {
 
 /// The header that starts every slot; key, idempotency key and payload follow it.
+///
+/// Layout (one 64-byte line): refs, index, lane, kind, key_len, idem_len,
+/// payload_len, ext, then the MessageHeader (40 bytes). Key and idempotency
+/// key are stored in the slot (each at most kMaxKeyBytes); the payload lives
+/// where `kind` says:
+/// - kInline: right after the keys, in the slot;
+/// - kExternal: in a size-classed block of the bus's PayloadPool
+///   (payload_pool.hpp); `ext` names the block (class in the high bits, index
+///   in the low bits) and the block's address is stored after the keys;
+/// - kObject: a constructed C++ object (typed topics, typed.hpp), in the slot
+///   or in an external block (`ext` then names it), its address stored after
+///   the keys; destroyed when the slot is finally freed (MessagePool::recycle).
 struct alignas(64) Slot {
+  static constexpr std::uint16_t kInline = 0;
+  static constexpr std::uint16_t kExternal = 1;
+  static constexpr std::uint16_t kObject = 2;
+  static constexpr std::uint32_t kNone = 0xffffffffu;
+  static constexpr std::size_t kMaxKeyBytes = 0xffff;
+
   std::atomic<std::uint32_t> refs{0};
-  std::uint32_t lane = 0;
-  std::uint32_t key_len = 0;
-  std::uint32_t idem_len = 0;
-  std::uint32_t payload_len = 0;
   std::uint32_t index = 0;  // position in the pool, fixed at construction (index_of without a division)
+  std::uint16_t lane = 0;
+  std::uint16_t kind = kInline;
+  std::uint16_t key_len = 0;
+  std::uint16_t idem_len = 0;
+  std::uint32_t payload_len = 0;
+  std::uint32_t ext = kNone;  // external block id (PayloadPool), kNone when none
   MessageHeader header;
 
   char* data() noexcept { return reinterpret_cast<char*>(this + 1); }
   const char* data() const noexcept { return reinterpret_cast<const char*>(this + 1); }
   std::string_view key() const noexcept { return {data(), key_len}; }
   std::string_view idempotency_key() const noexcept { return {data() + key_len, idem_len}; }
-  std::string_view payload() const noexcept { return {data() + key_len + idem_len, payload_len}; }
+  /// The payload bytes, wherever they live (see kind).
+  std::string_view payload() const noexcept {
+    const char* p = data() + key_len + idem_len;
+    if (kind != kInline) std::memcpy(&p, p, sizeof p);  // the stored address (unaligned)
+    return {p, payload_len};
+  }
 };
 
 static_assert(sizeof(Slot) == 64, "the slot header is one cache line");

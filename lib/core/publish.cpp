@@ -10,6 +10,15 @@
 
 namespace lanebus::detail {
 
+namespace {
+// The slot's key_len and idem_len are 16 bits (message_pool.hpp).
+Status key_too_long() noexcept {
+  return Status::from_literal(Code::PayloadTooLarge,
+                              "publish: the key or idempotency key exceeds 65535 bytes (the limit of an "
+                              "in-memory topic's slot)");
+}
+}  // namespace
+
 bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
   bool dropped_any = false;
   std::uint32_t ng = group_count.load(std::memory_order_acquire);
@@ -93,6 +102,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   if (schema.load(std::memory_order_relaxed) != nullptr) {
     if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   }
+  if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) return key_too_long();
   std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   if (need > options.slot_bytes)
     return Status::from_literal(Code::PayloadTooLarge,
@@ -126,9 +136,9 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
     return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   }
 
-  s->lane = lane;
-  s->key_len = static_cast<std::uint32_t>(m.key.size());
-  s->idem_len = static_cast<std::uint32_t>(m.idempotency_key.size());
+  s->lane = static_cast<std::uint16_t>(lane);
+  s->key_len = static_cast<std::uint16_t>(m.key.size());
+  s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
   s->payload_len = static_cast<std::uint32_t>(m.payload.size());
   char* d = s->data();
   if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
@@ -260,9 +270,9 @@ namespace {
 constexpr std::uint32_t kBatchChunk = 64;
 
 void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t created_at) noexcept {
-  s->lane = lane;
-  s->key_len = static_cast<std::uint32_t>(m.key.size());
-  s->idem_len = static_cast<std::uint32_t>(m.idempotency_key.size());
+  s->lane = static_cast<std::uint16_t>(lane);
+  s->key_len = static_cast<std::uint16_t>(m.key.size());
+  s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
   s->payload_len = static_cast<std::uint32_t>(m.payload.size());
   char* d = s->data();
   if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
@@ -324,6 +334,10 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     if (m.payload.empty()) {
       r.status = Status::from_literal(Code::InvalidArgument,
                                       "publish_batch: a message has an empty payload (nothing published)");
+      return r;
+    }
+    if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) {
+      r.status = key_too_long();
       return r;
     }
     if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
