@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,8 +28,15 @@ class Client;      // client.hpp (tenancy)
 class Namespaces;  // tenancy.hpp
 struct Credential;
 
+class Delivery;  // typed.hpp
+template <typename T>
+class TypedTopic;  // typed.hpp
+template <typename T>
+struct TypedTopicOptions;  // typed.hpp
+
 namespace detail {
 struct Access;
+struct TypedAccess;
 class BusCore;
 class TopicImpl;
 struct Consumer;
@@ -140,6 +148,7 @@ class LANEBUS_API Topic {
   friend class Publisher;
   friend class Transaction;
   friend class Client;
+  friend struct detail::TypedAccess;
   explicit Topic(detail::TopicImpl* impl) noexcept : impl_(impl) {}
   detail::TopicImpl* impl_ = nullptr;
 };
@@ -244,6 +253,46 @@ class LANEBUS_API Bus {
   /// message handled by one of them). Same rules and errors as create_topic.
   Result<Topic> create_queue(std::string_view name, const TopicOptions& options = {});
 
+  // ---- typed topics (typed.hpp, doc/topics.md "Typed topics") ----
+  /// Create (or open) topic `name` carrying objects of type T: as
+  /// create_topic, then the topic is bound to T. Errors: those of
+  /// create_topic, and Conflict (the topic carries another type, or bytes
+  /// were published to it; both named), InvalidArgument (durable, and T has
+  /// no Codec<T>: use create_durable_topic<T> to get that as a compile-time
+  /// error). The key extractor of `options` applies to this handle.
+  template <typename T>
+  Result<TypedTopic<T>> create_topic(std::string_view name, const TypedTopicOptions<T>& options);
+  template <typename T>
+  Result<TypedTopic<T>> create_topic(std::string_view name, const TopicOptions& options);
+  template <typename T>
+  Result<TypedTopic<T>> create_topic(std::string_view name) {
+    return create_topic<T>(name, TopicOptions{});
+  }
+  /// create_topic<T> with options.topic.durable = true; does not compile
+  /// unless lanebus::Codec<T> exists (codec.hpp).
+  template <typename T>
+  Result<TypedTopic<T>> create_durable_topic(std::string_view name, const TypedTopicOptions<T>& options = {});
+  /// create_queue for objects of type T (rules of create_topic<T>).
+  template <typename T>
+  Result<TypedTopic<T>> create_queue(std::string_view name, const TypedTopicOptions<T>& options = {});
+  /// Subscribe with a typed handler `Outcome handler(const T&, const Delivery&)`:
+  /// as subscribe; the object is valid during the call only (in memory it is
+  /// the one in the slot, shared by every group: do not cast const away; on a
+  /// durable topic it is decoded for this call, and a decode failure is a
+  /// permanent failure — rejected, to the DLQ as class permanent with the
+  /// codec's message as the reason). Errors: those of subscribe, and
+  /// Conflict (the topic carries another type or, in memory, bytes; both
+  /// named), InvalidArgument (durable, and T has no codec or no default
+  /// constructor).
+  template <typename T, typename F>
+    requires std::invocable<F&, const T&, const Delivery&>
+  Result<Subscription> subscribe(const Topic& topic, std::string_view group, F handler,
+                                 const GroupOptions& options = {});
+  /// consume for a queue of T (rules of subscribe<T>).
+  template <typename T, typename F>
+    requires std::invocable<F&, const T&, const Delivery&>
+  Result<Subscription> consume(const Topic& queue, F handler, const GroupOptions& options = {});
+
   /// Look a topic or queue up. Errors: InvalidName, NotFound.
   Result<Topic> find(std::string_view name) const;
 
@@ -328,6 +377,8 @@ class LANEBUS_API Bus {
   friend struct detail::Access;
   friend class Bridge;
   explicit Bus(std::shared_ptr<detail::BusCore> core) noexcept;
+  template <typename T, typename F>
+  static Handler typed_handler(const Topic& topic, F&& handler);
   std::shared_ptr<detail::BusCore> core_;
   // BusOptions::namespace_stores: (namespace, the inner bus of its store).
   std::vector<std::pair<std::string, std::shared_ptr<detail::BusCore>>> ns_cores_;
@@ -336,3 +387,5 @@ class LANEBUS_API Bus {
 };
 
 }  // namespace lanebus
+
+#include "lanebus/typed.hpp"  // the member templates above

@@ -4,6 +4,7 @@
 
 #include "lanebus/bus.hpp"
 #include "lanebus/client.hpp"
+#include "lanebus/codec.hpp"
 #include "lanebus/tenancy.hpp"
 #include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
@@ -20,4 +21,5 @@
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"
 #include "lanebus/transaction.hpp"
+#include "lanebus/typed.hpp"
 #include "lanebus/version.hpp"

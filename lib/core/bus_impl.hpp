@@ -63,6 +63,7 @@
 #include "lane_ring.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
+#include "payload_pool.hpp"
 #include "fair_queue.hpp"
 #include "retry_timer.hpp"
 #include "schema_registry.hpp"
@@ -300,7 +301,9 @@ class TopicImpl {
  public:
   TopicImpl(BusCore* bus, std::string name, bool is_queue, const TopicOptions& options);
 
-  Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
+  /// `fill`: a typed object to construct in place of m.payload (typed.cpp).
+  Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
+                 const PayloadFill* fill = nullptr) noexcept;
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
   /// Topic::publish_batch for an ephemeral topic; message j gets id first_id + j.
   BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
@@ -308,6 +311,12 @@ class TopicImpl {
   /// publish_batch's fast path: no schema check, no quota (their callers check).
   BatchPublishResult publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
                                              std::uint64_t first_id) noexcept;
+  /// Payloads larger than the slot and typed objects (large_payload.cpp):
+  /// the checks before a slot is taken, then placing the payload in the
+  /// slot or an external block (taken under the topic's backpressure).
+  Status check_large(const OutgoingMessage& m, const PayloadFill* fill) const noexcept;
+  Status place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
+                     bool may_block) noexcept;
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
@@ -337,9 +346,17 @@ class TopicImpl {
   /// Typed topics: the latest schema version (owned by the SchemaRegistry);
   /// nullptr = untyped, publish unchanged.
   std::atomic<const SchemaVersion*> schema{nullptr};
+  /// Typed topics (typed.hpp, typed.cpp): the C++ type bound by
+  /// create_topic<T>, "" = bytes. Written once, under typed.cpp's mutex.
+  std::string cxx_type;
+  /// In-memory typed topics: every payload is a constructed object, so a
+  /// bytes publish is refused (a typed handler would read it as a T).
+  std::atomic<bool> objects_only{false};
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
+  /// A block of at least `n` bytes under the topic's backpressure (as acquire_slot).
+  std::uint32_t acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept;
   bool drop_oldest(std::uint32_t first_lane) noexcept;
 };
 
@@ -383,6 +400,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   TenancyImpl* tenancy() const noexcept { return tenancy_.get(); }
   Namespaces* namespaces() noexcept { return namespaces_.get(); }
   SchemaRegistry* schemas() const noexcept { return schemas_.get(); }
+  /// Blocks for in-memory payloads beyond a slot (BusOptions::memory_budget).
+  PayloadPool* payloads() const noexcept { return payloads_.get(); }
   /// Visit every group lane's usage counters (BusCore::mu_ held; fn must not call the bus).
   void for_each_usage_tap(const std::function<void(const TopicImpl&, const GroupImpl&, const UsageTap&)>& fn);
 
@@ -493,6 +512,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::unique_ptr<TenancyImpl> tenancy_;
   std::unique_ptr<Namespaces> namespaces_;
   std::unique_ptr<SchemaRegistry> schemas_;  // schema registry (doc/schemas.md)
+  std::unique_ptr<PayloadPool> payloads_ = std::make_unique<PayloadPool>(options.memory_budget);
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

@@ -71,6 +71,10 @@ struct alignas(64) Slot {
 
 static_assert(sizeof(Slot) == 64, "the slot header is one cache line");
 
+class PayloadPool;  // payload_pool.hpp
+/// Destroy a kObject payload and free an external block (payload_pool.cpp).
+void recycle_payload(Slot* s, PayloadPool* blocks) noexcept;
+
 class MessagePool {
  public:
   static constexpr std::uint32_t kNil = 0xffffffffu;
@@ -89,7 +93,10 @@ class MessagePool {
   }
 
   ~MessagePool() {
-    for (std::uint32_t i = 0; i < capacity_; ++i) at(i)->~Slot();
+    for (std::uint32_t i = 0; i < capacity_; ++i) {
+      recycle(at(i));  // payloads of slots never freed (a bus torn down mid-flight)
+      at(i)->~Slot();
+    }
     ::operator delete(memory_, std::align_val_t(64));
   }
 
@@ -164,7 +171,20 @@ class MessagePool {
   }
 
   /// Return a slot to the free list. REQUIRES: refs == 0, not already free.
-  void free(Slot* s) noexcept { free_chain(s, s, 1); }
+  void free(Slot* s) noexcept {
+    recycle(s);
+    free_chain(s, s, 1);
+  }
+
+  /// The bus's external payload blocks (payload_pool.hpp), set once before
+  /// the topic is published to.
+  void attach_payloads(PayloadPool* blocks) noexcept { payloads_ = blocks; }
+  PayloadPool* payloads() const noexcept { return payloads_; }
+  /// Hook for a slot that is finally free: its object is destroyed and its
+  /// external block freed. One load and a branch for inline payloads.
+  void recycle(Slot* s) noexcept {
+    if (s->kind != Slot::kInline) recycle_payload(s, payloads_);
+  }
 
   /// Drop one reference; true if it was the last (the caller then frees the slot).
   static bool unref(Slot* s) noexcept {
@@ -200,6 +220,7 @@ class MessagePool {
   const std::uint32_t slot_bytes_;
   const std::size_t stride_;
   char* memory_;
+  PayloadPool* payloads_ = nullptr;
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_;  // free-list links, by slot index
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::atomic<std::uint64_t> allocated_{0};  // publishers
@@ -217,6 +238,7 @@ class FreeChain {
 
   void release(Slot* s) noexcept {
     if (!MessagePool::unref(s)) return;
+    pool_.recycle(s);
     pool_.link(s, first_);
     if (first_ == nullptr) last_ = s;
     first_ = s;

@@ -17,6 +17,11 @@ Status key_too_long() noexcept {
                               "publish: the key or idempotency key exceeds 65535 bytes (the limit of an "
                               "in-memory topic's slot)");
 }
+// TopicImpl::objects_only (typed.cpp).
+Status bytes_to_typed() noexcept {
+  return Status::from_literal(Code::InvalidArgument,
+                              "publish: the topic carries typed objects; publish through its TypedTopic<T>");
+}
 }  // namespace
 
 bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
@@ -95,19 +100,23 @@ Status TopicImpl::check_schema(const OutgoingMessage& m, std::uint16_t* version)
   return st;
 }
 
-Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
-  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
+                          const PayloadFill* fill) noexcept {
+  if (m.payload.empty() && fill == nullptr)
+    return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  if (fill == nullptr && objects_only.load(std::memory_order_relaxed)) return bytes_to_typed();
   // Untyped topics skip the out-of-line check (doc/performance.md).
   std::uint16_t schema_version = m.schema_version;
   if (schema.load(std::memory_order_relaxed) != nullptr) {
     if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   }
   if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) return key_too_long();
-  std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
-  if (need > options.slot_bytes)
-    return Status::from_literal(Code::PayloadTooLarge,
-                                "publish: key + idempotency key + payload exceed the topic's slot_bytes "
-                                "(raise TopicOptions::slot_bytes)");
+  std::size_t need = m.key.size() + m.idempotency_key.size() + (fill ? fill->size : m.payload.size());
+  // Beyond the slot, or a typed object: large_payload.cpp.
+  const bool large = need > options.slot_bytes || fill != nullptr;
+  if (large) {
+    if (Status st = check_large(m, fill); !st.ok()) return st;
+  }
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
 
   // Tenancy: the namespace's publish quota and usage (lib/features/tenancy.hpp).
@@ -143,7 +152,15 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   char* d = s->data();
   if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
   if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
-  std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
+  if (large) {
+    if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
+      pool.free(s);
+      nsp->unadmit_publish(need);
+      return st;
+    }
+  } else {
+    std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
+  }
   s->header.id = id;
   s->header.created_at_ns = now_ns();
   s->header.correlation_id = m.correlation_id;
@@ -218,6 +235,10 @@ AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
 
 Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  if (m.payload.size() > options.max_payload)
+    return Status::from_literal(Code::PayloadTooLarge,
+                                "publish: the payload exceeds the topic's max_payload (raise "
+                                "TopicOptions::max_payload, at most 64 MiB on a durable topic)");
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   std::uint16_t schema_version;
   if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
@@ -269,6 +290,12 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
 namespace {
 constexpr std::uint32_t kBatchChunk = 64;
 
+bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes) noexcept {
+  for (const OutgoingMessage& m : ms)
+    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes) return true;
+  return false;
+}
+
 void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t created_at) noexcept {
   s->lane = static_cast<std::uint16_t>(lane);
   s->key_len = static_cast<std::uint16_t>(m.key.size());
@@ -290,19 +317,26 @@ void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint6
 
 BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
                                             std::uint64_t first_id) noexcept {
+  if (objects_only.load(std::memory_order_relaxed)) return {0, bytes_to_typed()};
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
-  if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed)) {
+  if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed) ||
+      has_large(ms, options.slot_bytes)) {
     // A typed topic checks each record, a namespace with a publish quota
-    // admits each message: publish them one by one (same result as the
-    // fast path: the published prefix and the first refusal).
+    // admits each message, a payload beyond the slot takes a block: publish
+    // them one by one (same result as the fast path: the published prefix
+    // and the first refusal).
     BatchPublishResult r;
     for (const OutgoingMessage& m : ms) {
-      if (m.payload.empty() || m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
-        r = {};
+      if (m.payload.empty()) {
         r.status = Status::from_literal(Code::InvalidArgument,
-                                        "publish_batch: a message is empty or exceeds the topic's slot_bytes "
-                                        "(nothing published)");
+                                        "publish_batch: a message has an empty payload (nothing published)");
         return r;
+      }
+      if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
+        if (Status st = check_large(m, nullptr); !st.ok()) {
+          r.status = st;
+          return r;
+        }
       }
     }
     for (const OutgoingMessage& m : ms) {
