@@ -1274,7 +1274,10 @@ double asio_named_throughput(int workers, std::uint64_t n, const Config& cfg) {
 double mc_pool_throughput(std::size_t size, std::uint64_t n, const Config& cfg) {
   constexpr std::uint32_t kBuffers = 4096;  // the lanebus topic's capacity
   std::vector<char> memory(std::size_t(kBuffers) * size);
-  moodycamel::ConcurrentQueue<std::uint32_t> free_q(kBuffers), full_q(kBuffers);
+  // Each explicit producer keeps the blocks it took (mc_throughput's note):
+  // the free queue has two producers (the initial fill, the consumer's
+  // returns), so it is sized for both.
+  moodycamel::ConcurrentQueue<std::uint32_t> free_q(2 * kBuffers + 64), full_q(kBuffers + 32);
   moodycamel::ProducerToken free_ptok(free_q), full_ptok(full_q);
   for (std::uint32_t i = 0; i < kBuffers; ++i)
     if (!free_q.try_enqueue(free_ptok, i)) die("moodycamel: pre-sized free queue refused");

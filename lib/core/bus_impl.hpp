@@ -347,8 +347,9 @@ class TopicImpl {
   /// nullptr = untyped, publish unchanged.
   std::atomic<const SchemaVersion*> schema{nullptr};
   /// Typed topics (typed.hpp, typed.cpp): the C++ type bound by
-  /// create_topic<T>, "" = bytes. Written once, under typed.cpp's mutex.
-  std::string cxx_type;
+  /// create_topic<T>, "" = bytes. Written once. type_mu is a leaf lock.
+  Mutex type_mu;
+  std::string cxx_type GUARDED_BY(type_mu);
   /// In-memory typed topics: every payload is a constructed object, so a
   /// bytes publish is refused (a typed handler would read it as a T).
   std::atomic<bool> objects_only{false};
@@ -483,6 +484,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// "topic "t" group "g" lane 3 (running for 812 ms), ..." for every handler call running now.
   std::string running_handlers() const;
 
+  // Declared before topics_: destroyed after them, so a slot still holding a
+  // block when its topic goes away can give it back (MessagePool's destructor).
+  std::unique_ptr<PayloadPool> payloads_ = std::make_unique<PayloadPool>(options.memory_budget);
   mutable Mutex mu_;
   mutable Mutex bridges_mu_;  // after mu_
   std::map<std::uint64_t, std::function<BridgeStats(const BusStats&)>> bridge_stats_ GUARDED_BY(bridges_mu_);
@@ -512,7 +516,6 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::unique_ptr<TenancyImpl> tenancy_;
   std::unique_ptr<Namespaces> namespaces_;
   std::unique_ptr<SchemaRegistry> schemas_;  // schema registry (doc/schemas.md)
-  std::unique_ptr<PayloadPool> payloads_ = std::make_unique<PayloadPool>(options.memory_budget);
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;

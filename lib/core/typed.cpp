@@ -2,7 +2,6 @@
 // The library side of typed topics (include/lanebus/typed.hpp): binding a
 // topic to a C++ type, the subscribe-time type check, and publishing an
 // object (in memory) or its encoding (durable).
-#include <mutex>
 #include <string>
 
 #include "bus_impl.hpp"
@@ -11,12 +10,6 @@
 namespace lanebus::detail {
 
 namespace {
-// Guards TopicImpl::cxx_type of every bus: binds and checks are cold
-// (create_topic<T>, subscribe<T>), a single mutex keeps them simple.
-std::mutex& type_mu() {
-  static std::mutex mu;
-  return mu;
-}
 
 std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
@@ -34,7 +27,7 @@ Status TypedAccess::bind(const Topic& topic, std::string_view type, std::string_
     return Status(Code::InvalidArgument, "create_topic<" + std::string(type) + ">: durable topic " + q(t->name) +
                                              " stores bytes, and " + std::string(type) +
                                              " has no lanebus::Codec (codec.hpp; or use an in-memory topic)");
-  std::lock_guard<std::mutex> lock(type_mu());
+  MutexLock lock(&t->type_mu);
   if (t->cxx_type == type) return Status();
   if (!t->cxx_type.empty())
     return Status(Code::Conflict, "create_topic<" + std::string(type) + ">: topic " + q(t->name) +
@@ -53,7 +46,7 @@ Status TypedAccess::bind(const Topic& topic, std::string_view type, std::string_
 Status TypedAccess::expect(const Topic& topic, std::string_view type, std::string_view op) {
   TopicImpl* t = topic.impl_;
   if (t == nullptr) return Status(Code::InvalidArgument, std::string(op) + "<T>: the topic handle is empty");
-  std::lock_guard<std::mutex> lock(type_mu());
+  MutexLock lock(&t->type_mu);
   if (t->cxx_type == type) return Status();
   if (t->cxx_type.empty()) {
     // A durable topic holds bytes: a process that did not create it typed
