@@ -17,6 +17,7 @@
 #include "lanebus/metrics_server.hpp"
 #include "lanebus/options.hpp"
 #include "lanebus/record.hpp"
+#include "lanebus/record_codec.hpp"
 #include "lanebus/schema.hpp"
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"

@@ -356,6 +356,9 @@ class TopicImpl {
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
+  /// The topic's backpressure around `take` (backpressure.hpp).
+  template <typename Take, typename T>
+  T acquire_room(std::uint32_t lane, bool may_block, Take take, T none) noexcept;
   /// A block of at least `n` bytes under the topic's backpressure (as acquire_slot).
   std::uint32_t acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept;
   bool drop_oldest(std::uint32_t first_lane) noexcept;

@@ -2,8 +2,7 @@
 // Payloads larger than a slot and typed objects on in-memory topics: the
 // checks before publish takes a slot, the block taken under the topic's
 // backpressure, and placing the payload (payload_pool.hpp has the layout).
-#include <thread>
-
+#include "backpressure.hpp"
 #include "bus_impl.hpp"
 
 namespace lanebus::detail {
@@ -30,31 +29,7 @@ Status TopicImpl::check_large(const OutgoingMessage& m, const PayloadFill* fill)
 
 std::uint32_t TopicImpl::acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept {
   PayloadPool& blocks = *bus->payloads();
-  std::uint32_t b = blocks.try_alloc(n);
-  if (b != PayloadPool::kNil) return b;
-  if (options.backpressure == Backpressure::DropOldest) {
-    // A drop frees the dropped message's block once no group holds it.
-    for (std::uint32_t tries = 0; tries <= capacity; ++tries) {
-      if (!drop_oldest(lane)) break;
-      if ((b = blocks.try_alloc(n)) != PayloadPool::kNil) return b;
-    }
-  }
-  if (!may_block || options.backpressure == Backpressure::FailFast) return PayloadPool::kNil;
-  // As acquire_slot: spin, yield, then sleep in short steps until block_timeout.
-  std::chrono::steady_clock::time_point deadline{};
-  for (std::uint32_t spin = 0;; ++spin) {
-    if ((b = blocks.try_alloc(n)) != PayloadPool::kNil) return b;
-    if (bus->closing()) return PayloadPool::kNil;
-    if (spin < 256) {
-      cpu_relax();
-    } else if (spin < 2048) {
-      if (spin == 256) deadline = std::chrono::steady_clock::now() + options.block_timeout;
-      std::this_thread::yield();
-    } else {
-      if (std::chrono::steady_clock::now() >= deadline) return PayloadPool::kNil;
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-  }
+  return acquire_room(lane, may_block, [&blocks, n] { return blocks.try_alloc(n); }, PayloadPool::kNil);
 }
 
 Status TopicImpl::place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,

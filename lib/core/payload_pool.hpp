@@ -36,6 +36,7 @@
 
 #include <sys/mman.h>
 
+#include "lanebus/typed.hpp"
 #include "message_pool.hpp"
 
 namespace lanebus::detail {
@@ -155,13 +156,7 @@ class PayloadPool {
 
 /// A typed topic's object, constructed in place instead of copied as bytes
 /// (typed.hpp). `construct` returns false if the constructor threw.
-struct PayloadFill {
-  std::size_t size = 0;
-  std::size_t align = 1;
-  bool (*construct)(void* dst, void* ctx) noexcept = nullptr;
-  void (*destroy)(void* obj) noexcept = nullptr;  // nullptr: trivially destructible
-  void* ctx = nullptr;
-};
+using PayloadFill = ObjectFill;
 
 /// Bytes after the keys that hold the payload's address (kExternal) or the
 /// object's address and destroy function (kObject).

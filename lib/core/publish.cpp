@@ -6,6 +6,7 @@
 #include <exception>
 #include <string>
 
+#include "backpressure.hpp"
 #include "bus_impl.hpp"
 
 namespace lanebus::detail {
@@ -46,46 +47,8 @@ bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
 }
 
 Slot* TopicImpl::acquire_slot(std::uint32_t lane, bool may_block) noexcept {
-  Slot* s = pool.try_alloc();
-  if (s != nullptr) return s;
-  switch (options.backpressure) {
-    case Backpressure::FailFast:
-      return nullptr;
-    case Backpressure::DropOldest: {
-      // A drop frees a slot unless another group or a worker still holds the
-      // message; keep dropping (bounded by the pool size) until one is free.
-      for (std::uint32_t tries = 0; tries <= capacity; ++tries) {
-        if (!drop_oldest(lane)) break;
-        if ((s = pool.try_alloc()) != nullptr) return s;
-      }
-      if ((s = pool.try_alloc()) != nullptr) return s;
-      if (!may_block) return nullptr;
-      [[fallthrough]];
-    }
-    case Backpressure::Block: {
-      if (!may_block) return nullptr;
-      // Workers free slots in batches within microseconds: spin, then yield,
-      // then sleep in short steps until the deadline. The deadline is taken
-      // when the spinning ends, not on entry: a clock read costs 80-100 ns on
-      // a VM (perf: a third of a blocked publisher's time), more than the
-      // spin usually lasts; block_timeout is then late by the spin (< 50 µs).
-      std::chrono::steady_clock::time_point deadline{};
-      for (std::uint32_t spin = 0;; ++spin) {
-        if ((s = pool.try_alloc()) != nullptr) return s;
-        if (bus->closing()) return nullptr;
-        if (spin < 256) {
-          cpu_relax();
-        } else if (spin < 2048) {
-          if (spin == 256) deadline = std::chrono::steady_clock::now() + options.block_timeout;
-          std::this_thread::yield();
-        } else {
-          if (std::chrono::steady_clock::now() >= deadline) return nullptr;
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
-      }
-    }
-  }
-  return nullptr;
+  // The waiting itself is shared with the payload blocks (backpressure.hpp).
+  return acquire_room(lane, may_block, [this] { return pool.try_alloc(); }, static_cast<Slot*>(nullptr));
 }
 
 // Typed topics (doc/schemas.md): the record must match the latest schema

@@ -64,8 +64,7 @@ Status TypedAccess::publish_object(const Topic& topic, const OutgoingMessage& en
                                    bool may_block) noexcept {
   TopicImpl* t = topic.impl_;
   if (t == nullptr) return Status::from_literal(Code::InvalidArgument, "publish: the typed topic is empty");
-  const PayloadFill f{fill.size, fill.align, fill.construct, fill.destroy, fill.ctx};
-  return t->publish(envelope, may_block, t->bus->take_ids(1), &f);
+  return t->publish(envelope, may_block, t->bus->take_ids(1), &fill);
 }
 
 Status TypedAccess::publish_encoded(const Topic& topic, const OutgoingMessage& envelope, const Status& codec_status,
