@@ -1,7 +1,8 @@
 // lanebus — MIT License.
 // Codec<T>: how a typed event becomes bytes on a durable topic and back
-// (doc/topics.md "Typed topics"). Built-in codecs: std::string, and
-// trivially copyable types that opt in with StableLayout<T>.
+// (doc/topics.md "Typed topics"). Built-in codecs: std::string, trivially
+// copyable types that opt in with StableLayout<T>, and (record_codec.hpp)
+// structs described by a RecordSchema<T>.
 #pragma once
 
 #include <concepts>
