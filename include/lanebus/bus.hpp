@@ -87,10 +87,18 @@ class LANEBUS_API Topic {
   ///
   /// Blocks only under Backpressure::Block, for at most the topic's
   /// block_timeout, waiting for a free slot. Errors (nothing is published):
-  /// - InvalidArgument: empty payload, or a default-constructed Topic.
-  /// - PayloadTooLarge: key + idempotency key + payload exceed slot_bytes.
-  /// - WouldBlock: topic full under Backpressure::FailFast.
-  /// - TimedOut: topic still full after block_timeout under Backpressure::Block.
+  /// A payload that does not fit the slot with the keys takes a block of the
+  /// bus's payload pool (TopicOptions::max_payload, doc/topics.md "Payload
+  /// sizes"); a full pool is backpressure like a full topic.
+  /// - InvalidArgument: empty payload, a default-constructed Topic, or an
+  ///   in-memory typed topic (publish through its TypedTopic<T>).
+  /// - PayloadTooLarge: the payload exceeds max_payload, or is larger than
+  ///   the largest block BusOptions::memory_budget provides; the key or the
+  ///   idempotency key exceeds 65535 bytes; the keys leave no room in the
+  ///   slot for the block reference (slot_bytes). The message names which.
+  /// - WouldBlock: topic (or payload pool) full under Backpressure::FailFast.
+  /// - TimedOut: topic (or payload pool) still full after block_timeout under
+  ///   Backpressure::Block.
   /// - ShutDown: the bus is shut down or shutting down.
   Status publish(const OutgoingMessage& message) const noexcept;
 
@@ -122,7 +130,9 @@ class LANEBUS_API Topic {
   ///   returns comes later).
   /// - Validation first: an empty payload or an oversized message anywhere in
   ///   the span publishes nothing (published = 0; InvalidArgument or
-  ///   PayloadTooLarge). An empty span is OK with published = 0.
+  ///   PayloadTooLarge). An empty span is OK with published = 0. A span with
+  ///   a payload beyond the slot (a block) is published one message at a time.
+  ///   An in-memory typed topic refuses bytes (InvalidArgument).
   /// - Backpressure: the batch takes the free slots it finds, up to 64 at a
   ///   time; when none is free, the next message waits exactly as publish
   ///   would: Block waits up to block_timeout for that message (TimedOut),
@@ -231,8 +241,8 @@ enum class ShutdownMode : std::uint8_t {
 class LANEBUS_API Bus {
  public:
   /// Create a bus and start its workers.
-  /// Errors: InvalidArgument (a zero or absurd option), Internal (threads
-  /// could not be started).
+  /// Errors: InvalidArgument (a zero or absurd option, e.g. memory_budget
+  /// over 1 TiB), Internal (threads could not be started).
   static Result<std::unique_ptr<Bus>> open(const BusOptions& options = {});
 
   /// shutdown(Drain, options.close_timeout), then abandon what is left.
@@ -244,7 +254,8 @@ class LANEBUS_API Bus {
   /// if it was created with the same kind and lane count. Allocates its
   /// slots and lane buffers now, once.
   /// Errors: InvalidName; InvalidArgument (lanes 0 or > 4096, capacity 0 or
-  /// > 2^24, slot_bytes 0 or > 16 MiB, max_groups 0 or > 1024); Conflict (the
+  /// > 2^24, slot_bytes 0 or > 16 MiB, max_payload 0 or > 16 MiB in memory /
+  /// 64 MiB durable, max_groups 0 or > 1024); Conflict (the
   /// name exists as a queue, or with another lane count); ShutDown;
   /// Busy (max_topics reached).
   Result<Topic> create_topic(std::string_view name, const TopicOptions& options = {});
