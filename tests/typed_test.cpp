@@ -434,6 +434,10 @@ TEST_CASE("durable typed topics encode with the codec") {
     CHECK(r.code() == Code::InvalidArgument);
     CHECK(contains(r.status().message(), "Other"));
     CHECK(contains(r.status().message(), "Codec"));
+    auto bytes = bus->create_topic("d.bytes", {.durable = true}).value();
+    auto s = bus->subscribe<Other>(bytes, "g", [](const Other&, const Delivery&) { return Outcome::ack(); });
+    CHECK(s.code() == Code::InvalidArgument);
+    CHECK(contains(s.status().message(), "Codec"));
   }
   SUBCASE("durable payloads up to max_payload, past it PayloadTooLarge") {
     auto big = bus->create_topic("d.big", {.max_payload = 8u << 20, .durable = true}).value();

@@ -67,6 +67,8 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
                           const PayloadFill* fill) noexcept {
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  // relaxed: a flag set once by create_topic<T>, before the typed handle that
+  // publishes objects exists; nothing else is read through it.
   if (fill == nullptr && objects_only.load(std::memory_order_relaxed)) return bytes_to_typed();
   // Untyped topics skip the out-of-line check (doc/performance.md).
   std::uint16_t schema_version = m.schema_version;
