@@ -71,7 +71,8 @@ struct TypedTopicOptions {
   /// Key extractor: the ordering key of an object published without an
   /// explicit key (publish(value), emplace). Runs on the publishing thread
   /// during publish; the view must stay valid until it returns (a member of
-  /// the object is fine). Empty (default): such messages have the empty key.
+  /// the object is fine). It must not throw (publish is noexcept).
+  /// Empty (default): such messages have the empty key.
   std::function<std::string_view(const T&)> key_of{};
 };
 
@@ -202,13 +203,17 @@ class TypedTopic {
   /// stack and moved in; use emplace_keyed to avoid that. Errors as publish.
   template <typename... Args>
   Status emplace(Args&&... args) const noexcept {
-    if (key_of_) return publish(T(std::forward<Args>(args)...));
-    return emplace_keyed(std::string_view{}, std::forward<Args>(args)...);
+    if (!key_of_) return emplace_keyed(std::string_view{}, std::forward<Args>(args)...);
+    try {
+      return publish(T(std::forward<Args>(args)...));
+    } catch (...) {
+      return Status::from_literal(Code::InvalidArgument, "emplace: constructing the object threw");
+    }
   }
   /// emplace with the key given.
   template <typename... Args>
   Status emplace_keyed(std::string_view key, Args&&... args) const noexcept {
-    if (!topic_.valid() || topic_.is_durable()) {
+    if (!topic_.valid() || durable_) {
       try {
         return send(T(std::forward<Args>(args)...), OutgoingMessage{.key = key});
       } catch (...) {
@@ -230,7 +235,7 @@ class TypedTopic {
  private:
   friend class Bus;
   TypedTopic(Topic topic, std::function<std::string_view(const T&)> key_of) noexcept
-      : topic_(topic), key_of_(std::move(key_of)) {}
+      : topic_(topic), durable_(topic.is_durable()), key_of_(std::move(key_of)) {}
 
   OutgoingMessage envelope_for(const T& value) const noexcept {
     OutgoingMessage m;
@@ -243,7 +248,7 @@ class TypedTopic {
     if (!envelope.payload.empty())
       return Status::from_literal(Code::InvalidArgument, "typed publish: the envelope's payload must be empty");
     if (!topic_.valid()) return Status::from_literal(Code::InvalidArgument, "publish: the typed topic is empty");
-    if (!topic_.is_durable()) {
+    if (!durable_) {
       detail::ObjectFill fill{sizeof(T), alignof(T), &detail::construct_from<T, V&&>, detail::destroyer<T>(),
                               const_cast<void*>(static_cast<const void*>(&value))};
       return detail::TypedAccess::publish_object(topic_, envelope, fill, may_block);
@@ -266,6 +271,7 @@ class TypedTopic {
   }
 
   Topic topic_;
+  bool durable_ = false;  // topic_.is_durable(), read once (publish is hot)
   std::function<std::string_view(const T&)> key_of_;
 };
 
