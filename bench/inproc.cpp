@@ -7,7 +7,8 @@
 // Usage: inproc [--smoke] [--run NAME] [--msgs N] [--repeats N] [--workers N] [--list]
 //   --smoke    tiny counts, one run per case (the bench-smoke test suite); checks
 //              that every case runs and loses nothing
-//   --run      one scenario: 1to1, 1to1_batch64, 2to2, fanout1to4, metrics_overhead, latency1to1
+//   --run      one scenario: 1to1, 1to1_batch64, 2to2, fanout1to4, metrics_overhead, latency1to1,
+//              record_1to1, typed_1to1, typed_string_1to1, payload_4k_1to1, payload_64k_1to1
 //   --msgs     messages published per run (throughput cases; latency uses N/10)
 //   --workers  override the lanebus worker count of every case
 //
@@ -32,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -1125,6 +1127,240 @@ void run_record_1to1(const Config& cfg) {
   print_line("record_1to1_names", n, named, "raw_payload", raw, extra);
 }
 
+// ---------------------------------------------------------------- typed topics and large payloads
+
+/// The 48-byte trivially copyable event of typed_1to1.
+struct Tick48 {
+  std::uint64_t seq = 0;
+  double v[5] = {};
+};
+static_assert(sizeof(Tick48) == 48 && std::is_trivially_copyable_v<Tick48>);
+
+/// The event of typed_string_1to1: two std::string members (short: in-object
+/// storage, so neither side allocates for the characters) and a sequence.
+struct Named {
+  std::string camera;
+  std::string setting;
+  std::uint64_t seq = 0;
+};
+
+/// One producer -> one group of `make_topic`'s topic, publishing `n` items
+/// with `publish(i)`; the handler `seen` reads the item. Returns msgs/s.
+template <typename Publish, typename Subscribe>
+double lanebus_1to1_with(std::uint64_t n, const Config& cfg, Subscribe&& subscribe, Publish&& publish) {
+  auto done = std::make_unique<GroupDone>();
+  GroupDone* gd = done.get();
+  auto note = [gd, n] {
+    if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == n) gd->done_ns.store(now_ns(), std::memory_order_release);
+  };
+  lanebus::Subscription sub = subscribe(note);
+  Gate gate;
+  std::thread producer([&] {
+    gate.arrive_and_wait();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      for (;;) {
+        lanebus::Status st = publish(i);
+        if (st.ok()) break;
+        if (st.code() != lanebus::Code::TimedOut) die("publish: " + st.to_string());
+      }
+    }
+  });
+  std::int64_t t0 = gate.open_when(1);
+  std::vector<std::unique_ptr<GroupDone>> all;
+  all.push_back(std::move(done));
+  std::int64_t end = wait_all(all, cfg, "lanebus");
+  producer.join();
+  return rate(n, end - t0);
+}
+
+double typed48_throughput(std::uint64_t n, const Config& cfg) {
+  auto bus = open_bus(1);
+  auto topic = bus->create_topic<Tick48>("bench.typed", lanebus::TopicOptions{.lanes = 8});
+  if (!topic.ok()) die("create_topic<T>: " + topic.status().to_string());
+  return lanebus_1to1_with(
+      n, cfg,
+      [&](auto note) {
+        auto s = bus->subscribe<Tick48>(*topic, "g", [note](const Tick48& t, const lanebus::Delivery&) mutable {
+          do_not_optimize(t.seq);
+          note();
+          return Outcome::ack();
+        });
+        if (!s.ok()) die("subscribe<T>: " + s.status().to_string());
+        return std::move(*s);
+      },
+      [&](std::uint64_t i) {
+        Tick48 t;
+        t.seq = i;
+        return topic->publish(t, lanebus::OutgoingMessage{.key = keys()[i % kKeys]});
+      });
+}
+
+double bytes_throughput(std::size_t size, std::uint64_t n, const Config& cfg) {
+  auto bus = open_bus(1);
+  auto topic = bus->create_topic("bench.bytes", {.lanes = 8});
+  if (!topic.ok()) die("create_topic: " + topic.status().to_string());
+  std::string payload(size, 'p');
+  return lanebus_1to1_with(
+      n, cfg,
+      [&](auto note) {
+        auto s = bus->subscribe(*topic, "g", [note](const MessageView& m) mutable {
+          std::uint64_t seq;
+          std::memcpy(&seq, m.payload().data(), sizeof seq);
+          do_not_optimize(seq);
+          note();
+          return Outcome::ack();
+        });
+        if (!s.ok()) die("subscribe: " + s.status().to_string());
+        return std::move(*s);
+      },
+      [&](std::uint64_t i) {
+        std::memcpy(payload.data(), &i, sizeof i);
+        return topic->publish({.key = keys()[i % kKeys], .payload = payload});
+      });
+}
+
+double typed_string_throughput(std::uint64_t n, const Config& cfg) {
+  auto bus = open_bus(1);
+  auto topic = bus->create_topic<Named>("bench.named", lanebus::TopicOptions{.lanes = 8});
+  if (!topic.ok()) die("create_topic<T>: " + topic.status().to_string());
+  return lanebus_1to1_with(
+      n, cfg,
+      [&](auto note) {
+        auto s = bus->subscribe<Named>(*topic, "g", [note](const Named& e, const lanebus::Delivery&) mutable {
+          do_not_optimize(e.seq + e.camera.size() + e.setting.size());
+          note();
+          return Outcome::ack();
+        });
+        if (!s.ok()) die("subscribe<T>: " + s.status().to_string());
+        return std::move(*s);
+      },
+      [&](std::uint64_t i) {
+        return topic->publish(Named{keys()[i % kKeys], "display.theme", i},
+                              lanebus::OutgoingMessage{.key = keys()[i % kKeys]});
+      });
+}
+
+/// asio_throughput's idiom (a strand per lane on `workers` threads), posting
+/// a lambda that owns the Named event (moved in).
+double asio_named_throughput(int workers, std::uint64_t n, const Config& cfg) {
+  constexpr int kLanes = 8;
+  boost::asio::io_context ioc(workers);
+  auto guard = boost::asio::make_work_guard(ioc);
+  using Strand = boost::asio::strand<boost::asio::io_context::executor_type>;
+  std::vector<Strand> strands;
+  for (int l = 0; l < kLanes; ++l) strands.push_back(boost::asio::make_strand(ioc));
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  GroupDone* gd = done.back().get();
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w) pool.emplace_back([&] { ioc.run(); });
+  Gate gate;
+  std::thread producer([&] {
+    gate.arrive_and_wait();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      Named e{keys()[i % kKeys], "display.theme", i};
+      boost::asio::post(strands[(i % kKeys) % kLanes], [e = std::move(e), gd, n] {
+        do_not_optimize(e.seq + e.camera.size() + e.setting.size());
+        if (gd->count.fetch_add(1, std::memory_order_relaxed) + 1 == n) gd->done_ns.store(now_ns(), std::memory_order_release);
+      });
+    }
+  });
+  std::int64_t t0 = gate.open_when(1);
+  std::int64_t end = wait_all(done, cfg, "asio_strand");
+  producer.join();
+  guard.reset();
+  ioc.stop();
+  for (auto& t : pool) t.join();
+  return rate(n, end - t0);
+}
+
+/// The hand-rolled alternative for large payloads: a preallocated pool of
+/// `size`-byte buffers whose free indices live in one moodycamel queue and
+/// whose filled indices travel in another; the producer copies the payload
+/// into a free buffer, the consumer reads it and gives the buffer back.
+double mc_pool_throughput(std::size_t size, std::uint64_t n, const Config& cfg) {
+  constexpr std::uint32_t kBuffers = 4096;  // the lanebus topic's capacity
+  std::vector<char> memory(std::size_t(kBuffers) * size);
+  // Each explicit producer keeps the blocks it took (mc_throughput's note):
+  // the free queue has two producers (the initial fill, the consumer's
+  // returns), so it is sized for both.
+  moodycamel::ConcurrentQueue<std::uint32_t> free_q(2 * kBuffers + 64), full_q(kBuffers + 32);
+  moodycamel::ProducerToken free_ptok(free_q), full_ptok(full_q);
+  for (std::uint32_t i = 0; i < kBuffers; ++i)
+    if (!free_q.try_enqueue(free_ptok, i)) die("moodycamel: pre-sized free queue refused");
+  std::string payload(size, 'p');
+  std::vector<std::unique_ptr<GroupDone>> done;
+  done.push_back(std::make_unique<GroupDone>());
+  GroupDone* gd = done.back().get();
+  std::thread consumer([&] {
+    moodycamel::ConsumerToken ctok(full_q);
+    moodycamel::ProducerToken back(free_q);
+    std::uint64_t got = 0;
+    std::uint32_t idx;
+    while (got < n) {
+      if (full_q.try_dequeue(ctok, idx)) {
+        std::uint64_t seq;
+        std::memcpy(&seq, memory.data() + std::size_t(idx) * size, sizeof seq);
+        do_not_optimize(seq);
+        while (!free_q.try_enqueue(back, idx)) cpu_relax();
+        ++got;
+      } else {
+        cpu_relax();
+      }
+    }
+    gd->count.store(got, std::memory_order_relaxed);
+    gd->done_ns.store(now_ns(), std::memory_order_release);
+  });
+  Gate gate;
+  std::thread producer([&] {
+    moodycamel::ConsumerToken ftok(free_q);
+    gate.arrive_and_wait();
+    std::uint32_t idx;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      while (!free_q.try_dequeue(ftok, idx)) std::this_thread::yield();
+      std::memcpy(payload.data(), &i, sizeof i);
+      std::memcpy(memory.data() + std::size_t(idx) * size, payload.data(), size);
+      while (!full_q.try_enqueue(full_ptok, idx)) std::this_thread::yield();
+    }
+  });
+  std::int64_t t0 = gate.open_when(1);
+  std::int64_t end = wait_all(done, cfg, "moodycamel_pool");
+  producer.join();
+  consumer.join();
+  return rate(n, end - t0);
+}
+
+void run_typed_1to1(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  Runs typed = repeat(cfg.repeats, [&] { return typed48_throughput(n, cfg); });
+  Runs bytes = repeat(cfg.repeats, [&] { return bytes_throughput(sizeof(Tick48), n, cfg); });
+  print_line("typed_1to1", n, typed, "bytes_1to1_48B", bytes,
+             " payload_bytes=48 lanebus_workers=1 publish=Topic::publish_both");
+}
+
+void run_typed_string_1to1(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  Runs typed = repeat(cfg.repeats, [&] { return typed_string_throughput(n, cfg); });
+  Runs asio = repeat(cfg.repeats, [&] { return asio_named_throughput(1, n, cfg); });
+  print_line("typed_string_1to1", n, typed, "asio_strand", asio, " event=2_strings+u64 workers=1");
+}
+
+void run_payload_4k_1to1(const Config& cfg) {
+  const std::uint64_t n = cfg.msgs;
+  Runs lb = repeat(cfg.repeats, [&] { return bytes_throughput(4096, n, cfg); });
+  Runs mc = repeat(cfg.repeats, [&] { return mc_pool_throughput(4096, n, cfg); });
+  print_line("payload_4k_1to1", n, lb, "moodycamel_pool", mc, " payload_bytes=4096 lanebus_workers=1");
+}
+
+void run_payload_64k_1to1(const Config& cfg) {
+  const std::uint64_t n = std::max<std::uint64_t>(cfg.msgs / 16, 4);
+  Runs lb = repeat(cfg.repeats, [&] { return bytes_throughput(64 * 1024, n, cfg); });
+  Runs mc = repeat(cfg.repeats, [&] { return mc_pool_throughput(64 * 1024, n, cfg); });
+  print_line("payload_64k_1to1", n, lb, "moodycamel_pool", mc,
+             " payload_bytes=65536 lanebus_workers=1 lanebus_MiB_per_sec=" +
+                 std::to_string(static_cast<long long>(lb.median() * 65536 / (1 << 20))));
+}
+
 const Scenario kScenarios[] = {
     {"1to1",
      "1 producer -> 1 group (lanebus 1 worker, 16 keys over 8 lanes) vs moodycamel 1P/1C, asio strands and a "
@@ -1143,6 +1379,13 @@ const Scenario kScenarios[] = {
      run_latency},
     {"record_1to1", "typed records: build + schema check + read 3 fields by name (counted; FieldKeys, and name "
      "strings as record_1to1_names) vs the same flow with a raw struct payload", run_record_1to1},
+    {"typed_1to1", "TypedTopic<T> of a 48-byte trivially copyable struct vs bytes 1to1 of 48 bytes (both Topic::publish)",
+     run_typed_1to1},
+    {"typed_string_1to1", "TypedTopic<T> of a struct with two std::string members (constructed in the slot) vs "
+     "asio strands posting the same struct", run_typed_string_1to1},
+    {"payload_4k_1to1", "4 KiB bytes payloads (size-classed blocks) vs moodycamel moving 4 KiB buffers of a "
+     "preallocated pool", run_payload_4k_1to1},
+    {"payload_64k_1to1", "64 KiB bytes payloads (msgs/16) vs the same moodycamel buffer pool", run_payload_64k_1to1},
 };
 
 [[noreturn]] void usage(int code) {

@@ -24,7 +24,7 @@ constexpr int kMessages = 100'000;
 TEST_CASE("100k publishes and deliveries after warm-up allocate nothing") {
   lanebus::test::skip_if_sanitized();
   auto bus = Bus::open({.workers = 2}).value();
-  auto topic = bus->create_topic("alloc.events", {.lanes = 8, .capacity = 8192}).value();
+  auto topic = bus->create_topic("alloc.events", {.lanes = 8, .capacity = 8192, .max_payload = 256}).value();
   auto queue = bus->create_queue("alloc.jobs", {.lanes = 4, .capacity = 8192}).value();
   std::atomic<std::uint64_t> a{0}, b{0}, q{0}, bytes{0};
   auto sa = bus->subscribe(topic, "a", [&](const MessageView& m) {
@@ -459,4 +459,68 @@ TEST_CASE("record build, schema-checked publish and counted reads allocate nothi
   INFO("allocations during 50k typed publishes + reads: " << allocs);
   CHECK(allocs == 0);
   CHECK(bad.load() == 0);
+}
+
+namespace {
+struct Sample {  // 48 bytes, trivially copyable
+  std::uint64_t seq;
+  double v[5];
+};
+}  // namespace
+
+TEST_CASE("typed trivially copyable publishes and 4 KiB / 64 KiB payloads allocate nothing after warm-up") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2}).value();
+  TypedTopicOptions<Sample> so;
+  so.topic.lanes = 4;
+  so.topic.capacity = 1024;
+  auto typed = bus->create_topic<Sample>("alloc.typed", so).value();
+  auto blobs = bus->create_topic("alloc.blobs", {.lanes = 4, .capacity = 1024}).value();
+  std::atomic<std::uint64_t> t_got{0}, b_got{0}, b_bytes{0}, t_sum{0};
+  auto st = bus->subscribe<Sample>(typed, "g", [&](const Sample& s, const Delivery& d) {
+                  t_sum.fetch_add(s.seq + d.lane(), std::memory_order_relaxed);
+                  t_got.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  auto sb = bus->subscribe(blobs, "g", [&](const MessageView& m) {
+                  b_bytes.fetch_add(m.payload().size(), std::memory_order_relaxed);
+                  b_got.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  static char p4k[4096], p64k[64 * 1024];
+  std::memset(p4k, '4', sizeof p4k);
+  std::memset(p64k, '6', sizeof p64k);
+  char key[2] = {'k', '0'};
+  // Expected totals: typed n, blobs n 4 KiB + n/8 64 KiB per run.
+  auto run = [&](int n, std::uint64_t t_base, std::uint64_t b_base) {
+    for (int i = 0; i < n; ++i) {
+      key[1] = static_cast<char>('0' + i % 8);
+      std::string_view ks(key, 2);
+      REQUIRE(typed.publish(Sample{static_cast<std::uint64_t>(i), {1, 2, 3, 4, 5}}, OutgoingMessage{.key = ks}).ok());
+      REQUIRE(blobs.publish({.key = ks, .payload = std::string_view(p4k, sizeof p4k)}).ok());
+      if (i % 8 == 0) REQUIRE(blobs.publish({.key = ks, .payload = std::string_view(p64k, sizeof p64k)}).ok());
+    }
+    const std::uint64_t blobs_n = b_base + n + (n + 7) / 8;
+    REQUIRE(wait_until([&] { return t_got.load() == t_base + n && b_got.load() == blobs_n; }));
+  };
+  run(5'000, 0, 0);  // warm-up: thread-locals, first touch of the blocks
+  // The control: the counter sees an allocation made while counting.
+  lanebus::test::alloc_counting(true);
+  auto* probe = new int(7);
+  lanebus::test::alloc_counting(false);
+  CHECK(lanebus::test::alloc_count() >= 1);
+  delete probe;
+  const std::uint64_t before = lanebus::test::alloc_count();
+  lanebus::test::alloc_counting(true);
+  run(100'000, 5'000, 5'625);
+  // A payload past max_payload is refused without allocating either.
+  static char huge[(1u << 20) + 1];
+  bool too_large = blobs.publish({.key = "k", .payload = std::string_view(huge, sizeof huge)}).code() ==
+                   Code::PayloadTooLarge;
+  lanebus::test::alloc_counting(false);
+  const std::uint64_t allocs = lanebus::test::alloc_count() - before;
+  INFO("allocations during 100k typed + 100k 4 KiB + 12.5k 64 KiB publishes and deliveries: " << allocs);
+  CHECK(allocs == 0);
+  CHECK(too_large);
+  CHECK(b_bytes.load() == 105'000ull * sizeof p4k + (625ull + 12'500) * sizeof p64k);
 }

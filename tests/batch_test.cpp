@@ -107,7 +107,7 @@ TEST_CASE("publish_batch keeps per-key order across chunks, producer threads and
 
 TEST_CASE("publish_batch: ids are unique, created_at is set, an empty span is OK, bad input publishes nothing") {
   auto bus = Bus::open({.workers = 1}).value();
-  auto topic = bus->create_topic("batch.ids", {.lanes = 4, .slot_bytes = 32}).value();
+  auto topic = bus->create_topic("batch.ids", {.lanes = 4, .slot_bytes = 32, .max_payload = 32}).value();
   std::mutex mu;
   std::set<std::uint64_t> ids;
   std::vector<std::int64_t> created;
@@ -148,10 +148,10 @@ TEST_CASE("publish_batch: ids are unique, created_at is set, an empty span is OK
   CHECK(r.published == 0);
   Batch big;
   big.add("a", "fine");
-  big.add("b", std::string(40, 'x'));  // > slot_bytes
+  big.add("b", std::string(40, 'x'));  // > max_payload
   r = topic.publish_batch(big.span());
   CHECK(r.status.code() == Code::PayloadTooLarge);
-  CHECK(r.status.message().find("slot_bytes") != std::string_view::npos);
+  CHECK(r.status.message().find("max_payload") != std::string_view::npos);
   CHECK(r.published == 0);
   CHECK(Topic().publish_batch(batch.span()).status.code() == Code::InvalidArgument);
   std::this_thread::sleep_for(20ms);

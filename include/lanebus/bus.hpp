@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,8 +28,15 @@ class Client;      // client.hpp (tenancy)
 class Namespaces;  // tenancy.hpp
 struct Credential;
 
+class Delivery;  // typed.hpp
+template <typename T>
+class TypedTopic;  // typed.hpp
+template <typename T>
+struct TypedTopicOptions;  // typed.hpp
+
 namespace detail {
 struct Access;
+struct TypedAccess;
 class BusCore;
 class TopicImpl;
 struct Consumer;
@@ -79,10 +87,18 @@ class LANEBUS_API Topic {
   ///
   /// Blocks only under Backpressure::Block, for at most the topic's
   /// block_timeout, waiting for a free slot. Errors (nothing is published):
-  /// - InvalidArgument: empty payload, or a default-constructed Topic.
-  /// - PayloadTooLarge: key + idempotency key + payload exceed slot_bytes.
-  /// - WouldBlock: topic full under Backpressure::FailFast.
-  /// - TimedOut: topic still full after block_timeout under Backpressure::Block.
+  /// A payload that does not fit the slot with the keys takes a block of the
+  /// bus's payload pool (TopicOptions::max_payload, doc/topics.md "Payload
+  /// sizes"); a full pool is backpressure like a full topic.
+  /// - InvalidArgument: empty payload, a default-constructed Topic, or an
+  ///   in-memory typed topic (publish through its TypedTopic<T>).
+  /// - PayloadTooLarge: the payload exceeds max_payload, or is larger than
+  ///   the largest block BusOptions::memory_budget provides; the key or the
+  ///   idempotency key exceeds 65535 bytes; the keys leave no room in the
+  ///   slot for the block reference (slot_bytes). The message names which.
+  /// - WouldBlock: topic (or payload pool) full under Backpressure::FailFast.
+  /// - TimedOut: topic (or payload pool) still full after block_timeout under
+  ///   Backpressure::Block.
   /// - ShutDown: the bus is shut down or shutting down.
   Status publish(const OutgoingMessage& message) const noexcept;
 
@@ -114,7 +130,9 @@ class LANEBUS_API Topic {
   ///   returns comes later).
   /// - Validation first: an empty payload or an oversized message anywhere in
   ///   the span publishes nothing (published = 0; InvalidArgument or
-  ///   PayloadTooLarge). An empty span is OK with published = 0.
+  ///   PayloadTooLarge). An empty span is OK with published = 0. A span with
+  ///   a payload beyond the slot (a block) is published one message at a time.
+  ///   An in-memory typed topic refuses bytes (InvalidArgument).
   /// - Backpressure: the batch takes the free slots it finds, up to 64 at a
   ///   time; when none is free, the next message waits exactly as publish
   ///   would: Block waits up to block_timeout for that message (TimedOut),
@@ -140,6 +158,7 @@ class LANEBUS_API Topic {
   friend class Publisher;
   friend class Transaction;
   friend class Client;
+  friend struct detail::TypedAccess;
   explicit Topic(detail::TopicImpl* impl) noexcept : impl_(impl) {}
   detail::TopicImpl* impl_ = nullptr;
 };
@@ -222,8 +241,8 @@ enum class ShutdownMode : std::uint8_t {
 class LANEBUS_API Bus {
  public:
   /// Create a bus and start its workers.
-  /// Errors: InvalidArgument (a zero or absurd option), Internal (threads
-  /// could not be started).
+  /// Errors: InvalidArgument (a zero or absurd option, e.g. memory_budget
+  /// over 1 TiB), Internal (threads could not be started).
   static Result<std::unique_ptr<Bus>> open(const BusOptions& options = {});
 
   /// shutdown(Drain, options.close_timeout), then abandon what is left.
@@ -235,7 +254,8 @@ class LANEBUS_API Bus {
   /// if it was created with the same kind and lane count. Allocates its
   /// slots and lane buffers now, once.
   /// Errors: InvalidName; InvalidArgument (lanes 0 or > 4096, capacity 0 or
-  /// > 2^24, slot_bytes 0 or > 16 MiB, max_groups 0 or > 1024); Conflict (the
+  /// > 2^24, slot_bytes 0 or > 16 MiB, max_payload 0 or > 16 MiB in memory /
+  /// 64 MiB durable, max_groups 0 or > 1024); Conflict (the
   /// name exists as a queue, or with another lane count); ShutDown;
   /// Busy (max_topics reached).
   Result<Topic> create_topic(std::string_view name, const TopicOptions& options = {});
@@ -243,6 +263,46 @@ class LANEBUS_API Bus {
   /// Create a queue: one implicit group whose consumers compete (each
   /// message handled by one of them). Same rules and errors as create_topic.
   Result<Topic> create_queue(std::string_view name, const TopicOptions& options = {});
+
+  // ---- typed topics (typed.hpp, doc/topics.md "Typed topics") ----
+  /// Create (or open) topic `name` carrying objects of type T: as
+  /// create_topic, then the topic is bound to T. Errors: those of
+  /// create_topic, and Conflict (the topic carries another type, or bytes
+  /// were published to it; both named), InvalidArgument (durable, and T has
+  /// no Codec<T>: use create_durable_topic<T> to get that as a compile-time
+  /// error). The key extractor of `options` applies to this handle.
+  template <typename T>
+  Result<TypedTopic<T>> create_topic(std::string_view name, const TypedTopicOptions<T>& options);
+  template <typename T>
+  Result<TypedTopic<T>> create_topic(std::string_view name, const TopicOptions& options);
+  template <typename T>
+  Result<TypedTopic<T>> create_topic(std::string_view name) {
+    return create_topic<T>(name, TopicOptions{});
+  }
+  /// create_topic<T> with options.topic.durable = true; does not compile
+  /// unless lanebus::Codec<T> exists (codec.hpp).
+  template <typename T>
+  Result<TypedTopic<T>> create_durable_topic(std::string_view name, const TypedTopicOptions<T>& options = {});
+  /// create_queue for objects of type T (rules of create_topic<T>).
+  template <typename T>
+  Result<TypedTopic<T>> create_queue(std::string_view name, const TypedTopicOptions<T>& options = {});
+  /// Subscribe with a typed handler `Outcome handler(const T&, const Delivery&)`:
+  /// as subscribe; the object is valid during the call only (in memory it is
+  /// the one in the slot, shared by every group: do not cast const away; on a
+  /// durable topic it is decoded for this call, and a decode failure is a
+  /// permanent failure — rejected, to the DLQ as class permanent with the
+  /// codec's message as the reason). Errors: those of subscribe, and
+  /// Conflict (the topic carries another type or, in memory, bytes; both
+  /// named), InvalidArgument (durable, and T has no codec or no default
+  /// constructor).
+  template <typename T, typename F>
+    requires std::invocable<F&, const T&, const Delivery&>
+  Result<Subscription> subscribe(const Topic& topic, std::string_view group, F handler,
+                                 const GroupOptions& options = {});
+  /// consume for a queue of T (rules of subscribe<T>).
+  template <typename T, typename F>
+    requires std::invocable<F&, const T&, const Delivery&>
+  Result<Subscription> consume(const Topic& queue, F handler, const GroupOptions& options = {});
 
   /// Look a topic or queue up. Errors: InvalidName, NotFound.
   Result<Topic> find(std::string_view name) const;
@@ -337,6 +397,8 @@ class LANEBUS_API Bus {
   friend struct detail::Access;
   friend class Bridge;
   explicit Bus(std::shared_ptr<detail::BusCore> core) noexcept;
+  template <typename T, typename F>
+  static Handler typed_handler(const Topic& topic, F&& handler);
   std::shared_ptr<detail::BusCore> core_;
   // BusOptions::namespace_stores: (namespace, the inner bus of its store).
   std::vector<std::pair<std::string, std::shared_ptr<detail::BusCore>>> ns_cores_;
@@ -347,3 +409,5 @@ class LANEBUS_API Bus {
 };
 
 }  // namespace lanebus
+
+#include "lanebus/typed.hpp"  // the member templates above

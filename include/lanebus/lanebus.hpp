@@ -4,6 +4,7 @@
 
 #include "lanebus/bus.hpp"
 #include "lanebus/client.hpp"
+#include "lanebus/codec.hpp"
 #include "lanebus/tenancy.hpp"
 #include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
@@ -16,8 +17,10 @@
 #include "lanebus/metrics_server.hpp"
 #include "lanebus/options.hpp"
 #include "lanebus/record.hpp"
+#include "lanebus/record_codec.hpp"
 #include "lanebus/schema.hpp"
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"
 #include "lanebus/transaction.hpp"
+#include "lanebus/typed.hpp"
 #include "lanebus/version.hpp"

@@ -45,6 +45,16 @@ struct TopicOptions {
   /// Bytes per message slot for key + idempotency key + payload. A message
   /// that does not fit is refused with PayloadTooLarge. Default 256.
   std::uint32_t slot_bytes = 256;
+  /// Largest payload (bytes) a publish accepts (doc/topics.md "Payload
+  /// sizes"). In-memory topics keep a message whose key + idempotency key +
+  /// payload fit slot_bytes in its slot and take a larger payload from a
+  /// size-classed block of the bus's payload pool (BusOptions::memory_budget;
+  /// the slot then holds the keys and an 8-byte block reference); no block
+  /// free means the topic's backpressure applies, as for a full topic.
+  /// Durable topics store the payload in LMDB. Past it: PayloadTooLarge,
+  /// naming this option. 1..16 MiB for in-memory topics, 1..64 MiB for
+  /// durable ones. Default 1 MiB.
+  std::uint32_t max_payload = 1u << 20;
   /// Most consumer groups the topic can have at once. Default 16.
   std::uint32_t max_groups = 16;
 
@@ -190,6 +200,16 @@ struct BusOptions {
   std::uint32_t max_topics = 1024;
   /// Most consumers (subscriptions) one group can have at once. Default 64.
   std::uint32_t max_consumers_per_group = 64;
+  /// Bytes reserved at open for in-memory payloads that do not fit their
+  /// topic's slot (TopicOptions::max_payload), shared by every in-memory
+  /// topic of the bus. Split evenly over 8 size classes of 1 KiB × 4^i
+  /// (1 KiB .. 16 MiB): a class gets memory_budget / 8 / its size blocks, 0
+  /// if its share is below one block; a payload takes the smallest free block
+  /// that holds it. Mapped with mmap, so pages cost memory only once used.
+  /// Default 64 MiB (8 MiB per class: 8192 blocks of 1 KiB ... two of 4 MiB,
+  /// none of 16 MiB). 0 = none: in-memory payloads must fit their slot.
+  /// At most 1 TiB (else InvalidArgument).
+  std::size_t memory_budget = std::size_t{64} << 20;
 
   // ---- durable store (doc/durable.md) ----
   /// The LMDB store for durable topics and queues. An empty

@@ -170,6 +170,9 @@ Result<std::unique_ptr<Bus>> Bus::open(const BusOptions& options) {
   if (options.workers > 1024)
     return Status(Code::InvalidArgument, "bus \"" + options.name + "\": workers must be at most 1024, got " +
                                              std::to_string(options.workers));
+  if (options.memory_budget > (std::size_t{1} << 40))
+    return Status(Code::InvalidArgument, "bus \"" + options.name + "\": memory_budget must be at most 1 TiB, got " +
+                                             std::to_string(options.memory_budget));
   if (options.max_topics == 0 || options.max_consumers_per_group == 0)
     return Status(Code::InvalidArgument,
                   "bus \"" + options.name + "\": max_topics and max_consumers_per_group must be at least 1");

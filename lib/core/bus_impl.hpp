@@ -80,6 +80,7 @@
 #include "lane_ring.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
+#include "payload_pool.hpp"
 #include "fair_queue.hpp"
 #include "retry_timer.hpp"
 #include "schema_registry.hpp"
@@ -321,7 +322,9 @@ class TopicImpl {
   TopicImpl(BusCore* bus, std::string name, bool is_queue, const TopicOptions& options);
 
   /// The shared publish path (any thread): makes the topic shared first.
-  Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept;
+  /// `fill`: a typed object to construct in place of m.payload (typed.cpp).
+  Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
+                 const PayloadFill* fill = nullptr) noexcept;
   /// Publish through a Publisher's link: its slot magazine, and the solo
   /// path while the publisher owns the topic (see "Solo publishers").
   Status publish_via(PublisherState& p, PublisherLink& link, const OutgoingMessage& m, bool may_block,
@@ -337,6 +340,12 @@ class TopicImpl {
   /// publish_batch's fast path: no schema check, no quota (their callers check).
   BatchPublishResult publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
                                              std::uint64_t first_id, PublisherState* p = nullptr) noexcept;
+  /// Payloads larger than the slot and typed objects (large_payload.cpp):
+  /// the checks before a slot is taken, then placing the payload in the
+  /// slot or an external block (taken under the topic's backpressure).
+  Status check_large(const OutgoingMessage& m, const PayloadFill* fill) const noexcept;
+  Status place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
+                     bool may_block) noexcept;
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
@@ -373,6 +382,13 @@ class TopicImpl {
   /// Typed topics: the latest schema version (owned by the SchemaRegistry);
   /// nullptr = untyped, publish unchanged.
   std::atomic<const SchemaVersion*> schema{nullptr};
+  /// Typed topics (typed.hpp, typed.cpp): the C++ type bound by
+  /// create_topic<T>, "" = bytes. Written once. type_mu is a leaf lock.
+  Mutex type_mu;
+  std::string cxx_type GUARDED_BY(type_mu);
+  /// In-memory typed topics: every payload is a constructed object, so a
+  /// bytes publish is refused (a typed handler would read it as a T).
+  std::atomic<bool> objects_only{false};
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
@@ -381,6 +397,11 @@ class TopicImpl {
   /// Route a filled slot to every active group's ring of its lane; `solo`:
   /// the owner's plain appends. Returns false when no group took it (freed).
   bool route(Slot* s, std::uint32_t lane, bool solo) noexcept;
+  /// The topic's backpressure around `take` (backpressure.hpp).
+  template <typename Take, typename T>
+  T acquire_room(std::uint32_t lane, bool may_block, Take take, T none) noexcept;
+  /// A block of at least `n` bytes under the topic's backpressure (as acquire_slot).
+  std::uint32_t acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept;
   bool drop_oldest(std::uint32_t first_lane) noexcept;
 };
 
@@ -468,6 +489,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   TenancyImpl* tenancy() const noexcept { return tenancy_.get(); }
   Namespaces* namespaces() noexcept { return namespaces_.get(); }
   SchemaRegistry* schemas() const noexcept { return schemas_.get(); }
+  /// Blocks for in-memory payloads beyond a slot (BusOptions::memory_budget).
+  PayloadPool* payloads() const noexcept { return payloads_.get(); }
   /// Visit every group lane's usage counters (BusCore::mu_ held; fn must not call the bus).
   void for_each_usage_tap(const std::function<void(const TopicImpl&, const GroupImpl&, const UsageTap&)>& fn);
 
@@ -559,6 +582,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   PublisherSlot pub_slots_[kPublisherSlots];
 
+  // Declared before topics_: destroyed after them, so a slot still holding a
+  // block when its topic goes away can give it back (MessagePool's destructor).
+  std::unique_ptr<PayloadPool> payloads_ = std::make_unique<PayloadPool>(options.memory_budget);
   mutable Mutex mu_;
   mutable Mutex bridges_mu_;  // after mu_
   std::map<std::uint64_t, std::function<BridgeStats(const BusStats&)>> bridge_stats_ GUARDED_BY(bridges_mu_);

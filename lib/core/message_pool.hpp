@@ -42,20 +42,45 @@
 namespace lanebus::detail {
 
 /// The header that starts every slot; key, idempotency key and payload follow it.
+///
+/// Layout (one 64-byte line): refs, index, lane, kind, key_len, idem_len,
+/// payload_len, ext, then the MessageHeader (40 bytes). Key and idempotency
+/// key are stored in the slot (each at most kMaxKeyBytes); the payload lives
+/// where `kind` says:
+/// - kInline: right after the keys, in the slot;
+/// - kExternal: in a size-classed block of the bus's PayloadPool
+///   (payload_pool.hpp); `ext` names the block (class in the high bits, index
+///   in the low bits) and the block's address is stored after the keys;
+/// - kObject: a constructed C++ object (typed topics, typed.hpp), in the slot
+///   or in an external block (`ext` then names it), its address stored after
+///   the keys; destroyed when the slot is finally freed (MessagePool::recycle).
 struct alignas(64) Slot {
+  static constexpr std::uint16_t kInline = 0;
+  static constexpr std::uint16_t kExternal = 1;
+  static constexpr std::uint16_t kObject = 2;
+  static constexpr std::uint32_t kNone = 0xffffffffu;
+  static constexpr std::size_t kMaxKeyBytes = 0xffff;
+
   std::atomic<std::uint32_t> refs{0};
-  std::uint32_t lane = 0;
-  std::uint32_t key_len = 0;
-  std::uint32_t idem_len = 0;
-  std::uint32_t payload_len = 0;
   std::uint32_t index = 0;  // position in the pool, fixed at construction (index_of without a division)
+  std::uint16_t lane = 0;
+  std::uint16_t kind = kInline;
+  std::uint16_t key_len = 0;
+  std::uint16_t idem_len = 0;
+  std::uint32_t payload_len = 0;
+  std::uint32_t ext = kNone;  // external block id (PayloadPool), kNone when none
   MessageHeader header;
 
   char* data() noexcept { return reinterpret_cast<char*>(this + 1); }
   const char* data() const noexcept { return reinterpret_cast<const char*>(this + 1); }
   std::string_view key() const noexcept { return {data(), key_len}; }
   std::string_view idempotency_key() const noexcept { return {data() + key_len, idem_len}; }
-  std::string_view payload() const noexcept { return {data() + key_len + idem_len, payload_len}; }
+  /// The payload bytes, wherever they live (see kind).
+  std::string_view payload() const noexcept {
+    const char* p = data() + key_len + idem_len;
+    if (kind != kInline) std::memcpy(&p, p, sizeof p);  // the stored address (unaligned)
+    return {p, payload_len};
+  }
 };
 
 static_assert(sizeof(Slot) == 64, "the slot header is one cache line");
@@ -70,6 +95,10 @@ struct Magazine {
   Magazine* next = nullptr;             // the pool's list (MessagePool::mags_mu_)
   Magazine* prev = nullptr;
 };
+
+class PayloadPool;  // payload_pool.hpp
+/// Destroy a kObject payload and free an external block (payload_pool.cpp).
+void recycle_payload(Slot* s, PayloadPool* blocks) noexcept;
 
 class MessagePool {
  public:
@@ -89,7 +118,10 @@ class MessagePool {
   }
 
   ~MessagePool() {
-    for (std::uint32_t i = 0; i < capacity_; ++i) at(i)->~Slot();
+    for (std::uint32_t i = 0; i < capacity_; ++i) {
+      recycle(at(i));  // payloads of slots never freed (a bus torn down mid-flight)
+      at(i)->~Slot();
+    }
     ::operator delete(memory_, std::align_val_t(64));
   }
 
@@ -164,7 +196,20 @@ class MessagePool {
   }
 
   /// Return a slot to the free list. REQUIRES: refs == 0, not already free.
-  void free(Slot* s) noexcept { free_chain(s, s, 1); }
+  void free(Slot* s) noexcept {
+    recycle(s);
+    free_chain(s, s, 1);
+  }
+
+  /// The bus's external payload blocks (payload_pool.hpp), set once before
+  /// the topic is published to.
+  void attach_payloads(PayloadPool* blocks) noexcept { payloads_ = blocks; }
+  PayloadPool* payloads() const noexcept { return payloads_; }
+  /// Hook for a slot that is finally free: its object is destroyed and its
+  /// external block freed. One load and a branch for inline payloads.
+  void recycle(Slot* s) noexcept {
+    if (s->kind != Slot::kInline) recycle_payload(s, payloads_);
+  }
 
   /// Drop one reference; true if it was the last (the caller then frees the slot).
   static bool unref(Slot* s) noexcept {
@@ -244,6 +289,7 @@ class MessagePool {
   const std::size_t stride_;
   const std::uint32_t magazine_size_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(Magazine::kMax, capacity_ / 32));
   char* memory_;
+  PayloadPool* payloads_ = nullptr;
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_;  // free-list links, by slot index
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::atomic<std::uint64_t> allocated_{0};  // publishers
@@ -263,6 +309,7 @@ class FreeChain {
 
   void release(Slot* s) noexcept {
     if (!MessagePool::unref(s)) return;
+    pool_.recycle(s);
     pool_.link(s, first_);
     if (first_ == nullptr) last_ = s;
     first_ = s;

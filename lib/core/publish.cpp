@@ -6,9 +6,24 @@
 #include <exception>
 #include <string>
 
+#include "backpressure.hpp"
 #include "bus_impl.hpp"
 
 namespace lanebus::detail {
+
+namespace {
+// The slot's key_len and idem_len are 16 bits (message_pool.hpp).
+Status key_too_long() noexcept {
+  return Status::from_literal(Code::PayloadTooLarge,
+                              "publish: the key or idempotency key exceeds 65535 bytes (the limit of an "
+                              "in-memory topic's slot)");
+}
+// TopicImpl::objects_only (typed.cpp).
+Status bytes_to_typed() noexcept {
+  return Status::from_literal(Code::InvalidArgument,
+                              "publish: the topic carries typed objects; publish through its TypedTopic<T>");
+}
+}  // namespace
 
 bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
   bool dropped_any = false;
@@ -32,46 +47,8 @@ bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
 }
 
 Slot* TopicImpl::acquire_slot(std::uint32_t lane, bool may_block) noexcept {
-  Slot* s = pool.try_alloc();
-  if (s != nullptr) return s;
-  switch (options.backpressure) {
-    case Backpressure::FailFast:
-      return nullptr;
-    case Backpressure::DropOldest: {
-      // A drop frees a slot unless another group or a worker still holds the
-      // message; keep dropping (bounded by the pool size) until one is free.
-      for (std::uint32_t tries = 0; tries <= capacity; ++tries) {
-        if (!drop_oldest(lane)) break;
-        if ((s = pool.try_alloc()) != nullptr) return s;
-      }
-      if ((s = pool.try_alloc()) != nullptr) return s;
-      if (!may_block) return nullptr;
-      [[fallthrough]];
-    }
-    case Backpressure::Block: {
-      if (!may_block) return nullptr;
-      // Workers free slots in batches within microseconds: spin, then yield,
-      // then sleep in short steps until the deadline. The deadline is taken
-      // when the spinning ends, not on entry: a clock read costs 80-100 ns on
-      // a VM (perf: a third of a blocked publisher's time), more than the
-      // spin usually lasts; block_timeout is then late by the spin (< 50 µs).
-      std::chrono::steady_clock::time_point deadline{};
-      for (std::uint32_t spin = 0;; ++spin) {
-        if ((s = pool.try_alloc()) != nullptr) return s;
-        if (bus->closing()) return nullptr;
-        if (spin < 256) {
-          cpu_relax();
-        } else if (spin < 2048) {
-          if (spin == 256) deadline = std::chrono::steady_clock::now() + options.block_timeout;
-          std::this_thread::yield();
-        } else {
-          if (std::chrono::steady_clock::now() >= deadline) return nullptr;
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
-      }
-    }
-  }
-  return nullptr;
+  // The waiting itself is shared with the payload blocks (backpressure.hpp).
+  return acquire_room(lane, may_block, [this] { return pool.try_alloc(); }, static_cast<Slot*>(nullptr));
 }
 
 // Typed topics (doc/schemas.md): the record must match the latest schema
@@ -87,16 +64,18 @@ Status TopicImpl::check_schema(const OutgoingMessage& m, std::uint16_t* version)
 }
 
 namespace {
+/// The slot's keys and header; the payload too unless `inline_payload` is
+/// false (a large payload or a typed object: place_large puts it).
 void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t created_at,
-               std::uint16_t schema_version) noexcept {
-  s->lane = lane;
-  s->key_len = static_cast<std::uint32_t>(m.key.size());
-  s->idem_len = static_cast<std::uint32_t>(m.idempotency_key.size());
+               std::uint16_t schema_version, bool inline_payload = true) noexcept {
+  s->lane = static_cast<std::uint16_t>(lane);
+  s->key_len = static_cast<std::uint16_t>(m.key.size());
+  s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
   s->payload_len = static_cast<std::uint32_t>(m.payload.size());
   char* d = s->data();
   if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
   if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
-  std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
+  if (inline_payload) std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
   s->header.id = id;
   s->header.created_at_ns = created_at;
   s->header.correlation_id = m.correlation_id;
@@ -203,19 +182,26 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
   return true;
 }
 
-Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id) noexcept {
+Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
+                          const PayloadFill* fill) noexcept {
   if (owner.load(std::memory_order_relaxed) != 1) make_shared();
-  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  if (m.payload.empty() && fill == nullptr)
+    return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  // relaxed: a flag set once by create_topic<T>, before the typed handle that
+  // publishes objects exists; nothing else is read through it.
+  if (fill == nullptr && objects_only.load(std::memory_order_relaxed)) return bytes_to_typed();
   // Untyped topics skip the out-of-line check (doc/performance.md).
   std::uint16_t schema_version = m.schema_version;
   if (schema.load(std::memory_order_relaxed) != nullptr) {
     if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
   }
-  std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
-  if (need > options.slot_bytes)
-    return Status::from_literal(Code::PayloadTooLarge,
-                                "publish: key + idempotency key + payload exceed the topic's slot_bytes "
-                                "(raise TopicOptions::slot_bytes)");
+  if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) return key_too_long();
+  std::size_t need = m.key.size() + m.idempotency_key.size() + (fill ? fill->size : m.payload.size());
+  // Beyond the slot, or a typed object: large_payload.cpp.
+  const bool large = need > options.slot_bytes || fill != nullptr;
+  if (large) {
+    if (Status st = check_large(m, fill); !st.ok()) return st;
+  }
   if (bus->closing()) return shut_down();
 
   // Tenancy: the namespace's publish quota and usage (lib/features/tenancy.hpp).
@@ -239,7 +225,14 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
     nsp->unadmit_publish(need);
     return shut_down();
   }
-  fill_slot(s, m, lane, id, now_ns(), schema_version);
+  fill_slot(s, m, lane, id, now_ns(), schema_version, !large);
+  if (large) {
+    if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
+      pool.free(s);
+      nsp->unadmit_publish(need);
+      return st;
+    }
+  }
   route(s, lane, false);
   return Status();
 }
@@ -250,15 +243,14 @@ Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const Outg
   // A typed topic checks the record, a namespace with a publish quota
   // admits the message: the checked (shared) path. So does a publisher
   // without a slot (more than kPublisherSlots at once).
+  // So do a payload beyond the slot (a block of the payload pool) and a
+  // topic of typed objects (publish refuses bytes there).
+  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
-      nsp->pub_limited.load(std::memory_order_relaxed))
+      nsp->pub_limited.load(std::memory_order_relaxed) || need > options.slot_bytes ||
+      objects_only.load(std::memory_order_relaxed))
     return publish(m, may_block, id);
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
-  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
-  if (need > options.slot_bytes)
-    return Status::from_literal(Code::PayloadTooLarge,
-                                "publish: key + idempotency key + payload exceed the topic's slot_bytes "
-                                "(raise TopicOptions::slot_bytes)");
   if (bus->closing()) return shut_down();
   const std::uint32_t lane = lane_for_key(m.key, options.lanes);
   Slot* s = pool.take(link.mag);  // plain loads and stores unless the magazine refills
@@ -321,6 +313,10 @@ AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
 
 Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done) {
   if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  if (m.payload.size() > options.max_payload)
+    return Status::from_literal(Code::PayloadTooLarge,
+                                "publish: the payload exceeds the topic's max_payload (raise "
+                                "TopicOptions::max_payload, at most 64 MiB on a durable topic)");
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   std::uint16_t schema_version;
   if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
@@ -371,23 +367,36 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
 
 namespace {
 constexpr std::uint32_t kBatchChunk = 64;
+
+bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes) noexcept {
+  for (const OutgoingMessage& m : ms)
+    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes) return true;
+  return false;
+}
 }  // namespace
 
 BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms, bool may_block,
                                             std::uint64_t first_id, PublisherState* p) noexcept {
+  if (objects_only.load(std::memory_order_relaxed)) return {0, bytes_to_typed()};
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
-  if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed)) {
+  if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed) ||
+      has_large(ms, options.slot_bytes)) {
     // A typed topic checks each record, a namespace with a publish quota
-    // admits each message: publish them one by one (same result as the
-    // fast path: the published prefix and the first refusal).
+    // admits each message, a payload beyond the slot takes a block: publish
+    // them one by one (same result as the fast path: the published prefix
+    // and the first refusal).
     BatchPublishResult r;
     for (const OutgoingMessage& m : ms) {
-      if (m.payload.empty() || m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
-        r = {};
+      if (m.payload.empty()) {
         r.status = Status::from_literal(Code::InvalidArgument,
-                                        "publish_batch: a message is empty or exceeds the topic's slot_bytes "
-                                        "(nothing published)");
+                                        "publish_batch: a message has an empty payload (nothing published)");
         return r;
+      }
+      if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
+        if (Status st = check_large(m, nullptr); !st.ok()) {
+          r.status = st;
+          return r;
+        }
       }
     }
     for (const OutgoingMessage& m : ms) {
@@ -424,6 +433,10 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     if (m.payload.empty()) {
       r.status = Status::from_literal(Code::InvalidArgument,
                                       "publish_batch: a message has an empty payload (nothing published)");
+      return r;
+    }
+    if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) {
+      r.status = key_too_long();
       return r;
     }
     if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {

@@ -29,6 +29,10 @@ Status check_topic_options(std::string_view name, const TopicOptions& o) {
   if (o.max_groups == 0 || o.max_groups > 1024)
     return bad("max_groups must be 1..1024, got " + std::to_string(o.max_groups));
   if (o.block_timeout.count() < 0) return bad("block_timeout must not be negative");
+  const std::uint32_t most = o.durable ? (64u << 20) : static_cast<std::uint32_t>(PayloadPool::kMaxBlock);
+  if (o.max_payload == 0 || o.max_payload > most)
+    return bad("max_payload must be 1.." + std::to_string(most >> 20) + " MiB for " +
+               (o.durable ? "a durable" : "an in-memory") + " topic, got " + std::to_string(o.max_payload));
   return Status();
 }
 
@@ -64,6 +68,7 @@ TopicImpl::TopicImpl(BusCore* b, std::string n, bool queue, const TopicOptions& 
       groups(new std::atomic<GroupImpl*>[o.max_groups]),
       lane_load(new LaneLoad[o.lanes]) {
   for (std::uint32_t i = 0; i < o.max_groups; ++i) groups[i].store(nullptr, std::memory_order_relaxed);
+  pool.attach_payloads(b->payloads());
 }
 
 // Discard the oldest queued message of each active group, lane by lane from
