@@ -4,7 +4,8 @@
 
 #include <charconv>
 #include <cmath>
-#include <cstdio>
+
+#include "json.hpp"
 
 namespace lanebus::detail {
 
@@ -61,27 +62,7 @@ void JsonWriter::string(std::string_view s) {
   write_string(s);
 }
 
-void JsonWriter::write_string(std::string_view s) {
-  out_ += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out_ += "\\\""; break;
-      case '\\': out_ += "\\\\"; break;
-      case '\n': out_ += "\\n"; break;
-      case '\r': out_ += "\\r"; break;
-      case '\t': out_ += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", c);
-          out_ += b;
-        } else {
-          out_ += static_cast<char>(c);
-        }
-    }
-  }
-  out_ += '"';
-}
+void JsonWriter::write_string(std::string_view s) { out_ += json_quote(s); }  // json.hpp: the one escaping
 
 void JsonWriter::number(double v) {
   before_value();
