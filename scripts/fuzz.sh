@@ -21,6 +21,8 @@ if [ ! -f "$dir/build.ninja" ]; then
     -Dtests=disabled -Dexamples=false -Dbenchmarks=disabled -Dtools=false -Dnats=disabled -Dbuildtype=debugoptimized
 fi
 meson compile -C "$dir" $(ls fuzz/*_fuzz.cpp | xargs -n1 basename | sed 's/\.cpp$//')
+# FUZZ_BUILD_ONLY=1: build the targets and stop (.ci/run builds them while the TSan tests run).
+if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then exit 0; fi
 targets="${FUZZ_TARGETS:-$(ls fuzz/*_fuzz.cpp | xargs -n1 basename | sed 's/\.cpp$//')}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # LMDB (not instrumented) may read a damaged page in the verify child: that
