@@ -11,6 +11,7 @@
 #include "args.hpp"
 #include "commands.hpp"
 #include "durable_store.hpp"
+#include "json.hpp"
 #include "tenancy.hpp"
 
 namespace lanebus::tool {
@@ -51,15 +52,6 @@ bool parse_time(const char* s, std::uint64_t* minute) {
   if (at < 0) at = 0;
   *minute = static_cast<std::uint64_t>(at / 60);
   return true;
-}
-
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
 }
 
 }  // namespace
@@ -140,7 +132,7 @@ int cmd_usage(int argc, char** argv) {
           "%s{\"name\":%s,\"declared\":%s,\"msgs_in\":%llu,\"bytes_in\":%llu,\"msgs_out\":%llu,\"bytes_out\":%llu,"
           "\"throttled\":%llu,\"refused\":%llu,\"seconds_at_ceiling\":%llu,\"peak_in_per_s\":%.0f,"
           "\"avg_in_per_s\":%.3f,\"quota_in_per_s\":%.3f,\"minutes\":%llu}",
-          first ? "" : ",", json_str(name).c_str(), r.declared ? "true" : "false",
+          first ? "" : ",", detail::json_quote(name).c_str(), r.declared ? "true" : "false",
           static_cast<unsigned long long>(r.u.msgs_in), static_cast<unsigned long long>(r.u.bytes_in),
           static_cast<unsigned long long>(r.u.msgs_out), static_cast<unsigned long long>(r.u.bytes_out),
           static_cast<unsigned long long>(r.u.throttled), static_cast<unsigned long long>(r.u.refused),
