@@ -3,8 +3,15 @@
 #   scripts/test.sh            normal build in build/
 #   scripts/test.sh asan       ASan+UBSan build in build-asan/
 #   scripts/test.sh tsan       TSan build in build-tsan/
+#   scripts/test.sh --build-only MODE   only set up and build MODE's tree (.ci/run
+#                                       builds the next stage's tree while a stage's tests run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+if [ "${1:-}" = "--build-only" ]; then
+  build_only=1
+  shift
+fi
 scripts/deps.sh
 mode="${1:-plain}"
 case "$mode" in
@@ -28,6 +35,7 @@ if [ ! -f "$dir/build.ninja" ]; then
   meson setup "$dir" "${extra[@]}" "${werror[@]}"
 fi
 meson compile -C "$dir"
+if [ "$build_only" -eq 1 ]; then exit 0; fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # Every suppression in tests/tsan.supp says why.
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"

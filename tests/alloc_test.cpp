@@ -6,7 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,6 +21,23 @@ using lanebus::test::wait_until;
 
 namespace {
 constexpr int kMessages = 100'000;
+}
+
+// The control: every case below passes with `allocs == 0`, which a broken
+// interposition (malloc and operator new no longer replaced) would give too.
+TEST_CASE("control: the counter counts a known malloc and a known operator new") {
+  lanebus::test::skip_if_sanitized();
+  lanebus::test::alloc_count_reset();
+  lanebus::test::alloc_counting(true);
+  void* volatile raw = std::malloc(24);  // volatile: the compiler may not elide the pair
+  std::free(raw);
+  auto* volatile text = new std::string(100, 'x');  // longer than the small-string buffer: a second allocation
+  delete text;
+  lanebus::test::alloc_counting(false);
+  const std::uint64_t counted = lanebus::test::alloc_count();
+  lanebus::test::alloc_count_reset();  // the other cases check the count from zero
+  INFO("allocations counted: " << counted);
+  CHECK(counted >= 3);
 }
 
 TEST_CASE("100k publishes and deliveries after warm-up allocate nothing") {

@@ -198,6 +198,15 @@ TEST_CASE("access control: a credential of another namespace is denied, and noth
   for (const TopicStats& ts : bus->stats().topics)
     if (ts.name == "tenant-a.orders") CHECK(ts.lane_published.at(0) == 2);
   CHECK(ns.describe("tenant-a").value().usage.msgs_in == 2);
+  // The durable log itself, not only the counters: exactly a's two messages.
+  detail::DurableStore* store = detail::Access::core(*bus)->store();
+  REQUIRE(store != nullptr);
+  const detail::TopicRef stored_orders = store->find_topic("tenant-a.orders").value();
+  const detail::ReadBatch log = store->read(stored_orders, 0, 0).value();
+  CHECK(log.end_offset == 2);
+  REQUIRE(log.messages.size() == 2);
+  CHECK(log.messages[0].payload == "good");
+  CHECK(log.messages[1].payload == "bad");
 
   // a replays its own entry: the re-appended message counts as an input of
   // its namespace (key + payload bytes), and is delivered again.

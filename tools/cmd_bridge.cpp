@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "durable_store.hpp"
 #include "lanebus/bridge.hpp"
@@ -21,22 +22,32 @@ namespace lanebus::tool {
 
 namespace {
 
-void bridge_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus bridge DIR --nats URL [--nats URL...]\n"
-               "                      [--out TOPIC=SUBJECT[@STREAM]]... [--in STREAM:CONSUMER=TOPIC]...\n"
-               "                      [--token T | --user U --password P | --creds FILE] [--tls-ca FILE]\n"
-               "                      [--no-create] [--lanes N] [--workers N] [--ack-wait-ms MS] [--progress-ms MS]\n"
-               "                      [--name NAME]\n\n"
-               "Mirrors durable topics of the store DIR to NATS JetStream (--out) and streams into\n"
-               "durable topics (--in). SUBJECT may use {key}, {topic} and {lane}; STREAM defaults to\n"
-               "the topic name upper-cased. --in creates a missing local topic with --lanes lanes (8).\n"
-               "Prints a progress line every --progress-ms (1000; 0 = only at exit). SIGTERM or\n"
-               "SIGINT stops it cleanly (exit 0). Exit 1: an error; 2: usage.\n"
-               "Its state and counters are also written to the store every second under --name\n"
-               "(default lanebus-bridge; bridges sharing a store need distinct names): `lanebus stats DIR`\n"
-               "shows them, marked stale when the process is gone.\n");
-}
+const CommandSpec kSpec{
+    "bridge",
+    "DIR",
+    1,
+    1,
+    {{"--nats", "URL", "a NATS server (repeat for several)"},
+     {"--out", "TOPIC=SUBJECT[@STREAM]", "mirror a durable topic to JetStream (repeatable)"},
+     {"--in", "STREAM:CONSUMER=TOPIC", "stream into a durable topic (repeatable)"},
+     {"--token", "T", "authenticate with a token"},
+     {"--user", "U", "authenticate as U (with --password)"},
+     {"--password", "P", "the password of --user"},
+     {"--creds", "FILE", "authenticate with a credentials file"},
+     {"--tls-ca", "FILE", "TLS, trusting this CA"},
+     {"--no-create", nullptr, "create no streams or consumers"},
+     {"--lanes", "N", "lanes of a local topic --in creates (default 8)"},
+     {"--workers", "N", "worker threads (default 16)"},
+     {"--ack-wait-ms", "MS", "how long JetStream waits for an ack"},
+     {"--progress-ms", "MS", "a progress line every MS (default 1000; 0 = only at exit)"},
+     {"--name", "NAME", "the bridge's name in the store (default lanebus-bridge)"}},
+    "Mirrors durable topics of the store DIR to NATS JetStream (--out) and streams into\n"
+    "durable topics (--in). SUBJECT may use {key}, {topic} and {lane}; STREAM defaults to\n"
+    "the topic name upper-cased. --in creates a missing local topic with --lanes lanes (8).\n"
+    "SIGTERM or SIGINT stops it cleanly (exit 0). Exit 1: an error; 2: usage.\n"
+    "Its state and counters are also written to the store every second under --name\n"
+    "(bridges sharing a store need distinct names): `lanebus stats DIR`\n"
+    "shows them, marked stale when the process is gone.\n"};
 
 struct OutSpec {
   std::string topic, subject, stream;
@@ -62,36 +73,22 @@ void print_progress(const char* what, const BridgeStats& s) {
 }  // namespace
 
 int cmd_bridge(int argc, char** argv) {
-  if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    bridge_usage(stdout);
-    return 0;
-  }
-  if (argc < 2 || argv[1][0] == '-') {
-    bridge_usage(stderr);
-    return 2;
-  }
-  const std::string dir = argv[1];
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kSpec, argc, argv, &args, &error) != 0) return usage_error(kSpec, error);
+  if (args.help) return print_help(kSpec);
+  const std::string dir = args.operands[0];
   BridgeOptions bo;
   std::vector<OutSpec> outs;
   std::vector<InSpec> ins;
   std::uint32_t lanes = 8;
   std::size_t workers = 16;
   long progress_ms = 1000;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) return nullptr;
-      return argv[++i];
-    };
-    const char* v = value();
-    if (v == nullptr && a != "--no-create") {
-      std::fprintf(stderr, "lanebus bridge: %s needs a value\n", a.c_str());
-      return 2;
-    }
+  for (const auto& [a, value] : args.options) {
+    const char* v = value.c_str();
     if (a == "--no-create") {
       bo.create_streams = false;
       bo.create_consumers = false;
-      if (v != nullptr) --i;
     } else if (a == "--nats") {
       bo.urls.emplace_back(v);
     } else if (a == "--name") {
@@ -140,10 +137,6 @@ int cmd_bridge(int argc, char** argv) {
         return 2;
       }
       ins.push_back(InSpec{s.substr(0, colon), s.substr(colon + 1, eq - colon - 1), s.substr(eq + 1)});
-    } else {
-      std::fprintf(stderr, "lanebus bridge: unknown option %s\n", a.c_str());
-      bridge_usage(stderr);
-      return 2;
     }
   }
   if (bo.urls.empty() || (outs.empty() && ins.empty())) {

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
@@ -18,38 +19,33 @@
 namespace lanebus::tool {
 namespace {
 
-void dlq_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus dlq list|show|replay|archive|purge|audit|stats DIR [options] [IDS...]\n\n"
-               "  list DIR [filters] [--limit N]   entries: id class state topic lane offset group attempts age reason\n"
-               "  show DIR ID...                   every field of the entries, payload escaped\n"
-               "  replay DIR --operator NAME (IDS... | filters)\n"
-               "                                   append each original message to its origin topic again\n"
-               "                                   (same key and idempotency key) and mark it replayed\n"
-               "  archive DIR --operator NAME (IDS... | filters)   set entries aside (never replayed)\n"
-               "  purge DIR --operator NAME (IDS... | filters)     delete entries\n"
-               "  audit DIR                        who replayed / archived / purged / expired what, when\n"
-               "  stats DIR                        depth, oldest pending age, arrivals per class, totals\n\n"
-               "filters: --topic T --group G --class transient|permanent|poison\n"
-               "         --state pending|replayed|archived --older-than AGE --newer-than AGE\n"
-               "AGE: a number with a unit: ms, s, m, h or d (e.g. 10m, 1h).\n"
-               "A batch is all-or-nothing: one unknown id, or one entry in the wrong state, changes nothing.\n"
-               "Reads open the store read-only; replay/archive/purge open it read-write (safe while\n"
-               "the owning process runs) and record an audit entry naming --operator.\n"
-               "Exit codes: 0 done, 1 failed (the error is printed), 2 usage error.\n");
-}
-
-bool parse_u64(const char* s, std::uint64_t* out) {
-  if (*s == '\0') return false;
-  std::uint64_t v = 0;
-  for (const char* p = s; *p; ++p) {
-    if (*p < '0' || *p > '9') return false;
-    if (v > (UINT64_MAX - 9) / 10) return false;
-    v = v * 10 + static_cast<std::uint64_t>(*p - '0');
-  }
-  *out = v;
-  return true;
-}
+const CommandSpec kSpec{
+    "dlq",
+    "list|show|replay|archive|purge|audit|stats DIR [IDS...]",
+    2,
+    static_cast<std::size_t>(-1),
+    {{"--operator", "NAME", "who does it (required by replay, archive and purge; written to the audit log)"},
+     {"--topic", "T", "filter: entries of topic T"},
+     {"--group", "G", "filter: entries of group G"},
+     {"--class", "CLASS", "filter: transient, permanent or poison"},
+     {"--state", "STATE", "filter: pending, replayed or archived"},
+     {"--older-than", "AGE", "filter: dead longer ago than AGE (a number with ms, s, m, h or d: 10m, 1h)"},
+     {"--newer-than", "AGE", "filter: dead more recently than AGE"},
+     {"--limit", "N", "list: at most N entries"}},
+    "subcommands:\n"
+    "  list DIR [filters] [--limit N]   entries: id class state topic lane offset group attempts age reason\n"
+    "  show DIR ID...                   every field of the entries, payload escaped\n"
+    "  replay DIR --operator NAME (IDS... | filters)\n"
+    "                                   append each original message to its origin topic again\n"
+    "                                   (same key and idempotency key) and mark it replayed\n"
+    "  archive DIR --operator NAME (IDS... | filters)   set entries aside (never replayed)\n"
+    "  purge DIR --operator NAME (IDS... | filters)     delete entries\n"
+    "  audit DIR                        who replayed / archived / purged / expired what, when\n"
+    "  stats DIR                        depth, oldest pending age, arrivals per class, totals\n"
+    "A batch is all-or-nothing: one unknown id, or one entry in the wrong state, changes nothing.\n"
+    "Reads open the store read-only; replay/archive/purge open it read-write (safe while\n"
+    "the owning process runs) and record an audit entry naming --operator.\n"
+    "Exit codes: 0 done, 1 failed (the error is printed), 2 usage error.\n"};
 
 bool parse_age(std::string_view s, std::chrono::milliseconds* out) {
   std::size_t i = 0;
@@ -187,84 +183,67 @@ std::string join_ids(const std::vector<std::uint64_t>& ids) {
 }  // namespace
 
 int cmd_dlq(int argc, char** argv) {
-  if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    dlq_usage(stdout);
-    return 0;
-  }
-  if (argc < 3) {
-    dlq_usage(stderr);
-    return 2;
-  }
-  const std::string sub = argv[1];
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kSpec, argc, argv, &args, &error) != 0) return usage_error(kSpec, error);
+  if (args.help) return print_help(kSpec);
+  const std::string sub = args.operands[0];
   const bool mutation = sub == "replay" || sub == "archive" || sub == "purge";
   if (!mutation && sub != "list" && sub != "show" && sub != "audit" && sub != "stats") {
-    std::fprintf(stderr, "lanebus dlq: unknown subcommand \"%s\"\n\n", sub.c_str());
-    dlq_usage(stderr);
-    return 2;
+    return usage_error(kSpec, "unknown subcommand \"" + sub + "\"");
   }
-  const std::string dir = argv[2];
+  const std::string dir = args.operands[1];
   DlqFilter filter;
   bool any_filter = false;
   std::string op;
   std::vector<std::uint64_t> ids;
-  for (int i = 3; i < argc; ++i) {
-    std::string_view a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "lanebus dlq %s: %s needs a value\n", sub.c_str(), name);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    if (a == "--topic" || a == "--group" || a == "--class" || a == "--state" || a == "--older-than" ||
-        a == "--newer-than" || a == "--operator" || a == "--limit") {
-      const char* v = value(argv[i]);
-      if (v == nullptr) return 2;
-      if (a == "--operator") {
-        op = v;
-        continue;
-      }
-      if (a == "--limit") {
-        std::uint64_t n = 0;
-        if (!parse_u64(v, &n) || n > UINT32_MAX) {
-          std::fprintf(stderr, "lanebus dlq %s: bad --limit \"%s\"\n", sub.c_str(), v);
-          return 2;
-        }
-        filter.limit = static_cast<std::uint32_t>(n);
-        continue;
-      }
-      any_filter = true;
-      if (a == "--topic") filter.topic = v;
-      if (a == "--group") filter.group = v;
-      if (a == "--class") {
-        filter.error_class = parse_error_class(v);
-        if (!filter.error_class) {
-          std::fprintf(stderr, "lanebus dlq %s: --class must be transient, permanent or poison, not \"%s\"\n",
-                       sub.c_str(), v);
-          return 2;
-        }
-      }
-      if (a == "--state") {
-        filter.state = parse_dlq_state(v);
-        if (!filter.state) {
-          std::fprintf(stderr, "lanebus dlq %s: --state must be pending, replayed or archived, not \"%s\"\n",
-                       sub.c_str(), v);
-          return 2;
-        }
-      }
-      if (a == "--older-than" || a == "--newer-than") {
-        std::chrono::milliseconds age{};
-        if (!parse_age(v, &age)) {
-          std::fprintf(stderr, "lanebus dlq %s: bad age \"%s\" (use e.g. 500ms, 30s, 10m, 1h, 2d)\n", sub.c_str(), v);
-          return 2;
-        }
-        (a == "--older-than" ? filter.older_than : filter.newer_than) = age;
-      }
+  for (const auto& [a, value] : args.options) {
+    const char* v = value.c_str();
+    if (a == "--operator") {
+      op = value;
       continue;
     }
+    if (a == "--limit") {
+      std::uint64_t n = 0;
+      if (!parse_u64(v, &n) || n > UINT32_MAX) {
+        std::fprintf(stderr, "lanebus dlq %s: bad --limit \"%s\"\n", sub.c_str(), v);
+        return 2;
+      }
+      filter.limit = static_cast<std::uint32_t>(n);
+      continue;
+    }
+    any_filter = true;
+    if (a == "--topic") filter.topic = value;
+    if (a == "--group") filter.group = value;
+    if (a == "--class") {
+      filter.error_class = parse_error_class(v);
+      if (!filter.error_class) {
+        std::fprintf(stderr, "lanebus dlq %s: --class must be transient, permanent or poison, not \"%s\"\n",
+                     sub.c_str(), v);
+        return 2;
+      }
+    }
+    if (a == "--state") {
+      filter.state = parse_dlq_state(v);
+      if (!filter.state) {
+        std::fprintf(stderr, "lanebus dlq %s: --state must be pending, replayed or archived, not \"%s\"\n",
+                     sub.c_str(), v);
+        return 2;
+      }
+    }
+    if (a == "--older-than" || a == "--newer-than") {
+      std::chrono::milliseconds age{};
+      if (!parse_age(value, &age)) {
+        std::fprintf(stderr, "lanebus dlq %s: bad age \"%s\" (use e.g. 500ms, 30s, 10m, 1h, 2d)\n", sub.c_str(), v);
+        return 2;
+      }
+      (a == "--older-than" ? filter.older_than : filter.newer_than) = age;
+    }
+  }
+  for (std::size_t k = 2; k < args.operands.size(); ++k) {
     std::uint64_t id = 0;
-    if (!parse_u64(argv[i], &id) || id == 0) {
-      std::fprintf(stderr, "lanebus dlq %s: \"%s\" is neither an option nor an entry id\n", sub.c_str(), argv[i]);
+    if (!parse_u64(args.operands[k].c_str(), &id) || id == 0) {
+      std::fprintf(stderr, "lanebus dlq %s: \"%s\" is not an entry id\n", sub.c_str(), args.operands[k].c_str());
       return 2;
     }
     ids.push_back(id);

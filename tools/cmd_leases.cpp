@@ -4,20 +4,23 @@
 #include <cstring>
 #include <string>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "lanebus/lease.hpp"
 
 namespace lanebus::tool {
 namespace {
 
-void leases_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus leases [--epoch-file FILE] PATH\n\n"
-               "Lists every name in the lease table segment at PATH: owner (pid:start_time:nonce),\n"
-               "last token, state (held, released, expired) and time left on the table's clock\n"
-               "(CLOCK_BOOTTIME). Never creates a segment. Attaching keeps the epoch file\n"
-               "(default PATH.epoch) at least at the segment's epoch.\n");
-}
+const CommandSpec kSpec{
+    "leases",
+    "PATH",
+    1,
+    1,
+    {{"--epoch-file", "FILE", "the segment's epoch file (default PATH.epoch)"}},
+    "Lists every name in the lease table segment at PATH: owner (pid:start_time:nonce),\n"
+    "last token, state (held, released, expired) and time left on the table's clock\n"
+    "(CLOCK_BOOTTIME). Never creates a segment. Attaching keeps the epoch file\n"
+    "at least at the segment's epoch.\n"};
 
 }  // namespace
 
@@ -26,27 +29,12 @@ int cmd_leases(int argc, char** argv) {
   options.create_if_missing = false;
   // Inspecting never issues tokens; it only re-records the segment's epoch.
   options.allow_volatile_epoch = true;
-  std::string path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      leases_usage(stdout);
-      return 0;
-    }
-    if (std::strcmp(argv[i], "--epoch-file") == 0 && i + 1 < argc) {
-      options.epoch_path = argv[++i];
-      continue;
-    }
-    if (argv[i][0] == '-' || !path.empty()) {
-      std::fprintf(stderr, "lanebus leases: unexpected argument \"%s\"\n", argv[i]);
-      leases_usage(stderr);
-      return 2;
-    }
-    path = argv[i];
-  }
-  if (path.empty()) {
-    leases_usage(stderr);
-    return 2;
-  }
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kSpec, argc, argv, &args, &error) != 0) return usage_error(kSpec, error);
+  if (args.help) return print_help(kSpec);
+  if (const std::string* f = args.get("--epoch-file")) options.epoch_path = *f;
+  const std::string& path = args.operands[0];
   auto table = LeaseTable::open(path, options);
   if (!table.ok()) {
     std::fprintf(stderr, "lanebus leases: %s\n", table.status().to_string().c_str());

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "namespace_move.hpp"
 
@@ -16,17 +17,19 @@ namespace lanebus::tool {
 
 namespace {
 
-void namespace_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus namespace move SRC_DIR DST_DIR NAMESPACE\n"
-               "  Move every record of NAMESPACE (topics, logs, group offsets and claims, DLQ\n"
-               "  entries, idempotency records, user tables, schemas, usage) from the store in\n"
-               "  SRC_DIR to the store in DST_DIR (created if needed), verify the copy (counts and\n"
-               "  checksums per table), then remove it from SRC_DIR. Run it with the bus closed:\n"
-               "  a store another process has open is refused. Killed at any point, rerun the same\n"
-               "  command: it finishes the move. Then map the namespace to DST_DIR in BusOptions\n"
-               "  (doc/tenancy.md). Exit 0 moved (or already moved), 1 failed, 2 usage error.\n");
-}
+const CommandSpec kMoveSpec{
+    "namespace move",
+    "SRC_DIR DST_DIR NAMESPACE",
+    3,
+    3,
+    {},
+    "Move every record of NAMESPACE (topics, logs, group offsets and claims, DLQ\n"
+    "entries, idempotency records, user tables, schemas, usage) from the store in\n"
+    "SRC_DIR to the store in DST_DIR (created if needed), verify the copy (counts and\n"
+    "checksums per table), then remove it from SRC_DIR. Run it with the bus closed:\n"
+    "a store another process has open is refused. Killed at any point, rerun the same\n"
+    "command: it finishes the move. Then map the namespace to DST_DIR in BusOptions\n"
+    "(doc/tenancy.md). Exit 0 moved (or already moved), 1 failed, 2 usage error.\n"};
 
 // Test hook (tests/namespace_move_test.cpp): LANEBUS_TEST_MOVE_KILL_AT=POINT[:N]
 // makes the tool kill itself (SIGKILL, as `kill -9`) at the N-th (default 1st) pass of POINT.
@@ -39,28 +42,21 @@ struct KillAt {
 }  // namespace
 
 int cmd_namespace(int argc, char** argv) {
-  if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    namespace_usage(stdout);
-    return 0;
-  }
   if (argc < 2 || std::strcmp(argv[1], "move") != 0) {
-    if (argc >= 2) std::fprintf(stderr, "lanebus namespace: unknown subcommand \"%s\"\n\n", argv[1]);
-    namespace_usage(stderr);
-    return 2;
+    if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+      return print_help(kMoveSpec);
+    }
+    return usage_error(kMoveSpec, argc >= 2 ? "unknown subcommand \"" + std::string(argv[1]) + "\""
+                                            : std::string("needs a subcommand: move"));
   }
-  if (argc >= 3 && (std::strcmp(argv[2], "--help") == 0 || std::strcmp(argv[2], "-h") == 0)) {
-    namespace_usage(stdout);
-    return 0;
-  }
-  if (argc != 5) {
-    std::fprintf(stderr, "lanebus namespace move: needs SRC_DIR DST_DIR NAMESPACE\n\n");
-    namespace_usage(stderr);
-    return 2;
-  }
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kMoveSpec, argc - 1, argv + 1, &args, &error) != 0) return usage_error(kMoveSpec, error);
+  if (args.help) return print_help(kMoveSpec);
   detail::NamespaceMoveOptions o;
-  o.src_dir = argv[2];
-  o.dst_dir = argv[3];
-  o.name = argv[4];
+  o.src_dir = args.operands[0];
+  o.dst_dir = args.operands[1];
+  o.name = args.operands[2];
   o.progress = [](const std::string& line) { std::fprintf(stderr, "lanebus namespace move: %s\n", line.c_str()); };
   static KillAt kill_at;
   if (const char* k = std::getenv("LANEBUS_TEST_MOVE_KILL_AT"); k != nullptr && *k != '\0') {

@@ -22,22 +22,29 @@
 namespace lanebus::tool {
 namespace {
 
-void schema_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus schema COMMAND DIR [args]\n\n"
-               "  list DIR                          topics with a schema: latest version, mode, deprecations\n"
-               "  show DIR TOPIC [--version N]      the version as JSON, deprecations and contracts\n"
-               "  diff DIR TOPIC V1 V2              fields added, removed and changed between two versions\n"
-               "  check DIR TOPIC FILE              would FILE be accepted as the next version? (registers nothing)\n"
-               "  register DIR TOPIC FILE --operator NAME [--why TEXT]\n"
-               "  deprecate DIR TOPIC FIELD --days N [--replacement FIELD] --operator NAME [--why TEXT]\n"
-               "  usage DIR TOPIC FIELD [--days N]  audited reads per group in the last N days (default 30)\n"
-               "  remove DIR TOPIC FIELD --operator NAME [--why TEXT]\n"
-               "  audit DIR                         every registration, deprecation and removal: who, when, why\n\n"
-               "FILE is a schema file (JSON, doc/schemas.md); a \"compatibility\" member in it is ignored\n"
-               "by check/register. Exit codes: 0 done (check: compatible), 1 failed or refused (the\n"
-               "reason is printed), 2 usage error.\n");
-}
+const CommandSpec kSpec{
+    "schema",
+    "COMMAND DIR [args]",
+    1,
+    static_cast<std::size_t>(-1),
+    {{"--operator", "NAME", "who (required by register, deprecate and remove; written to the audit log)"},
+     {"--why", "TEXT", "why, for the audit log"},
+     {"--replacement", "FIELD", "deprecate: the field that replaces the deprecated one"},
+     {"--days", "N", "deprecate: the deprecation window; usage: the last N days (default 30)"},
+     {"--version", "N", "show: this version (default the latest)"}},
+    "commands:\n"
+    "  list DIR                          topics with a schema: latest version, mode, deprecations\n"
+    "  show DIR TOPIC [--version N]      the version as JSON, deprecations and contracts\n"
+    "  diff DIR TOPIC V1 V2              fields added, removed and changed between two versions\n"
+    "  check DIR TOPIC FILE              would FILE be accepted as the next version? (registers nothing)\n"
+    "  register DIR TOPIC FILE --operator NAME [--why TEXT]\n"
+    "  deprecate DIR TOPIC FIELD --days N [--replacement FIELD] --operator NAME [--why TEXT]\n"
+    "  usage DIR TOPIC FIELD [--days N]  audited reads per group in the last N days (default 30)\n"
+    "  remove DIR TOPIC FIELD --operator NAME [--why TEXT]\n"
+    "  audit DIR                         every registration, deprecation and removal: who, when, why\n"
+    "FILE is a schema file (JSON, doc/schemas.md); a \"compatibility\" member in it is ignored\n"
+    "by check/register. Exit codes: 0 done (check: compatible), 1 failed or refused (the\n"
+    "reason is printed), 2 usage error.\n"};
 
 std::string fmt_time(std::int64_t ns) {
   if (ns <= 0) return "-";
@@ -61,32 +68,28 @@ struct Opts {
   bool has_days = false, has_version = false;
 };
 
-int parse(int argc, char** argv, Opts* o) {
-  for (int i = 2; i < argc; ++i) {
-    std::string_view a = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    auto number = [&](std::uint64_t* out) { return i + 1 < argc && parse_u64(argv[++i], out); };
-    if (a == "--operator") {
-      if (!value(&o->op)) return 2;
-    } else if (a == "--why") {
-      if (!value(&o->why)) return 2;
-    } else if (a == "--replacement") {
-      if (!value(&o->replacement)) return 2;
-    } else if (a == "--days") {
-      if (!number(&o->days)) return 2;
-      o->has_days = true;
-    } else if (a == "--version") {
-      if (!number(&o->version) || o->version == 0 || o->version > 65535) return 2;
-      o->has_version = true;
-    } else if (a.size() > 1 && a[0] == '-') {
+// argv[0] is the subcommand; its operands and options follow.
+int parse(int argc, char** argv, Opts* o, bool* help, std::string* error) {
+  ParsedArgs p;
+  if (int rc = parse_options(kSpec, argc, argv, &p, error); rc != 0) return rc;
+  *help = p.help;
+  o->pos = p.operands;
+  if (const std::string* v = p.get("--operator")) o->op = *v;
+  if (const std::string* v = p.get("--why")) o->why = *v;
+  if (const std::string* v = p.get("--replacement")) o->replacement = *v;
+  if (const std::string* v = p.get("--days")) {
+    if (!parse_u64(v->c_str(), &o->days)) {
+      *error = "bad --days \"" + *v + "\"";
       return 2;
-    } else {
-      o->pos.emplace_back(a);
     }
+    o->has_days = true;
+  }
+  if (const std::string* v = p.get("--version")) {
+    if (!parse_u64(v->c_str(), &o->version) || o->version == 0 || o->version > 65535) {
+      *error = "bad --version \"" + *v + "\" (1 to 65535)";
+      return 2;
+    }
+    o->has_version = true;
   }
   return 0;
 }
@@ -160,19 +163,19 @@ void diff_fields(const std::vector<FieldDef>& a, const std::vector<FieldDef>& b,
 }  // namespace
 
 int cmd_schema(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    schema_usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    return print_help(kSpec);
   }
+  if (argc < 2) return usage_error(kSpec, "needs a COMMAND");
   const std::string cmd = argv[1];
   Opts o;
-  if (parse(argc, argv, &o) != 0 || o.pos.empty()) {
-    schema_usage(stderr);
-    return 2;
-  }
+  bool help = false;
+  std::string error;
+  if (parse(argc - 1, argv + 1, &o, &help, &error) != 0) return usage_error(kSpec, error);
+  if (help) return print_help(kSpec);
   auto need = [&](std::size_t n) {
     if (o.pos.size() == n) return true;
-    schema_usage(stderr);
+    (void)usage_error(kSpec, "schema " + cmd + " takes " + std::to_string(n) + " operand" + (n == 1 ? "" : "s"));
     return false;
   };
   const bool writes = cmd == "register" || cmd == "deprecate" || cmd == "remove";
@@ -231,8 +234,7 @@ int cmd_schema(int argc, char** argv) {
     std::uint64_t a = 0, b = 0;
     if (!parse_u64(o.pos[2].c_str(), &a) || !parse_u64(o.pos[3].c_str(), &b) || a == 0 || b == 0 || a > 65535 ||
         b > 65535) {
-      schema_usage(stderr);
-      return 2;
+      return usage_error(kSpec, "V1 and V2 are versions from 1 to 65535");
     }
     auto r = open_registry(dir, false);
     if (!r.ok()) return fail(r.status());
@@ -316,8 +318,7 @@ int cmd_schema(int argc, char** argv) {
     }
     return 0;
   }
-  schema_usage(stderr);
-  return 2;
+  return usage_error(kSpec, "unknown command \"" + cmd + "\"");
 }
 
 }  // namespace lanebus::tool

@@ -20,26 +20,26 @@
 namespace lanebus::tool {
 namespace {
 
-void serve_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus serve DIR [--listen HOST:PORT] [--sla SECONDS [--page-fraction F]]\n"
-               "                         [--window SECONDS] [--interval SECONDS]\n\n"
-               "Serve the metrics of the lanebus store in DIR over HTTP until SIGINT or SIGTERM:\n"
-               "  /metrics     Prometheus text exposition 0.0.4\n"
-               "  /stats.json  the same as JSON, with health and server counters\n"
-               "  /healthz     200, or 503 when a group's SLA is breached or the store is unusable\n"
-               "  /            a live dashboard (lag, drain time against the SLA, DLQ, lane load)\n"
-               "  --listen HOST:PORT  address to listen on (default 127.0.0.1:9464; port 0 = any free)\n"
-               "  --sla SECONDS       judge every group against this SLA (ok / at_risk / breached)\n"
-               "  --page-fraction F   fraction of the SLA that is at risk (default 0.75)\n"
-               "  --window SECONDS    span of the rates (default 15)\n"
-               "  --interval SECONDS  how often the store is read (default 1)\n"
-               "The store shows what it knows: offsets, lag, the age of the oldest unprocessed message\n"
-               "and the DLQ; handler outcomes and latency live in the consuming process (serve those\n"
-               "with lanebus::MetricsServer in that process). Opens the store read-only. The first line\n"
-               "on stdout names the URL. Exit status: 0 after a signal, 1 when the store cannot be read\n"
-               "or the address cannot be bound, 2 for a usage error.\n");
-}
+const CommandSpec kSpec{
+    "serve",
+    "DIR",
+    1,
+    1,
+    {{"--listen", "HOST:PORT", "address to listen on (default 127.0.0.1:9464; port 0 = any free)"},
+     {"--sla", "SECONDS", "judge every group against this SLA (ok / at_risk / breached)"},
+     {"--page-fraction", "F", "fraction of the SLA that is at risk (default 0.75)"},
+     {"--window", "SECONDS", "span of the rates (default 15)"},
+     {"--interval", "SECONDS", "how often the store is read (default 1)"}},
+    "Serve the metrics of the lanebus store in DIR over HTTP until SIGINT or SIGTERM:\n"
+    "  /metrics     Prometheus text exposition 0.0.4\n"
+    "  /stats.json  the same as JSON, with health and server counters\n"
+    "  /healthz     200, or 503 when a group's SLA is breached or the store is unusable\n"
+    "  /            a live dashboard (lag, drain time against the SLA, DLQ, lane load)\n"
+    "The store shows what it knows: offsets, lag, the age of the oldest unprocessed message\n"
+    "and the DLQ; handler outcomes and latency live in the consuming process (serve those\n"
+    "with lanebus::MetricsServer in that process). Opens the store read-only. The first line\n"
+    "on stdout names the URL. Exit status: 0 after a signal, 1 when the store cannot be read\n"
+    "or the address cannot be bound, 2 for a usage error.\n"};
 
 std::chrono::nanoseconds to_ns(double s) { return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9)); }
 
@@ -50,59 +50,23 @@ int cmd_serve(int argc, char** argv) {
   MetricsServerOptions options;
   std::optional<double> sla_seconds;
   double page_fraction = 0.75;
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    double v = 0;
-    if (std::strcmp(a, "--help") == 0 || std::strcmp(a, "-h") == 0) {
-      serve_usage(stdout);
-      return 0;
-    } else if (std::strcmp(a, "--listen") == 0) {
-      const char* l = value();
-      if (l == nullptr) {
-        std::fprintf(stderr, "lanebus serve: --listen needs HOST:PORT\n");
-        return 2;
-      }
-      options.listen = l;
-    } else if (std::strcmp(a, "--sla") == 0) {
-      if (!parse_seconds(value(), &v)) {
-        std::fprintf(stderr, "lanebus serve: --sla needs a number of seconds > 0\n");
-        return 2;
-      }
-      sla_seconds = v;
-    } else if (std::strcmp(a, "--page-fraction") == 0) {
-      if (!parse_seconds(value(), &v) || v > 1) {
-        std::fprintf(stderr, "lanebus serve: --page-fraction needs a number in (0, 1]\n");
-        return 2;
-      }
-      page_fraction = v;
-    } else if (std::strcmp(a, "--window") == 0) {
-      if (!parse_seconds(value(), &v)) {
-        std::fprintf(stderr, "lanebus serve: --window needs a number of seconds > 0\n");
-        return 2;
-      }
-      options.metrics.window = to_ns(v);
-    } else if (std::strcmp(a, "--interval") == 0) {
-      if (!parse_seconds(value(), &v) || v < 0.001) {
-        std::fprintf(stderr, "lanebus serve: --interval needs a number of seconds >= 0.001\n");
-        return 2;
-      }
-      options.sample_interval = std::chrono::milliseconds(static_cast<std::int64_t>(v * 1e3));
-    } else if (a[0] == '-') {
-      std::fprintf(stderr, "lanebus serve: unknown option %s\n\n", a);
-      serve_usage(stderr);
-      return 2;
-    } else if (dir.empty()) {
-      dir = a;
-    } else {
-      std::fprintf(stderr, "lanebus serve: more than one directory given\n\n");
-      serve_usage(stderr);
-      return 2;
-    }
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kSpec, argc, argv, &args, &error) != 0) return usage_error(kSpec, error);
+  if (args.help) return print_help(kSpec);
+  dir = args.operands[0];
+  double v = 0;
+  if (const std::string* l = args.get("--listen")) options.listen = *l;
+  if (int rc = read_sla_options(kSpec, args, &sla_seconds, &page_fraction); rc != 0) return rc;
+  if (const std::string* w = args.get("--window")) {
+    if (!parse_seconds(w->c_str(), &v)) return usage_error(kSpec, "--window needs a number of seconds > 0");
+    options.metrics.window = to_ns(v);
   }
-  if (dir.empty()) {
-    serve_usage(stderr);
-    return 2;
+  if (const std::string* w = args.get("--interval")) {
+    if (!parse_seconds(w->c_str(), &v) || v < 0.001) {
+      return usage_error(kSpec, "--interval needs a number of seconds >= 0.001");
+    }
+    options.sample_interval = std::chrono::milliseconds(static_cast<std::int64_t>(v * 1e3));
   }
   if (sla_seconds) options.metrics.default_sla = SlaPolicy{to_ns(*sla_seconds), page_fraction, std::chrono::nanoseconds(0)};
 

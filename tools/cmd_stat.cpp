@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "guarded.hpp"
 #include "durable_store.hpp"
@@ -13,35 +14,34 @@
 namespace lanebus::tool {
 namespace {
 
-void stat_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus stat DIR\n\n"
-               "Prints every durable topic and queue of the store in DIR: lanes with their\n"
-               "earliest retained offset, end offset, message count and bytes; every consumer\n"
-               "group with its committed offset and lag (messages) per lane, and for queues the\n"
-               "messages in flight and, of those, the overdue ones: claims whose deadline has passed,\n"
-               "held by a consumer that died with them or by a handler that overran attempt_timeout.\n"
-               "A lane with overdue claims is marked 'overdue: stuck or dead consumer'. The counters\n"
-               "of the processes using the store (stuck handlers, set-aside messages, latency) are\n"
-               "not in the store: the in-process Monitor exports them. Opens the store read-only;\n"
-               "safe while another process uses it.\n");
-}
+const CommandSpec kSpec{
+    "stat",
+    "DIR",
+    1,
+    1,
+    {},
+    "Prints every durable topic and queue of the store in DIR: lanes with their\n"
+    "earliest retained offset, end offset, message count and bytes; every consumer\n"
+    "group with its committed offset and lag (messages) per lane, and for queues the\n"
+    "messages in flight and, of those, the overdue ones: claims whose deadline has passed,\n"
+    "held by a consumer that died with them or by a handler that overran attempt_timeout.\n"
+    "A lane with overdue claims is marked 'overdue: stuck or dead consumer'. The counters\n"
+    "of the processes using the store (stuck handlers, set-aside messages, latency) are\n"
+    "not in the store: the in-process Monitor exports them. Opens the store read-only;\n"
+    "safe while another process uses it.\n"};
 
 }  // namespace
 
 static int stat_main(const char* dir);
 
 int cmd_stat(int argc, char** argv) {
-  if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    stat_usage(stdout);
-    return 0;
-  }
-  if (argc != 2) {
-    stat_usage(stderr);
-    return 2;
-  }
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kSpec, argc, argv, &args, &error) != 0) return usage_error(kSpec, error);
+  if (args.help) return print_help(kSpec);
+  const std::string& dir = args.operands[0];
   // The reads run in a child: a damaged LMDB page kills it, not the tool.
-  return run_guarded("stat", argv[1], [&] { return stat_main(argv[1]); });
+  return run_guarded("stat", dir, [&] { return stat_main(dir.c_str()); });
 }
 
 static int stat_main(const char* dir) {

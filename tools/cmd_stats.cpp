@@ -26,41 +26,44 @@
 namespace lanebus::tool {
 namespace {
 
-void stats_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus stats DIR [--json|--prom] [--watch SECONDS] [--sla SECONDS [--page-fraction F]]\n\n"
-               "Consumer lag of every durable topic and queue in the store in DIR, per group and lane:\n"
-               "end offset, committed offset, lag in messages, and the age of the oldest unprocessed\n"
-               "message (one at a committed offset). Rates (published and consumed messages per second)\n"
-               "and the projected drain time (lag / consume rate) need two readings: with --watch they\n"
-               "come from consecutive readings SECONDS apart; without it they are shown as '-' (the\n"
-               "exports then say window_seconds 0, rates 0, drain time unknown). The numbers and the\n"
-               "SLA verdict are the library's MetricsWindow over the store's counters; --json and\n"
-               "--prom print its exports (the same layout as lanebus::to_json / to_prometheus).\n"
-               "  --json           one JSON document per reading (one line each under --watch)\n"
-               "  --prom           Prometheus text exposition per reading (blank line between readings)\n"
-               "  --watch SECONDS  read again every SECONDS (> 0, fractions allowed) until Ctrl-C;\n"
-               "                   the table redraws in place on a terminal\n"
-               "  --sla SECONDS    judge each group against this SLA: ok / at_risk / breached from the\n"
-               "                   oldest age + drain time; at_risk needs the condition at two\n"
-               "                   consecutive readings (a blip within one interval is not a page)\n"
-               "  --page-fraction  fraction of the SLA that is at risk (default 0.75)\n"
-               "For queues, each lane also shows in_flight (claimed, not acked) and overdue: claims\n"
-               "whose deadline has passed, held by a consumer that died with them or by a handler that\n"
-               "overran attempt_timeout (the bus ends such a claim at once). A lane with overdue > 0 is\n"
-               "marked 'overdue: stuck or dead consumer' in the table (counters \"claimed\" and\n"
-               "\"overdue\" in JSON, lanebus_claimed_messages and lanebus_overdue_claims in Prometheus).\n"
-               "Opens the store read-only; safe while other processes use it. Exit status: 0, or 1 when\n"
-               "the store cannot be read, 2 for a usage error.\n"
-               "The CLI shows what the store knows (offsets, claims, overdue claims), not the counters\n"
-               "of the processes using it: handler outcomes, latency, stuck handlers (attempt_timeout)\n"
-               "and messages set aside by key_parallel_retry are exported by the in-process Monitor\n"
-               "(lanebus_stuck_total, lanebus_stuck_handlers, lanebus_set_aside_messages; JSON stuck,\n"
-               "stuck_now, set_aside).\n"
-               "Deprecated fields of typed topics (doc/schemas.md) are listed with the groups that read\n"
-               "them since the deprecation (audited reads, last read) and the groups whose contract still\n"
-               "declares them (flagged); JSON deprecated_fields, Prometheus lanebus_deprecated_field_*.\n");
-}
+const CommandSpec kSpec{
+    "stats",
+    "DIR",
+    1,
+    1,
+    {{"--json", nullptr, "one JSON document per reading (one line each under --watch)"},
+     {"--prom", nullptr, "Prometheus text exposition per reading (blank line between readings)"},
+     {"--watch", "SECONDS",
+      "read again every SECONDS (> 0, fractions allowed) until Ctrl-C;\n"
+      "                        the table redraws in place on a terminal"},
+     {"--sla", "SECONDS",
+      "judge each group against this SLA: ok / at_risk / breached from the\n"
+      "                        oldest age + drain time; at_risk needs the condition at two\n"
+      "                        consecutive readings (a blip within one interval is not a page)"},
+     {"--page-fraction", "F", "fraction of the SLA that is at risk (default 0.75)"}},
+    "Consumer lag of every durable topic and queue in the store in DIR, per group and lane:\n"
+    "end offset, committed offset, lag in messages, and the age of the oldest unprocessed\n"
+    "message (one at a committed offset). Rates (published and consumed messages per second)\n"
+    "and the projected drain time (lag / consume rate) need two readings: with --watch they\n"
+    "come from consecutive readings SECONDS apart; without it they are shown as '-' (the\n"
+    "exports then say window_seconds 0, rates 0, drain time unknown). The numbers and the\n"
+    "SLA verdict are the library's MetricsWindow over the store's counters; --json and\n"
+    "--prom print its exports (the same layout as lanebus::to_json / to_prometheus).\n"
+    "For queues, each lane also shows in_flight (claimed, not acked) and overdue: claims\n"
+    "whose deadline has passed, held by a consumer that died with them or by a handler that\n"
+    "overran attempt_timeout (the bus ends such a claim at once). A lane with overdue > 0 is\n"
+    "marked 'overdue: stuck or dead consumer' in the table (counters \"claimed\" and\n"
+    "\"overdue\" in JSON, lanebus_claimed_messages and lanebus_overdue_claims in Prometheus).\n"
+    "Opens the store read-only; safe while other processes use it. Exit status: 0, or 1 when\n"
+    "the store cannot be read, 2 for a usage error.\n"
+    "The CLI shows what the store knows (offsets, claims, overdue claims), not the counters\n"
+    "of the processes using it: handler outcomes, latency, stuck handlers (attempt_timeout)\n"
+    "and messages set aside by key_parallel_retry are exported by the in-process Monitor\n"
+    "(lanebus_stuck_total, lanebus_stuck_handlers, lanebus_set_aside_messages; JSON stuck,\n"
+    "stuck_now, set_aside).\n"
+    "Deprecated fields of typed topics (doc/schemas.md) are listed with the groups that read\n"
+    "them since the deprecation (audited reads, last read) and the groups whose contract still\n"
+    "declares them (flagged); JSON deprecated_fields, Prometheus lanebus_deprecated_field_*.\n"};
 
 volatile sig_atomic_t g_stop = 0;
 extern "C" void on_signal(int) { g_stop = 1; }
@@ -184,55 +187,20 @@ int cmd_stats(int argc, char** argv) {
   std::optional<double> watch;
   double page_fraction = 0.75;
   std::optional<double> sla_seconds;
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    if (std::strcmp(a, "--help") == 0 || std::strcmp(a, "-h") == 0) {
-      stats_usage(stdout);
-      return 0;
-    } else if (std::strcmp(a, "--json") == 0 || std::strcmp(a, "--prom") == 0) {
-      if (format != Format::Table) {
-        std::fprintf(stderr, "lanebus stats: --json and --prom are exclusive\n");
-        return 2;
-      }
-      format = a[2] == 'j' ? Format::Json : Format::Prom;
-    } else if (std::strcmp(a, "--watch") == 0) {
-      double v;
-      if (!parse_seconds(value(), &v)) {
-        std::fprintf(stderr, "lanebus stats: --watch needs a number of seconds > 0\n");
-        return 2;
-      }
-      watch = v;
-    } else if (std::strcmp(a, "--sla") == 0) {
-      double v;
-      if (!parse_seconds(value(), &v)) {
-        std::fprintf(stderr, "lanebus stats: --sla needs a number of seconds > 0\n");
-        return 2;
-      }
-      sla_seconds = v;
-    } else if (std::strcmp(a, "--page-fraction") == 0) {
-      double v;
-      if (!parse_seconds(value(), &v) || v > 1) {
-        std::fprintf(stderr, "lanebus stats: --page-fraction needs a number in (0, 1]\n");
-        return 2;
-      }
-      page_fraction = v;
-    } else if (a[0] == '-') {
-      std::fprintf(stderr, "lanebus stats: unknown option %s\n\n", a);
-      stats_usage(stderr);
-      return 2;
-    } else if (dir.empty()) {
-      dir = a;
-    } else {
-      std::fprintf(stderr, "lanebus stats: more than one directory given\n\n");
-      stats_usage(stderr);
-      return 2;
-    }
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kSpec, argc, argv, &args, &error) != 0) return usage_error(kSpec, error);
+  if (args.help) return print_help(kSpec);
+  dir = args.operands[0];
+  if (args.has("--json") && args.has("--prom")) return usage_error(kSpec, "--json and --prom are exclusive");
+  if (args.has("--json")) format = Format::Json;
+  if (args.has("--prom")) format = Format::Prom;
+  double v = 0;
+  if (const std::string* w = args.get("--watch")) {
+    if (!parse_seconds(w->c_str(), &v)) return usage_error(kSpec, "--watch needs a number of seconds > 0");
+    watch = v;
   }
-  if (dir.empty()) {
-    stats_usage(stderr);
-    return 2;
-  }
+  if (int rc = read_sla_options(kSpec, args, &sla_seconds, &page_fraction); rc != 0) return rc;
   // A window of the last two readings: rates are between consecutive readings, and
   // the SLA hold is one interval, so at_risk needs the risk at two readings in a row.
   MetricsOptions mo;

@@ -15,19 +15,6 @@
 namespace lanebus::tool {
 namespace {
 
-void tail_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus tail DIR TOPIC [--from earliest|latest|OFFSET|@TIMESTAMP_NS] [--lane N] [--count N]\n\n"
-               "Prints messages of TOPIC (a durable topic or queue) in the store in DIR, lane by\n"
-               "lane in offset order, one line each: lane, offset, id, created_at (ns), attempt,\n"
-               "key and payload (non-printable bytes as \\xNN).\n"
-               "  --from   where to start in each lane (default earliest); @T = first message at or\n"
-               "           after T nanoseconds since the Unix epoch\n"
-               "  --lane   only this lane (default all)\n"
-               "  --count  at most N messages per lane (default 100; 0 = no limit)\n"
-               "Opens the store read-only; safe while another process uses it.\n");
-}
-
 std::string escaped(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
@@ -49,20 +36,11 @@ static int tail_main(const TailArgs& args);
 
 int cmd_tail(int argc, char** argv) {
   if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    tail_usage(stdout);
-    return 0;
-  }
-  if (argc < 3) {
-    tail_usage(stderr);
-    return 2;
+    return print_help(tail_spec());
   }
   TailArgs args;
   std::string error;
-  if (parse_tail_args(argc, argv, &args, &error) != 0) {
-    std::fprintf(stderr, "lanebus tail: %s\n\n", error.c_str());
-    tail_usage(stderr);
-    return 2;
-  }
+  if (parse_tail_args(argc, argv, &args, &error) != 0) return usage_error(tail_spec(), error);
   // The reads run in a child: a damaged LMDB page kills it, not the tool.
   return run_guarded("tail", args.dir, [&] { return tail_main(args); });
 }

@@ -8,23 +8,28 @@
 #include <map>
 #include <string>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "durable_store.hpp"
+#include "json.hpp"
 #include "tenancy.hpp"
 
 namespace lanebus::tool {
 
 namespace {
 
-void usage_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: lanebus usage DIR [--since T] [--until T] [--json]\n"
-               "  Per-namespace usage (messages and bytes in and out, throttled and refused\n"
-               "  publishes, seconds at the quota ceiling, peak rate vs quota), summed over the\n"
-               "  minutes the bus persisted. T: seconds since the Unix epoch, or an age such as\n"
-               "  90s, 30m, 2h, 7d (that long ago). Opens the store read-only, as the OS user\n"
-               "  running it (no credential: doc/tenancy.md).\n");
-}
+const CommandSpec kSpec{
+    "usage",
+    "DIR",
+    1,
+    1,
+    {{"--since", "T", "from T: seconds since the Unix epoch, or an age such as 90s, 30m, 2h, 7d"},
+     {"--until", "T", "up to T (same forms)"},
+     {"--json", nullptr, "one JSON document instead of the table"}},
+    "Per-namespace usage (messages and bytes in and out, throttled and refused\n"
+    "publishes, seconds at the quota ceiling, peak rate vs quota), summed over the\n"
+    "minutes the bus persisted. Opens the store read-only, as the OS user\n"
+    "running it (no credential: doc/tenancy.md).\n"};
 
 /// Minute since the epoch for T, or false.
 bool parse_time(const char* s, std::uint64_t* minute) {
@@ -49,51 +54,26 @@ bool parse_time(const char* s, std::uint64_t* minute) {
   return true;
 }
 
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
-}
-
 }  // namespace
 
 int cmd_usage(int argc, char** argv) {
   std::string dir;
   bool json = false;
   std::uint64_t since = 0, until = UINT64_MAX;
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    if (std::strcmp(a, "--help") == 0 || std::strcmp(a, "-h") == 0) {
-      usage_usage(stdout);
-      return 0;
-    } else if (std::strcmp(a, "--json") == 0) {
-      json = true;
-    } else if (std::strcmp(a, "--since") == 0 || std::strcmp(a, "--until") == 0) {
-      std::uint64_t m;
-      if (!parse_time(value(), &m)) {
-        std::fprintf(stderr, "lanebus usage: %s needs seconds since the epoch or an age like 30m, 2h, 7d\n", a);
-        return 2;
-      }
-      (a[2] == 's' ? since : until) = m;
-    } else if (a[0] == '-') {
-      std::fprintf(stderr, "lanebus usage: unknown option %s\n\n", a);
-      usage_usage(stderr);
-      return 2;
-    } else if (dir.empty()) {
-      dir = a;
-    } else {
-      std::fprintf(stderr, "lanebus usage: more than one directory given\n\n");
-      usage_usage(stderr);
-      return 2;
+  ParsedArgs args;
+  std::string error;
+  if (parse_options(kSpec, argc, argv, &args, &error) != 0) return usage_error(kSpec, error);
+  if (args.help) return print_help(kSpec);
+  dir = args.operands[0];
+  json = args.has("--json");
+  for (const char* name : {"--since", "--until"}) {
+    const std::string* t = args.get(name);
+    if (t == nullptr) continue;
+    std::uint64_t m;
+    if (!parse_time(t->c_str(), &m)) {
+      return usage_error(kSpec, std::string(name) + " needs seconds since the epoch or an age like 30m, 2h, 7d");
     }
-  }
-  if (dir.empty()) {
-    usage_usage(stderr);
-    return 2;
+    (name[2] == 's' ? since : until) = m;
   }
   StoreOptions o;
   o.directory = dir;
@@ -152,7 +132,7 @@ int cmd_usage(int argc, char** argv) {
           "%s{\"name\":%s,\"declared\":%s,\"msgs_in\":%llu,\"bytes_in\":%llu,\"msgs_out\":%llu,\"bytes_out\":%llu,"
           "\"throttled\":%llu,\"refused\":%llu,\"seconds_at_ceiling\":%llu,\"peak_in_per_s\":%.0f,"
           "\"avg_in_per_s\":%.3f,\"quota_in_per_s\":%.3f,\"minutes\":%llu}",
-          first ? "" : ",", json_str(name).c_str(), r.declared ? "true" : "false",
+          first ? "" : ",", detail::json_quote(name).c_str(), r.declared ? "true" : "false",
           static_cast<unsigned long long>(r.u.msgs_in), static_cast<unsigned long long>(r.u.bytes_in),
           static_cast<unsigned long long>(r.u.msgs_out), static_cast<unsigned long long>(r.u.bytes_out),
           static_cast<unsigned long long>(r.u.throttled), static_cast<unsigned long long>(r.u.refused),

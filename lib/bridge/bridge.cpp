@@ -50,6 +50,7 @@
 
 #include "access.hpp"
 #include "bus_impl.hpp"
+#include "coding.hpp"
 #include "idempotency.hpp"
 #include "names.hpp"
 #include "store_stats.hpp"
@@ -840,8 +841,8 @@ Status BridgeImpl::mirror_out(const Topic& topic, TopicImpl* t, std::string_view
 namespace {
 
 std::string le64(std::uint64_t v) {
-  std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xff);
+  std::string s;
+  put_le64(s, v);
   return s;
 }
 

@@ -17,7 +17,9 @@
 #include <cstring>
 #include <map>
 
+#include "coding.hpp"
 #include "names.hpp"
+#include "quote.hpp"
 
 namespace lanebus {
 
@@ -89,7 +91,6 @@ constexpr std::uint64_t kMaxPayload = 1ull << 30;
 // reserved and id): counters() reads it without decoding the payload.
 constexpr std::size_t kDeadAtOffset = 12;
 
-std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 // ---- little-endian encoding with bounds-checked decoding ----
 
@@ -151,36 +152,28 @@ class Reader {
   bool ok_ = true;
 };
 
-void put_be(std::string& out, std::uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-std::uint64_t get_be64(std::string_view s) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(s[i]);
-  return v;
-}
 
 std::string entry_key(std::uint64_t id) {
   std::string k = "e";
-  put_be(k, id, 8);
+  put_be64(k, id);
   return k;
 }
 std::string pending_key(std::uint64_t id) {
   std::string k = "p";
-  put_be(k, id, 8);
+  put_be64(k, id);
   return k;
 }
 std::string audit_key(std::uint64_t seq) {
   std::string k;
-  put_be(k, seq, 8);
+  put_be64(k, seq);
   return k;
 }
 std::string outcome_key(const GroupRef& g, std::uint32_t lane, std::uint64_t offset) {
   std::string k = "o";
-  put_be(k, g.topic_id, 4);
-  put_be(k, g.group_id, 4);
-  put_be(k, lane, 4);
-  put_be(k, offset, 8);
+  put_be32(k, g.topic_id);
+  put_be32(k, g.group_id);
+  put_be32(k, lane);
+  put_be64(k, offset);
   return k;
 }
 constexpr std::string_view kStatsKey = "s";
@@ -213,7 +206,7 @@ Result<DlqAuditRecord> decode_audit(std::string_view key, std::string_view v) {
     return Status(Code::Corruption, "dlq audit record is malformed (foreign data or a newer layout)");
   }
   a.action = static_cast<DlqAction>(act);
-  a.seq = get_be64(key);
+  a.seq = get_be64(key.data());
   return a;
 }
 
@@ -247,7 +240,7 @@ Status check_ids(std::span<const std::uint64_t> ids, std::string_view op, std::s
 
 std::string state_note(const DlqEntry& e) {
   std::string s = std::string("already ") + to_string(e.state);
-  if (!e.state_changed_by.empty()) s += " by " + q(e.state_changed_by);
+  if (!e.state_changed_by.empty()) s += " by " + quoted(e.state_changed_by);
   return s;
 }
 
@@ -555,7 +548,7 @@ Result<std::uint64_t> DlqStore::add_impl(StoreTxn& txn, const DlqEntry& entry,
     if (options_.overflow == DlqOverflow::RejectNew || never_fits) {
       rejected_.fetch_add(1, std::memory_order_relaxed);
       if (never_fits) why = "the entry alone (" + std::to_string(enc.size()) + " bytes) exceeds max_bytes";
-      return Status(Code::QuotaExceeded, "dlq add (topic " + q(e.topic) + ", group " + q(e.group) + "): " + why +
+      return Status(Code::QuotaExceeded, "dlq add (topic " + quoted(e.topic) + ", group " + quoted(e.group) + "): " + why +
                                              "; raise DlqOptions quota or review the DLQ");
     }
     std::uint64_t entries = stats.entries, bytes = stats.bytes;
@@ -716,27 +709,27 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
         if (!republish) {
           if (lenient) continue;
           return Status(Code::InvalidArgument, "dlq replay: entry " + std::to_string(id) + " comes from ephemeral topic " +
-                                                   q(e.topic) + "; replay it through the Bus; nothing replayed");
+                                                   quoted(e.topic) + "; replay it through the Bus; nothing replayed");
         }
       } else {
         const auto& ref = topics[e.topic];
         if (!ref) {
           if (lenient) continue;
-          return Status(Code::NotFound, "dlq replay: origin topic " + q(e.topic) + " of entry " + std::to_string(id) +
+          return Status(Code::NotFound, "dlq replay: origin topic " + quoted(e.topic) + " of entry " + std::to_string(id) +
                                             " not found; nothing replayed");
         }
         if (!ref->fence.empty()) {
           // A fenced topic accepts appends only under the current lease
           // generation's token (doc/leases.md); an operator's replay holds none.
           if (lenient) continue;
-          return Status(Code::InvalidArgument, "dlq replay: origin topic " + q(e.topic) + " of entry " +
-                                                   std::to_string(id) + " is fenced by lease " + q(ref->fence) +
+          return Status(Code::InvalidArgument, "dlq replay: origin topic " + quoted(e.topic) + " of entry " +
+                                                   std::to_string(id) + " is fenced by lease " + quoted(ref->fence) +
                                                    "; replay it through the lease holder; nothing replayed");
         }
         if (e.lane >= ref->lanes) {
           if (lenient) continue;
           return Status(Code::InvalidArgument, "dlq replay: entry " + std::to_string(id) + " lane " +
-                                                   std::to_string(e.lane) + " is out of range for topic " + q(e.topic) +
+                                                   std::to_string(e.lane) + " is out of range for topic " + quoted(e.topic) +
                                                    "; nothing replayed");
         }
       }
@@ -960,7 +953,7 @@ Result<std::uint64_t> DlqStore::replay_due_transient(std::chrono::milliseconds c
     // Walk the pending index only: archived and replayed entries are never visited.
     std::vector<std::uint64_t> pending;
     Status ss = txn.scan(StoreTable::Dlq, "p", "p", [&](std::string_view k, std::string_view) {
-      if (k.size() == 9) pending.push_back(get_be64(k.substr(1)));
+      if (k.size() == 9) pending.push_back(get_be64(k.data() + 1));
       return true;
     });
     if (!ss.ok()) return ss;
@@ -1002,7 +995,7 @@ Result<DlqCounters> DlqStore::counters() {
     c.dropped = x.dropped;
     std::optional<std::uint64_t> oldest;
     Status ss = txn.scan(StoreTable::Dlq, "p", "p", [&](std::string_view k, std::string_view) {
-      if (k.size() == 9) oldest = get_be64(k.substr(1));
+      if (k.size() == 9) oldest = get_be64(k.data() + 1);
       return false;
     });
     if (!ss.ok()) return ss;
@@ -1057,9 +1050,9 @@ Result<std::uint32_t> DlqStore::outcomes_in(StoreTxn& txn, const GroupRef& group
 Result<std::optional<DlqStore::TopicMark>> DlqStore::topic_mark_in(StoreTxn& txn, const GroupRef& group,
                                                                    std::uint32_t lane) {
   std::string k = "m";
-  put_be(k, group.topic_id, 4);
-  put_be(k, group.group_id, 4);
-  put_be(k, lane, 4);
+  put_be32(k, group.topic_id);
+  put_be32(k, group.group_id);
+  put_be32(k, lane);
   auto v = txn.get(StoreTable::Dlq, k);
   std::optional<TopicMark> out;
   if (!v.ok()) {
@@ -1067,7 +1060,7 @@ Result<std::optional<DlqStore::TopicMark>> DlqStore::topic_mark_in(StoreTxn& txn
     return v.status();
   }
   if (v->size() != 28)
-    return Status(Code::Corruption, "dlq: the delivery mark of group " + q(group.name) + " lane " +
+    return Status(Code::Corruption, "dlq: the delivery mark of group " + quoted(group.name) + " lane " +
                                         std::to_string(lane) + " is malformed");
   TopicMark m;
   std::memcpy(&m.from, v->data(), 8);
@@ -1080,9 +1073,9 @@ Result<std::optional<DlqStore::TopicMark>> DlqStore::topic_mark_in(StoreTxn& txn
 
 Status DlqStore::set_topic_mark_in(StoreTxn& txn, const GroupRef& group, std::uint32_t lane, const TopicMark& m) {
   std::string k = "m";
-  put_be(k, group.topic_id, 4);
-  put_be(k, group.group_id, 4);
-  put_be(k, lane, 4);
+  put_be32(k, group.topic_id);
+  put_be32(k, group.group_id);
+  put_be32(k, lane);
   char b[28];
   std::memcpy(b, &m.from, 8);
   std::memcpy(b + 8, &m.to, 8);

@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "hash.hpp"
+
 namespace lanebus::detail {
 namespace {
 
@@ -27,13 +29,10 @@ struct Record {
 static_assert(sizeof(Record) == kRecordBytes);
 
 std::uint64_t checksum(const Record& r) {
-  std::uint64_t h = 1469598103934665603ULL;
+  std::uint64_t h = kFnv1a64ShortOffset;  // the basis epoch files were written with (hash.hpp)
   const std::uint64_t words[3] = {r.magic, r.epoch, r.reserved};
   for (std::uint64_t w : words) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (w >> (8 * i)) & 0xff;
-      h *= 1099511628211ULL;
-    }
+    for (int i = 0; i < 8; ++i) h = fnv1a64_byte(h, static_cast<unsigned char>((w >> (8 * i)) & 0xff));
   }
   return h;
 }

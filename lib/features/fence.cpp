@@ -9,12 +9,15 @@
 #include <vector>
 
 #include "bus_impl.hpp"
+#include "coding.hpp"
 #include "durable_store.hpp"
 #include "fence_lane.hpp"
 #include "fence_resource.hpp"
+#include "hash.hpp"
 #include "lanebus/lease.hpp"
 #include "lease_table.hpp"
 #include "names.hpp"
+#include "quote.hpp"
 
 // Design notes
 //
@@ -45,26 +48,6 @@ namespace {
 
 constexpr std::size_t kRawIdemBytes = 256;
 
-void put_be32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (24 - 8 * i)));
-}
-void put_be64(std::string& out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (56 - 8 * i)));
-}
-void put_le64(std::string& out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-std::uint64_t get_le64(const char* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-std::uint64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 std::string dedupe_prefix(std::string_view fence_key) {
   std::string k(fence_key);
@@ -82,7 +65,7 @@ Status refused(const std::string& what, std::string_view lease, std::uint64_t to
     return Status(answer.code(), head + "the lease table could not confirm it now (" + answer.to_string() +
                                      "); the fence is unchanged");
   }
-  return Status(Code::FenceViolation, head + "was not confirmed as a grant of lease " + q(lease) + " (" +
+  return Status(Code::FenceViolation, head + "was not confirmed as a grant of lease " + quoted(lease) + " (" +
                                           answer.to_string() + "); the fence is unchanged");
 }
 
@@ -116,11 +99,11 @@ std::string resource_fence_key(std::string_view resource) { return "R" + std::st
 
 Status validate_topic_fence(std::string_view topic, std::string_view fence, bool per_lane, std::uint32_t lanes) {
   if (fence.size() > kMaxFenceNameBytes) {
-    return Status(Code::InvalidName, "topic " + q(topic) + ": fence name is " + std::to_string(fence.size()) +
+    return Status(Code::InvalidName, "topic " + quoted(topic) + ": fence name is " + std::to_string(fence.size()) +
                                          " bytes; at most " + std::to_string(kMaxFenceNameBytes));
   }
   Status s = validate_lease_name(fence);
-  if (!s.ok()) return Status(Code::InvalidName, "topic " + q(topic) + ": fence: " + std::string(s.message()));
+  if (!s.ok()) return Status(Code::InvalidName, "topic " + quoted(topic) + ": fence: " + std::string(s.message()));
   (void)per_lane;
   (void)lanes;  // "<fence>/slot-<lane>" fits: lanes <= 4096 and the name leaves room.
   return Status();
@@ -131,7 +114,7 @@ Result<std::uint64_t> lane_fence_high_water(DurableStore& store, const TopicRef&
   std::uint64_t out = 0;
   Status s = store.read([&](StoreTxn& txn) -> Status {
     auto h = read_hwm(txn, lane_fence_key(topic.id, topic.fence_per_lane ? lane : kTopicScope),
-                      "topic " + q(topic.name));
+                      "topic " + quoted(topic.name));
     if (!h.ok()) return h.status();
     out = *h;
     return Status();
@@ -184,9 +167,9 @@ Status LaneFences::check(StoreTxn& txn, const TopicRef& topic, const AppendReque
   *plan = FencePlan();
   if (!check_enabled()) return Status();
   const std::uint64_t token = r.header.fencing_token;
-  const std::string what = "append to " + q(topic.name) + " lane " + std::to_string(r.lane);
+  const std::string what = "append to " + quoted(topic.name) + " lane " + std::to_string(r.lane);
   if (token == 0) {
-    return Status(Code::InvalidArgument, what + ": the topic is fenced by lease " + q(topic.fence) +
+    return Status(Code::InvalidArgument, what + ": the topic is fenced by lease " + quoted(topic.fence) +
                                              " and the message has no fencing token");
   }
   plan->fenced = true;
@@ -197,7 +180,7 @@ Status LaneFences::check(StoreTxn& txn, const TopicRef& topic, const AppendReque
   const std::string lease = lease_for(topic, r.lane);
   if (token < *hwm) {
     return Status(Code::StaleToken, what + ": fencing token " + std::to_string(token) +
-                                        " is below the high-water " + std::to_string(*hwm) + " of lease " + q(lease) +
+                                        " is below the high-water " + std::to_string(*hwm) + " of lease " + quoted(lease) +
                                         ": a newer lease generation has written (this writer's lease was lost)");
   }
   if (token > *hwm) {
@@ -213,7 +196,7 @@ Status LaneFences::check(StoreTxn& txn, const TopicRef& topic, const AppendReque
     if (raw) {
       k.append(r.idempotency_key);
     } else {
-      put_be64(k, fnv1a(r.idempotency_key));
+      put_be64(k, fnv1a64(r.idempotency_key));
     }
     plan->dedupe_key = std::move(k);
     if (!plan->advance) {  // a barrier starts a generation: nothing to find
@@ -297,7 +280,7 @@ struct ResourceState {
   std::string lease;  // "" = never written
 };
 
-std::string what_of(std::string_view resource) { return "fenced resource " + detail::q(resource); }
+std::string what_of(std::string_view resource) { return "fenced resource " + detail::quoted(resource); }
 
 /// The `R` record's value, or nullopt when the resource was never written.
 Result<std::optional<std::string>> read_record(StoreTxn& txn, std::string_view resource) {
@@ -342,13 +325,13 @@ Status decide(const ResourceState& st, const FenceConfirm& confirm, std::string_
               std::string_view lease, std::uint64_t token, const Status* pre, bool* advance) {
   *advance = false;
   if (!st.lease.empty() && st.lease != lease) {
-    return Status(Code::FenceViolation, what_of(resource) + " is bound to lease " + detail::q(st.lease) + ", not " +
-                                            detail::q(lease) + ": a token of another lease cannot pass its fence");
+    return Status(Code::FenceViolation, what_of(resource) + " is bound to lease " + detail::quoted(st.lease) + ", not " +
+                                            detail::quoted(lease) + ": a token of another lease cannot pass its fence");
   }
   if (token < st.hwm) {
     return Status(Code::StaleToken, what_of(resource) + ": fencing token " + std::to_string(token) +
                                         " is below the high-water " + std::to_string(st.hwm) + " of lease " +
-                                        detail::q(lease) + ": a newer lease generation has written");
+                                        detail::quoted(lease) + ": a newer lease generation has written");
   }
   if (token == st.hwm) return Status();
   Status answer = pre != nullptr ? *pre : detail::call_confirm(confirm, lease, token);

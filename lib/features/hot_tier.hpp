@@ -41,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hash.hpp"
 #include "sync.hpp"
 
 namespace lanebus::detail {
@@ -155,9 +156,7 @@ class HotTier {
   };
   struct Hash {
     std::size_t operator()(std::string_view k) const noexcept {
-      std::uint64_t h = 14695981039346656037ull;  // FNV-1a
-      for (unsigned char c : k) h = (h ^ c) * 1099511628211ull;
-      return static_cast<std::size_t>(h);
+      return static_cast<std::size_t>(fnv1a64(k));
     }
     std::size_t operator()(const Node& n) const noexcept { return (*this)(n.key()); }
   };

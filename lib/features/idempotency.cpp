@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "coding.hpp"
 #include "process_identity.hpp"
 
 namespace lanebus::detail {
@@ -63,10 +64,6 @@ bool decode(std::string_view v, Record* r) {
   std::memcpy(&r->written_at, v.data() + 1, 8);
   r->result = v.substr(9);
   return r->state == kInProgress || r->state == kDone;
-}
-
-void put_be64(std::string& s, std::uint64_t v) {
-  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
 std::int64_t ms_to_ns(std::chrono::milliseconds ms) {

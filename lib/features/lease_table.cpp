@@ -33,12 +33,13 @@
 #include <new>
 
 #include "epoch_file.hpp"
+#include "hash.hpp"
 #include "process_identity.hpp"
+#include "quote.hpp"
 
 namespace lanebus::detail {
 namespace {
 
-std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 Status errno_status(const char* call, const std::string& path, int err) {
   std::string msg = std::string(call) + " " + quoted(path) + ": " + std::strerror(err);
@@ -84,11 +85,7 @@ std::string ms_text(std::int64_t ns) { return std::to_string(ns / 1000000) + " m
 // Names, hashes, ABI tag
 
 std::uint64_t lease_name_hash(std::string_view name) noexcept {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
+  const std::uint64_t h = fnv1a64(name, kFnv1a64ShortOffset);  // the segments' basis (hash.hpp)
   return h == 0 ? 1 : h;
 }
 

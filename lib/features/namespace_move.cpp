@@ -20,7 +20,10 @@
 #include "lanebus/tenancy.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
+#include "coding.hpp"
+#include "hash.hpp"
 #include "names.hpp"
+#include "quote.hpp"
 #include "tenancy.hpp"
 
 namespace lanebus::detail {
@@ -29,32 +32,10 @@ namespace {
 
 using Core = StoreTxn::Core;
 
-std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
-void put_be32(std::string& o, std::uint32_t v) {
-  for (int i = 3; i >= 0; --i) o.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-std::uint32_t get_be32(std::string_view s, std::size_t at) {
-  std::uint32_t v = 0;
-  for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
-  return v;
-}
-void set_le32(std::string& s, std::size_t at, std::uint32_t v) {
-  for (std::size_t i = 0; i < 4; ++i) s[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-std::uint32_t get_le32(std::string_view s, std::size_t at) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
-  return v;
-}
-std::uint64_t get_le64(std::string_view s) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[static_cast<std::size_t>(i)]);
-  return v;
-}
 std::string le64(std::uint64_t v) {
-  std::string o(8, '\0');
-  for (std::size_t i = 0; i < 8; ++i) o[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  std::string o;
+  put_le64(o, v);
   return o;
 }
 
@@ -64,12 +45,8 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-std::uint64_t fnv(std::string_view s, std::uint64_t h = 14695981039346656037ull) {
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 std::uint64_t record_hash(std::string_view lkey, std::string_view lval) {
-  return mix(fnv(lval, mix(fnv(lkey)) ^ lkey.size()) ^ lval.size());
+  return mix(fnv1a64(lval, mix(fnv1a64(lkey)) ^ lkey.size()) ^ lval.size());
 }
 
 // ---------------------------------------------------------------- membership
@@ -110,10 +87,10 @@ Status load_side(StoreTxn& t, const Scope& scope, Side* side) {
   Status s = t.core_scan(Core::Topics, {}, {}, [&](std::string_view k, std::string_view v) {
     if (!scope.holds(k)) return true;
     if (v.size() < 8) {
-      bad = Status(Code::Corruption, "topic " + q(k) + ": malformed record");
+      bad = Status(Code::Corruption, "topic " + quoted(k) + ": malformed record");
       return false;
     }
-    const std::uint32_t id = get_le32(v, 4);
+    const std::uint32_t id = get_le32(v.data() + 4);
     side->topics[id] = std::string(k);
     side->topic_ids[std::string(k)] = id;
     return true;
@@ -129,10 +106,10 @@ Status load_side(StoreTxn& t, const Scope& scope, Side* side) {
     put_be32(prefix, id);
     s = t.core_scan(Core::Groups, prefix, prefix, [&](std::string_view k, std::string_view v) {
       if (v.size() < 8) {
-        bad = Status(Code::Corruption, "topic " + q(name) + ": malformed group record");
+        bad = Status(Code::Corruption, "topic " + quoted(name) + ": malformed group record");
         return false;
       }
-      const std::uint32_t gid = get_le32(v, 4);
+      const std::uint32_t gid = get_le32(v.data() + 4);
       std::string g(k.substr(4));
       side->groups[{id, gid}] = g;
       side->group_ids[{name, g}] = gid;
@@ -174,7 +151,7 @@ Status walk(StoreTxn& t, const Scope& scope, const Side& side, const std::functi
   };
   auto topic_of = [&](std::string_view k) -> const std::string* {
     if (k.size() < 4) return nullptr;
-    auto it = side.topics.find(get_be32(k, 0));
+    auto it = side.topics.find(get_be32(k.data()));
     return it == side.topics.end() ? nullptr : &it->second;
   };
   auto group_of = [&](std::uint32_t tid, std::uint32_t gid) -> const std::string* {
@@ -186,7 +163,7 @@ Status walk(StoreTxn& t, const Scope& scope, const Side& side, const std::functi
   s = t.core_scan(Core::Topics, {}, {}, [&](std::string_view k, std::string_view v) {
     if (!scope.holds(k)) return true;
     std::string lv(v);
-    set_le32(lv, 4, 0);
+    put_le32(lv.data() + 4, 0);
     return run(Item{MoveTable::Topics, k, v, std::string(k), std::move(lv), {}});
   });
   if (!s.ok() || !err.ok()) return s.ok() ? err : s;
@@ -206,17 +183,17 @@ Status walk(StoreTxn& t, const Scope& scope, const Side& side, const std::functi
     if (!s.ok() || !err.ok()) return s.ok() ? err : s;
     s = t.core_scan(Core::Groups, prefix, prefix, [&](std::string_view k, std::string_view v) {
       std::string lv(v);
-      set_le32(lv, 4, 0);
+      put_le32(lv.data() + 4, 0);
       return run(Item{MoveTable::Groups, k, v, lk(name, k.substr(4), {}), std::move(lv), {}});
     });
     if (!s.ok() || !err.ok()) return s.ok() ? err : s;
     for (Core c : {Core::Cursors, Core::Inflight}) {
       s = t.core_scan(c, prefix, prefix, [&](std::string_view k, std::string_view v) {
         if (k.size() < 12) return true;
-        const std::string* g = group_of(tid, get_be32(k, 4));
+        const std::string* g = group_of(tid, get_be32(k.data() + 4));
         if (g == nullptr) {
-          err = Status(Code::Corruption, "topic " + q(name) + ": a cursor or claim of an unknown group " +
-                                             std::to_string(get_be32(k, 4)));
+          err = Status(Code::Corruption, "topic " + quoted(name) + ": a cursor or claim of an unknown group " +
+                                             std::to_string(get_be32(k.data() + 4)));
           return false;
         }
         return run(Item{c == Core::Cursors ? MoveTable::Cursors : MoveTable::Inflight, k, v,
@@ -257,7 +234,7 @@ Status walk(StoreTxn& t, const Scope& scope, const Side& side, const std::functi
       if (k.size() < 9) return true;
       const std::string* topic = topic_of(k.substr(1));
       if (topic == nullptr) return true;
-      const std::string* g = group_of(get_be32(k, 1), get_be32(k, 5));
+      const std::string* g = group_of(get_be32(k.data() + 1), get_be32(k.data() + 5));
       if (g == nullptr) return true;  // bookkeeping of a group that no longer exists: left alone
       return run(Item{MoveTable::DlqMarks, k, v, lk(*topic, *g, std::string(1, kind) + std::string(k.substr(9))),
                       std::string(v), {}});
@@ -346,7 +323,7 @@ Result<MoveRecord> read_record(DurableStore& store, std::string_view ns) {
     const std::string_view head = "v1 phase=";
     const std::size_t sp = text.find(" other=");
     if (text.substr(0, head.size()) != head || sp == std::string_view::npos) {
-      return Status(Code::Corruption, "store " + q(store.directory()) + ": the move record of namespace " + q(ns) +
+      return Status(Code::Corruption, "store " + quoted(store.directory()) + ": the move record of namespace " + quoted(ns) +
                                           " is unreadable");
     }
     r.present = true;
@@ -428,12 +405,12 @@ Status check_not_moved(DurableStore& store, std::string_view name) {
       const std::size_t sp = v.find(" other=");
       const std::string_view phase = v.substr(0, sp == std::string_view::npos ? 0 : sp);
       const std::string other(sp == std::string_view::npos ? std::string_view() : v.substr(sp + 7));
-      const std::string head = "\"" + std::string(name) + "\": namespace " + q(ns) + " ";
+      const std::string head = "\"" + std::string(name) + "\": namespace " + quoted(ns) + " ";
       if (phase == "v1 phase=moved-out") {
-        found = Status(Code::Conflict, head + "was moved to the store " + q(other) +
+        found = Status(Code::Conflict, head + "was moved to the store " + quoted(other) +
                                            ": use it through a bus on that store (doc/tenancy.md)");
       } else if (phase == "v1 phase=copying" || phase == "v1 phase=copied") {
-        found = Status(Code::Conflict, head + "is being moved between " + q(store.directory()) + " and " + q(other) +
+        found = Status(Code::Conflict, head + "is being moved between " + quoted(store.directory()) + " and " + quoted(other) +
                                            ": finish it with `lanebus namespace move` first");
       }
       return found.ok();
@@ -455,9 +432,9 @@ Status check_store_not_open(const std::string& dir) {
   const int rc = ::fcntl(fd, F_GETLK, &fl);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) return Status(Code::IOError, "store " + q(dir) + ": fcntl(F_GETLK) on lock.mdb: " + std::strerror(err));
+  if (rc != 0) return Status(Code::IOError, "store " + quoted(dir) + ": fcntl(F_GETLK) on lock.mdb: " + std::strerror(err));
   if (fl.l_type == F_UNLCK) return Status();
-  return Status(Code::Busy, "store " + q(dir) + " is open by process " + std::to_string(fl.l_pid) +
+  return Status(Code::Busy, "store " + quoted(dir) + " is open by process " + std::to_string(fl.l_pid) +
                                 " (a live bus or a tool): close it first; a namespace moves with the bus closed");
 }
 
@@ -473,18 +450,18 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
   if (opt.src_dir.empty() || opt.dst_dir.empty()) return Status(Code::InvalidArgument, "SRC_DIR and DST_DIR are needed");
   struct stat st {};
   if (::stat(opt.src_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Status(Code::NotFound, "source store " + q(opt.src_dir) + " is not a directory");
+    return Status(Code::NotFound, "source store " + quoted(opt.src_dir) + " is not a directory");
   }
   if (::stat((opt.src_dir + "/data.mdb").c_str(), &st) != 0) {
-    return Status(Code::NotFound, "source " + q(opt.src_dir) + " holds no lanebus store (no data.mdb)");
+    return Status(Code::NotFound, "source " + quoted(opt.src_dir) + " holds no lanebus store (no data.mdb)");
   }
   struct stat dst_st {};
   if (::stat(opt.dst_dir.c_str(), &dst_st) == 0) {
-    if (!S_ISDIR(dst_st.st_mode)) return Status(Code::InvalidArgument, "destination " + q(opt.dst_dir) + " is not a directory");
+    if (!S_ISDIR(dst_st.st_mode)) return Status(Code::InvalidArgument, "destination " + quoted(opt.dst_dir) + " is not a directory");
     struct stat src_st {};
     ::stat(opt.src_dir.c_str(), &src_st);
     if (src_st.st_dev == dst_st.st_dev && src_st.st_ino == dst_st.st_ino) {
-      return Status(Code::InvalidArgument, "source and destination are the same store " + q(opt.src_dir));
+      return Status(Code::InvalidArgument, "source and destination are the same store " + quoted(opt.src_dir));
     }
   }
   // Probe each store read-only first: proves SRC is a lanebus store without
@@ -517,7 +494,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
       for (int i = 0; i < kMoveTables; ++i) {
         if (i != static_cast<int>(MoveTable::Policy) && (*here)[static_cast<std::size_t>(i)].count != 0) any = true;
       }
-      if (!any) return Status(Code::NotFound, "namespace " + q(ns) + " has nothing in " + q(real_path(opt.src_dir)) + " to move");
+      if (!any) return Status(Code::NotFound, "namespace " + quoted(ns) + " has nothing in " + quoted(real_path(opt.src_dir)) + " to move");
     }
   }
   auto dst = open_rw(opt.dst_dir);
@@ -536,13 +513,13 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
   auto rd = read_record(**dst, ns);
   if (!rd.ok()) return rd.status();
   if (rs->present && rs->other != dst_path) {
-    return Status(Code::Conflict, "namespace " + q(ns) + " of " + q(src_path) + " is " +
-                                      (rs->phase == "moved-out" ? "already moved" : "being moved") + " to " + q(rs->other) +
-                                      ", not " + q(dst_path) + (rs->phase == "moved-out" ? "" : ": rerun with that DST_DIR"));
+    return Status(Code::Conflict, "namespace " + quoted(ns) + " of " + quoted(src_path) + " is " +
+                                      (rs->phase == "moved-out" ? "already moved" : "being moved") + " to " + quoted(rs->other) +
+                                      ", not " + quoted(dst_path) + (rs->phase == "moved-out" ? "" : ": rerun with that DST_DIR"));
   }
   if (rd->present && rd->other != src_path) {
-    return Status(Code::Conflict, "destination " + q(dst_path) + " holds namespace " + q(ns) + " moved from " +
-                                      q(rd->other) + ", not from " + q(src_path));
+    return Status(Code::Conflict, "destination " + quoted(dst_path) + " holds namespace " + quoted(ns) + " moved from " +
+                                      quoted(rd->other) + ", not from " + quoted(src_path));
   }
   NamespaceMoveResult result;
   result.resumed = rs->present && rs->phase != "moved-out";
@@ -557,7 +534,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
 
   if (rs->present && rs->phase == "moved-out") {
     if (!rd->present) {
-      return Status(Code::Conflict, "source " + q(src_path) + " says namespace " + q(ns) + " moved to " + q(dst_path) +
+      return Status(Code::Conflict, "source " + quoted(src_path) + " says namespace " + quoted(ns) + " moved to " + quoted(dst_path) +
                                         ", but that store has no record of it (was it replaced?)");
     }
     result.already_done = rd->phase == "done";
@@ -570,8 +547,8 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
     });
     if (!sums.ok()) return sums;
     if (Status s = finish(); !s.ok()) return s;
-    say(result.already_done ? "namespace " + q(ns) + " was already moved to " + q(dst_path)
-                            : "finished the move of namespace " + q(ns) + " (the source was already emptied)");
+    say(result.already_done ? "namespace " + quoted(ns) + " was already moved to " + quoted(dst_path)
+                            : "finished the move of namespace " + quoted(ns) + " (the source was already emptied)");
     if (Status s = (*src)->close(); !s.ok()) return s;
     if (Status s = (*dst)->close(); !s.ok()) return s;
     return result;
@@ -595,7 +572,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
     for (int i = 0; i < kMoveTables; ++i) {
       if (i != static_cast<int>(MoveTable::Policy) && src_sums[static_cast<std::size_t>(i)].count != 0) any = true;
     }
-    if (!any) return Status(Code::NotFound, "namespace " + q(ns) + " has nothing in " + q(src_path) + " to move");
+    if (!any) return Status(Code::NotFound, "namespace " + quoted(ns) + " has nothing in " + quoted(src_path) + " to move");
     MoveSums there{};
     if (Status s = (*dst)->read([&](StoreTxn& t) -> Status {
           auto r = sums_of(t, scope, false);
@@ -608,7 +585,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
     }
     for (int i = 0; i < kMoveTables; ++i) {
       if (there[static_cast<std::size_t>(i)].count != 0) {
-        return Status(Code::Conflict, "destination " + q(dst_path) + " already holds data of namespace " + q(ns) + " (" +
+        return Status(Code::Conflict, "destination " + quoted(dst_path) + " already holds data of namespace " + quoted(ns) + " (" +
                                           describe(there) + "): move into a store without it");
       }
     }
@@ -616,7 +593,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
       if (Status s = write_record(**src, ns, "copying", dst_path); !s.ok()) return s;
     }
     point("src-marked");
-    say("copying namespace " + q(ns) + " from " + q(src_path) + " to " + q(dst_path) + ": " + describe(src_sums));
+    say("copying namespace " + quoted(ns) + " from " + quoted(src_path) + " to " + quoted(dst_path) + ": " + describe(src_sums));
 
     // One DST transaction: every record, remapped, and the move record.
     const std::string copied = encode_record("copied", src_path);
@@ -629,7 +606,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
           auto v = d.core_get(Core::Meta, key);
           if (!v.ok()) return v.code() == Code::NotFound ? Result<std::uint64_t>(std::uint64_t{1}) : v.status();
           if (v->size() != 8) return Status(Code::Corruption, "meta record " + std::string(key) + " is malformed");
-          return get_le64(*v);
+          return get_le64(v->data());
         };
         auto next_topic = counter("next_topic_id");
         if (!next_topic.ok()) return next_topic.status();
@@ -648,8 +625,8 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
         auto dst_ids = d.core_get(Core::Meta, "id_next");
         if (!src_ids.ok() && src_ids.code() != Code::NotFound) return src_ids.status();
         if (!dst_ids.ok() && dst_ids.code() != Code::NotFound) return dst_ids.status();
-        const std::uint64_t a = src_ids.ok() && src_ids->size() == 8 ? get_le64(*src_ids) : 1;
-        const std::uint64_t b = dst_ids.ok() && dst_ids->size() == 8 ? get_le64(*dst_ids) : 1;
+        const std::uint64_t a = src_ids.ok() && src_ids->size() == 8 ? get_le64(src_ids->data()) : 1;
+        const std::uint64_t b = dst_ids.ok() && dst_ids->size() == 8 ? get_le64(dst_ids->data()) : 1;
         if (a > b) {
           if (Status r = d.core_put(Core::Meta, "id_next", le64(a)); !r.ok()) return r;
         }
@@ -668,7 +645,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
           switch (it.table) {
             case MoveTable::Topics: {
               std::string v(it.value);
-              set_le32(v, 4, tmap.at(it.lkey));
+              put_le32(v.data() + 4, tmap.at(it.lkey));
               r = d.core_put(Core::Topics, it.key, v);
               break;
             }
@@ -684,7 +661,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
               put_be32(key, tmap.find(topic)->second);
               key.append(group);
               std::string v(it.value);
-              set_le32(v, 4, gmap.at({std::string(topic), std::string(group)}));
+              put_le32(v.data() + 4, gmap.at({std::string(topic), std::string(group)}));
               r = d.core_put(Core::Groups, key, v);
               break;
             }
@@ -743,7 +720,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
     rd->other = src_path;
     point("copied");
   } else {
-    say("resuming the move of namespace " + q(ns) + ": the copy in " + q(dst_path) + " is complete");
+    say("resuming the move of namespace " + quoted(ns) + ": the copy in " + quoted(dst_path) + " is complete");
     result.resumed = true;
   }
 
@@ -762,10 +739,10 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
     const MoveTableSum& a = src_sums[static_cast<std::size_t>(i)];
     const MoveTableSum& b = dst_sums[static_cast<std::size_t>(i)];
     if (!(a == b)) {
-      return Status(Code::Conflict, "verify failed for namespace " + q(ns) + ", table " +
+      return Status(Code::Conflict, "verify failed for namespace " + quoted(ns) + ", table " +
                                         move_table_name(static_cast<MoveTable>(i)) + ": " + std::to_string(a.count) +
-                                        " records in " + q(src_path) + ", " + std::to_string(b.count) + " in " +
-                                        q(dst_path) + (a.count == b.count ? " (checksums differ)" : "") +
+                                        " records in " + quoted(src_path) + ", " + std::to_string(b.count) + " in " +
+                                        quoted(dst_path) + (a.count == b.count ? " (checksums differ)" : "") +
                                         "; nothing was deleted. Was the source changed after the copy?");
     }
   }
@@ -773,7 +750,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
   point("verified");
 
   // Delete from SRC (the policy stays: the bus on SRC keeps enforcing it), in one transaction.
-  say("removing namespace " + q(ns) + " from " + q(src_path));
+  say("removing namespace " + quoted(ns) + " from " + quoted(src_path));
   const std::string done_src = encode_record("moved-out", dst_path);
   Status ds = (*src)->write([&](StoreTxn& t) -> Status {
     Side side;
@@ -821,7 +798,7 @@ Result<NamespaceMoveResult> move_namespace(const NamespaceMoveOptions& opt) {
   point("src-deleted");
   if (Status s = finish(); !s.ok()) return s;
   result.sums = dst_sums;
-  say("moved namespace " + q(ns) + " to " + q(dst_path) + ": " + describe(dst_sums));
+  say("moved namespace " + quoted(ns) + " to " + quoted(dst_path) + ": " + describe(dst_sums));
   if (Status s = (*src)->close(); !s.ok()) return s;
   if (Status s = (*dst)->close(); !s.ok()) return s;
   return result;

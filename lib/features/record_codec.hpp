@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "coding.hpp"
 #include "lanebus/record.hpp"
 #include "lanebus/schema.hpp"
 
@@ -19,19 +20,6 @@ inline std::uint64_t zigzag(std::int64_t v) noexcept {
 }
 inline std::int64_t unzigzag(std::uint64_t v) noexcept {
   return static_cast<std::int64_t>(v >> 1) ^ -static_cast<std::int64_t>(v & 1);
-}
-inline void put_le32(char* p, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-inline std::uint32_t get_le32(const char* p) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= std::uint32_t(static_cast<std::uint8_t>(p[i])) << (8 * i);
-  return v;
-}
-inline std::uint64_t get_le64(const char* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= std::uint64_t(static_cast<std::uint8_t>(p[i])) << (8 * i);
-  return v;
 }
 
 /// LEB128; false when truncated or longer than 64 bits.

@@ -21,11 +21,16 @@ namespace {
 
 // ---- key and value encoding (doc/storage-format.md, `schema` table)
 
-std::string be16(std::uint16_t v) { return {static_cast<char>(v >> 8), static_cast<char>(v)}; }
-std::string be32(std::uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+// Big-endian integers as strings, for keys built by concatenation (coding.hpp).
+template <typename U>
+std::string be_string(U v, void (*put)(std::string&, U)) {
+  std::string s;
+  put(s, v);
+  return s;
 }
-std::string be64(std::uint64_t v) { return be32(static_cast<std::uint32_t>(v >> 32)) + be32(static_cast<std::uint32_t>(v)); }
+std::string be16(std::uint16_t v) { return be_string<std::uint16_t>(v, put_be16); }
+std::string be32(std::uint32_t v) { return be_string<std::uint32_t>(v, put_be32); }
+std::string be64(std::uint64_t v) { return be_string<std::uint64_t>(v, put_be64); }
 
 std::string mode_key(std::string_view topic) { return "m" + std::string(topic); }
 std::string version_prefix(std::string_view topic) { return "v" + std::string(topic) + '\0'; }
@@ -202,9 +207,7 @@ Status read_usage(SchemaKv& kv, std::string_view topic, std::string_view field, 
       return false;
     }
     const std::string_view group = rest.substr(4, rest.size() - 4 - 3);
-    const std::uint16_t version =
-        static_cast<std::uint16_t>((static_cast<std::uint8_t>(rest[rest.size() - 2]) << 8) |
-                                   static_cast<std::uint8_t>(rest[rest.size() - 1]));
+    const std::uint16_t version = get_be16(rest.data() + rest.size() - 2);
     Reader r{v};
     const std::uint64_t n = r.u64();
     const std::int64_t last = r.i64();
@@ -302,8 +305,7 @@ Status SchemaRegistry::load(SchemaKv& kv, std::string_view topic, std::vector<Sc
       bad = Status(Code::Corruption, "schema registry: topic \"" + std::string(topic) + "\": a stored version does not parse");
       return false;
     }
-    sv->version_ = static_cast<std::uint16_t>((static_cast<std::uint8_t>(k[p.size()]) << 8) |
-                                             static_cast<std::uint8_t>(k[p.size() + 1]));
+    sv->version_ = get_be16(k.data() + p.size());
     versions->push_back(std::move(*sv));
     return true;
   });

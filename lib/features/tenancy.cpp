@@ -12,8 +12,10 @@
 #include <cstring>
 #include <sstream>
 
+#include "coding.hpp"
 #include "durable_store.hpp"
 #include "names.hpp"
+#include "quote.hpp"
 
 namespace lanebus::detail {
 
@@ -79,7 +81,6 @@ constexpr std::size_t kHashBytes = 32;
 constexpr std::size_t kMaxSecretBytes = 1024;
 constexpr std::int64_t kMaxSleepNs = 10'000'000;  // re-check shutdown at least every 10 ms while throttled
 
-std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 std::string hex(std::string_view raw) {
   static const char* d = "0123456789abcdef";
@@ -116,14 +117,6 @@ std::string pbkdf2(std::string_view secret, std::string_view salt, std::uint32_t
   return std::string(reinterpret_cast<const char*>(out), sizeof out);
 }
 
-void put_be64(std::string& s, std::uint64_t v) {
-  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((v >> (i * 8)) & 0xff));
-}
-std::uint64_t get_be64(const char* p) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
 
 constexpr std::string_view kNsPrefix = "n/";
 constexpr std::string_view kCredPrefix = "c/";
@@ -254,7 +247,7 @@ bool decode_usage(std::string_view s, NamespaceUsage* u) {
 
 Status check_policy(std::string_view name, const NamespacePolicy& p) {
   auto bad = [&](const std::string& why) {
-    return Status(Code::InvalidArgument, "namespace " + q(name) + " policy: " + why);
+    return Status(Code::InvalidArgument, "namespace " + quoted(name) + " policy: " + why);
   };
   for (const Quota* qt : {&p.publish, &p.consume}) {
     if (!std::isfinite(qt->msgs_per_s) || !std::isfinite(qt->bytes_per_s) || qt->msgs_per_s < 0 ||
@@ -487,7 +480,7 @@ Status TenancyImpl::open() {
         NamespacePolicy p;
         std::string name(key.substr(kNsPrefix.size()));
         if (!decode_policy(v, &p))
-          return Status(Code::Corruption, "tenancy table: namespace " + q(name) + " has an unreadable policy");
+          return Status(Code::Corruption, "tenancy table: namespace " + quoted(name) + " has an unreadable policy");
         NamespaceState* ns = exact_locked(name);
         ns->declared = true;
         ns->policy = p;
@@ -511,14 +504,14 @@ Status TenancyImpl::open() {
             Grant g;
             std::string flags;
             ls >> g.prefix >> flags;
-            if (flags.size() != 3) return Status(Code::Corruption, "tenancy table: credential " + q(c->id) + ": bad grant");
+            if (flags.size() != 3) return Status(Code::Corruption, "tenancy table: credential " + quoted(c->id) + ": bad grant");
             g.publish = flags[0] == 'p';
             g.consume = flags[1] == 'c';
             g.admin = flags[2] == 'a';
             grants->push_back(std::move(g));
           }
         }
-        if (!ok) return Status(Code::Corruption, "tenancy table: credential " + q(c->id) + " has an unreadable hash");
+        if (!ok) return Status(Code::Corruption, "tenancy table: credential " + quoted(c->id) + " has an unreadable hash");
         {
           MutexLock cl(&c->mu);
           c->grants = std::move(grants);
@@ -688,7 +681,7 @@ Status TenancyImpl::create(std::string_view name, const NamespacePolicy& policy)
     auto it = namespaces_.find(name);
     if (it != namespaces_.end() && it->second->declared) {
       if (encode_policy(it->second->policy) == encode_policy(policy)) return Status();
-      return Status(Code::Conflict, "namespace " + q(name) +
+      return Status(Code::Conflict, "namespace " + quoted(name) +
                                         " is declared with another policy; use Namespaces::set_policy to change it");
     }
   }
@@ -711,7 +704,7 @@ Status TenancyImpl::set_policy(std::string_view name, const NamespacePolicy& pol
     MutexLock l(&mu_);
     auto it = namespaces_.find(name);
     if (it == namespaces_.end() || !it->second->declared)
-      return Status(Code::NotFound, "set_policy: no declared namespace " + q(name) + " (declare it with Namespaces::create)");
+      return Status(Code::NotFound, "set_policy: no declared namespace " + quoted(name) + " (declare it with Namespaces::create)");
   }
   if (Status s = persist(std::string(kNsPrefix) + std::string(name), encode_policy(policy)); !s.ok()) return s;
   MutexLock l(&mu_);
@@ -734,7 +727,7 @@ Result<NamespaceInfo> TenancyImpl::describe(std::string_view name) const {
   if (Status s = check_name(name, "namespace"); !s.ok()) return s;
   MutexLock l(&mu_);
   auto it = namespaces_.find(name);
-  if (it == namespaces_.end()) return Status(Code::NotFound, "no namespace " + q(name));
+  if (it == namespaces_.end()) return Status(Code::NotFound, "no namespace " + quoted(name));
   const NamespaceState& ns = *it->second;
   return NamespaceInfo{ns.name, ns.declared, ns.policy, usage_locked(ns)};
 }
@@ -751,21 +744,21 @@ std::vector<NamespaceInfo> TenancyImpl::list() const {
 Status TenancyImpl::add_credential(const Credential& c, const std::vector<Grant>& grants) {
   if (Status s = check_name(c.id, "credential id"); !s.ok()) return s;
   if (c.secret.empty() || c.secret.size() > kMaxSecretBytes)
-    return Status(Code::InvalidArgument, "credential " + q(c.id) + ": the secret must be 1..1024 bytes");
+    return Status(Code::InvalidArgument, "credential " + quoted(c.id) + ": the secret must be 1..1024 bytes");
   if (Status s = check_grants(grants); !s.ok()) return s;
   {
     MutexLock l(&mu_);
     if (credentials_.count(c.id))
-      return Status(Code::Conflict, "credential " + q(c.id) + " exists; remove it first or use set_grants");
+      return Status(Code::Conflict, "credential " + quoted(c.id) + " exists; remove it first or use set_grants");
   }
   auto st = std::make_shared<CredentialState>();
   st->id = c.id;
   st->salt.resize(kSaltBytes);
   if (RAND_bytes(reinterpret_cast<unsigned char*>(st->salt.data()), static_cast<int>(kSaltBytes)) != 1)
-    return Status(Code::Internal, "credential " + q(c.id) + ": no random bytes for the salt (RAND_bytes)");
+    return Status(Code::Internal, "credential " + quoted(c.id) + ": no random bytes for the salt (RAND_bytes)");
   st->iterations = kPbkdf2Iterations;
   st->hash = pbkdf2(c.secret, st->salt, st->iterations);
-  if (st->hash.size() != kHashBytes) return Status(Code::Internal, "credential " + q(c.id) + ": PBKDF2 failed");
+  if (st->hash.size() != kHashBytes) return Status(Code::Internal, "credential " + quoted(c.id) + ": PBKDF2 failed");
   {
     MutexLock cl(&st->mu);
     st->grants = std::make_shared<const std::vector<Grant>>(grants);
@@ -784,7 +777,7 @@ Status TenancyImpl::set_grants(std::string_view id, const std::vector<Grant>& gr
   {
     MutexLock l(&mu_);
     auto it = credentials_.find(id);
-    if (it == credentials_.end()) return Status(Code::NotFound, "set_grants: no credential " + q(id));
+    if (it == credentials_.end()) return Status(Code::NotFound, "set_grants: no credential " + quoted(id));
     st = it->second;
   }
   std::string rec = "v1 " + std::to_string(st->iterations) + " " + hex(st->salt) + " " + hex(st->hash) + "\n" +
@@ -801,7 +794,7 @@ Status TenancyImpl::remove_credential(std::string_view id) {
   {
     MutexLock l(&mu_);
     auto it = credentials_.find(id);
-    if (it == credentials_.end()) return Status(Code::NotFound, "remove_credential: no credential " + q(id));
+    if (it == credentials_.end()) return Status(Code::NotFound, "remove_credential: no credential " + quoted(id));
     st = it->second;
   }
   if (Status s = persist(std::string(kCredPrefix) + std::string(id), {}, true); !s.ok()) return s;
@@ -821,7 +814,7 @@ Result<std::vector<Grant>> TenancyImpl::grants(std::string_view id) const {
   {
     MutexLock l(&mu_);
     auto it = credentials_.find(id);
-    if (it == credentials_.end()) return Status(Code::NotFound, "no credential " + q(id));
+    if (it == credentials_.end()) return Status(Code::NotFound, "no credential " + quoted(id));
     st = it->second;
   }
   MutexLock cl(&st->mu);
@@ -831,7 +824,7 @@ Result<std::vector<Grant>> TenancyImpl::grants(std::string_view id) const {
 Result<std::shared_ptr<CredentialState>> TenancyImpl::authenticate(const Credential& c) const {
   if (Status s = check_name(c.id, "credential id"); !s.ok()) return s;
   if (c.secret.empty() || c.secret.size() > kMaxSecretBytes)
-    return Status(Code::InvalidArgument, "credential " + q(c.id) + ": the secret must be 1..1024 bytes");
+    return Status(Code::InvalidArgument, "credential " + quoted(c.id) + ": the secret must be 1..1024 bytes");
   std::shared_ptr<CredentialState> st;
   {
     MutexLock l(&mu_);
@@ -844,7 +837,7 @@ Result<std::shared_ptr<CredentialState>> TenancyImpl::authenticate(const Credent
   const bool match = st && h.size() == st->hash.size() && CRYPTO_memcmp(h.data(), st->hash.data(), h.size()) == 0;
   if (!match)
     return Status(Code::PermissionDenied,
-                  "credential " + q(c.id) + " is unknown or its secret does not match (Namespaces::add_credential)");
+                  "credential " + quoted(c.id) + " is unknown or its secret does not match (Namespaces::add_credential)");
   return st;
 }
 

@@ -1,6 +1,7 @@
 // lanebus — MIT License.
 // Writers for the two export formats, shared by lib/ops/metrics.cpp and the CLI
-// (tools/cmd_stats.cpp): Prometheus text exposition 0.0.4 and JSON.
+// (tools/cmd_stats.cpp): Prometheus text exposition 0.0.4 here, JSON in
+// lib/util/json_writer.hpp.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +12,9 @@
 #include <utility>
 #include <vector>
 
-namespace lanebus::detail {
+#include "json_writer.hpp"
 
-/// Shortest text that reads back as the same double; "+Inf", "-Inf", "NaN"
-/// for non-finite values (Prometheus spelling).
-std::string format_double(double v);
+namespace lanebus::detail {
 
 /// `ns` nanoseconds as an exact decimal number of seconds ("0.000001024").
 std::string format_ns_as_seconds(std::uint64_t ns);
@@ -42,35 +41,6 @@ class PromWriter {
  private:
   void labels(const Labels& labels);
   std::string out_;
-};
-
-/// Streaming JSON writer: commas and nesting are tracked, so callers only say
-/// what comes next. Non-finite doubles and nullopt become null.
-class JsonWriter {
- public:
-  void begin_object();
-  void end_object();
-  void begin_array();
-  void end_array();
-  /// The next member's name (inside an object).
-  void key(std::string_view k);
-  void string(std::string_view s);
-  void number(double v);
-  void number(std::optional<double> v);
-  void u64(std::uint64_t v);
-  void i64(std::int64_t v);
-  void boolean(bool b);
-  void null();
-  /// A complete JSON value written elsewhere, inserted as it is.
-  void raw(std::string_view json);
-  std::string take() { return std::move(out_); }
-
- private:
-  void before_value();
-  void write_string(std::string_view s);
-  std::string out_;
-  std::vector<bool> first_;  // per open container: no member written yet
-  bool after_key_ = false;
 };
 
 }  // namespace lanebus::detail

@@ -32,14 +32,6 @@ namespace lanebus {
 
 namespace detail {
 
-std::string format_double(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
 std::string format_ns_as_seconds(std::uint64_t ns) {
   std::string s = std::to_string(ns / 1'000'000'000ull);
   std::uint64_t frac = ns % 1'000'000'000ull;
@@ -125,111 +117,6 @@ void PromWriter::sample(std::string_view name, const Labels& l, double value) {
 
 void PromWriter::sample_u64(std::string_view name, const Labels& l, std::uint64_t value) {
   sample_text(name, l, std::to_string(value));
-}
-
-void JsonWriter::before_value() {
-  if (after_key_) {
-    after_key_ = false;
-    return;
-  }
-  if (!first_.empty()) {
-    if (!first_.back()) out_ += ',';
-    first_.back() = false;
-  }
-}
-
-void JsonWriter::begin_object() {
-  before_value();
-  out_ += '{';
-  first_.push_back(true);
-}
-
-void JsonWriter::end_object() {
-  out_ += '}';
-  first_.pop_back();
-}
-
-void JsonWriter::begin_array() {
-  before_value();
-  out_ += '[';
-  first_.push_back(true);
-}
-
-void JsonWriter::end_array() {
-  out_ += ']';
-  first_.pop_back();
-}
-
-void JsonWriter::key(std::string_view k) {
-  before_value();
-  write_string(k);
-  out_ += ':';
-  after_key_ = true;
-}
-
-void JsonWriter::string(std::string_view s) {
-  before_value();
-  write_string(s);
-}
-
-void JsonWriter::write_string(std::string_view s) {
-  out_ += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out_ += "\\\""; break;
-      case '\\': out_ += "\\\\"; break;
-      case '\n': out_ += "\\n"; break;
-      case '\r': out_ += "\\r"; break;
-      case '\t': out_ += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", c);
-          out_ += b;
-        } else {
-          out_ += static_cast<char>(c);
-        }
-    }
-  }
-  out_ += '"';
-}
-
-void JsonWriter::number(double v) {
-  before_value();
-  out_ += std::isfinite(v) ? format_double(v) : std::string("null");
-}
-
-void JsonWriter::number(std::optional<double> v) {
-  if (v) {
-    number(*v);
-  } else {
-    null();
-  }
-}
-
-void JsonWriter::u64(std::uint64_t v) {
-  before_value();
-  out_ += std::to_string(v);
-}
-
-void JsonWriter::i64(std::int64_t v) {
-  before_value();
-  out_ += std::to_string(v);
-}
-
-void JsonWriter::boolean(bool b) {
-  before_value();
-  out_ += b ? "true" : "false";
-}
-
-void JsonWriter::null() {
-  before_value();
-  out_ += "null";
-}
-
-void JsonWriter::raw(std::string_view json) {
-  before_value();
-  out_ += json;
 }
 
 }  // namespace detail

@@ -19,9 +19,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "coding.hpp"
 #include "dlq.hpp"
 #include "lmdb_store.hpp"
 #include "names.hpp"
+#include "quote.hpp"
 #include "store_codec.hpp"
 
 // Design notes
@@ -43,18 +45,7 @@
 namespace lanebus::detail {
 namespace {
 
-std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
-std::uint32_t be32(const char* p) {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-std::uint64_t be64(const char* p) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
 
 // Reads every byte of a value (overflow pages included) for databases whose
 // values lanebus does not interpret.
@@ -130,7 +121,7 @@ class Walker {
       if (std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
     }
     for (const char* n : {"meta", "topics", "lanes", "log", "groups", "cursors", "inflight"}) {
-      if (std::find(names->begin(), names->end(), n) == names->end()) problem("database " + q(n) + " is missing");
+      if (std::find(names->begin(), names->end(), n) == names->end()) problem("database " + quoted(n) + " is missing");
     }
     for (const std::string& db : order) {
       auto st = w.stat(db);
@@ -153,7 +144,7 @@ class Walker {
       });
       if (!ws.ok()) problem(ws.to_string());
       if (ws.ok() && n != st->entries) {
-        problem("database " + q(db) + ": " + std::to_string(n) + " entries walked, its header says " +
+        problem("database " + quoted(db) + ": " + std::to_string(n) + " entries walked, its header says " +
                 std::to_string(st->entries));
       }
       finish(db);
@@ -207,7 +198,7 @@ class Walker {
   static std::uint64_t lk(std::uint32_t tid, std::uint32_t lane) { return (std::uint64_t{tid} << 32) | lane; }
   std::string lane_name(std::uint64_t key) const {
     auto t = topics_.find(static_cast<std::uint32_t>(key >> 32));
-    return "topic " + (t == topics_.end() ? "#" + std::to_string(key >> 32) : q(t->second.name)) + " lane " +
+    return "topic " + (t == topics_.end() ? "#" + std::to_string(key >> 32) : quoted(t->second.name)) + " lane " +
            std::to_string(static_cast<std::uint32_t>(key));
   }
 
@@ -216,9 +207,9 @@ class Walker {
       have_layout_ = true;
       if (Status s = check_layout_record(v); !s.ok()) problem("meta: " + s.to_string());
     } else if (k == "id_next" || k == "next_topic_id" || k == "next_group_id") {
-      if (v.size() != 8) problem("meta: record " + q(k) + " is malformed");
+      if (v.size() != 8) problem("meta: record " + quoted(k) + " is malformed");
     } else {
-      note("meta: unknown record " + q(k) + " (newer lanebus?)");
+      note("meta: unknown record " + quoted(k) + " (newer lanebus?)");
     }
   }
 
@@ -229,7 +220,7 @@ class Walker {
     }
     TopicRef t;
     if (Status s = check_name(k, "topic"); !s.ok()) return problem("topics: " + s.to_string());
-    if (!decode_topic_record(k, v, &t)) return problem("topics: the record of " + q(k) + " is malformed");
+    if (!decode_topic_record(k, v, &t)) return problem("topics: the record of " + quoted(k) + " is malformed");
     if (!topics_.emplace(t.id, t).second) problem("topics: id " + std::to_string(t.id) + " is used twice");
   }
 
@@ -240,7 +231,7 @@ class Walker {
 
   void visit_lane(std::string_view k, std::string_view v) {
     if (k.size() != 8) return problem("lanes: a key of " + std::to_string(k.size()) + " bytes");
-    const std::uint32_t tid = be32(k.data()), lane = be32(k.data() + 4);
+    const std::uint32_t tid = get_be32(k.data()), lane = get_be32(k.data() + 4);
     const TopicRef* t = topic(tid);
     if (t == nullptr || lane >= t->lanes) {
       return problem("lanes: record for topic #" + std::to_string(tid) + " lane " + std::to_string(lane) +
@@ -254,8 +245,8 @@ class Walker {
 
   void visit_log(std::string_view k, std::string_view v) {
     if (k.size() != 16) return problem("log: a key of " + std::to_string(k.size()) + " bytes");
-    const std::uint32_t tid = be32(k.data()), lane = be32(k.data() + 4);
-    const std::uint64_t off = be64(k.data() + 8);
+    const std::uint32_t tid = get_be32(k.data()), lane = get_be32(k.data() + 4);
+    const std::uint64_t off = get_be64(k.data() + 8);
     const TopicRef* t = topic(tid);
     if (t == nullptr || lane >= t->lanes) {
       return problem("log: record at offset " + std::to_string(off) + " of topic #" + std::to_string(tid) +
@@ -294,18 +285,18 @@ class Walker {
 
   void visit_group(std::string_view k, std::string_view v) {
     if (k.size() < 5) return problem("groups: a key of " + std::to_string(k.size()) + " bytes");
-    const std::uint32_t tid = be32(k.data());
+    const std::uint32_t tid = get_be32(k.data());
     const std::string_view name = k.substr(4);
     if (topic(tid) == nullptr) return problem("groups: group of topic #" + std::to_string(tid) + " that does not exist");
     if (Status s = check_name(name, "group"); !s.ok()) return problem("groups: " + s.to_string());
     GroupRecord g;
-    if (!decode_group_record(v, &g)) return problem("groups: the record of group " + q(name) + " is malformed");
+    if (!decode_group_record(v, &g)) return problem("groups: the record of group " + quoted(name) + " is malformed");
     groups_.insert(lk(tid, g.group_id));
   }
 
   void visit_cursor(std::string_view k, std::string_view v) {
     if (k.size() != 12) return problem("cursors: a key of " + std::to_string(k.size()) + " bytes");
-    const std::uint32_t tid = be32(k.data()), gid = be32(k.data() + 4), lane = be32(k.data() + 8);
+    const std::uint32_t tid = get_be32(k.data()), gid = get_be32(k.data() + 4), lane = get_be32(k.data() + 8);
     const TopicRef* t = topic(tid);
     if (t == nullptr || lane >= t->lanes || groups_.count(lk(tid, gid)) == 0) {
       return problem("cursors: cursor of topic #" + std::to_string(tid) + " group #" + std::to_string(gid) +
@@ -324,8 +315,8 @@ class Walker {
 
   void visit_inflight(std::string_view k, std::string_view v) {
     if (k.size() != 20) return problem("inflight: a key of " + std::to_string(k.size()) + " bytes");
-    const std::uint32_t tid = be32(k.data()), gid = be32(k.data() + 4), lane = be32(k.data() + 8);
-    const std::uint64_t off = be64(k.data() + 12);
+    const std::uint32_t tid = get_be32(k.data()), gid = get_be32(k.data() + 4), lane = get_be32(k.data() + 8);
+    const std::uint64_t off = get_be64(k.data() + 12);
     InflightRecord r;
     if (!decode_inflight_record(v, &r)) return problem("inflight: the claim of offset " + std::to_string(off) + " is malformed");
     auto c = cursors_.find(std::make_pair(lk(tid, gid), lane));
@@ -354,13 +345,13 @@ class Walker {
       case 'e': {
         if (k.size() != 9) return problem("dlq: an entry key of " + std::to_string(k.size()) + " bytes");
         auto e = decode_dlq_entry(v);
-        if (!e.ok()) return problem("dlq: entry " + std::to_string(be64(k.data() + 1)) + ": " + e.status().to_string());
-        entries_.insert(be64(k.data() + 1));
+        if (!e.ok()) return problem("dlq: entry " + std::to_string(get_be64(k.data() + 1)) + ": " + e.status().to_string());
+        entries_.insert(get_be64(k.data() + 1));
         return;
       }
       case 'p':
         if (k.size() != 9 || !v.empty()) return problem("dlq: a pending mark is malformed");
-        pending_.push_back(be64(k.data() + 1));
+        pending_.push_back(get_be64(k.data() + 1));
         return;
       case 's':
         if (k.size() != 1 || v.size() != 16 * 8) problem("dlq: the stats record is malformed");
@@ -452,14 +443,14 @@ Result<VerifyReport> verify_store(const std::string& directory, const VerifyOpti
 
 Result<VerifyReport> verify_store_in_child(const std::string& directory, const VerifyOptions& options) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Status(Code::IOError, "verify " + q(directory) + ": pipe: " + std::strerror(errno));
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status(Code::IOError, "verify " + quoted(directory) + ": pipe: " + std::strerror(errno));
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int e = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    return Status(Code::IOError, "verify " + q(directory) + ": fork: " + std::strerror(e));
+    return Status(Code::IOError, "verify " + quoted(directory) + ": fork: " + std::strerror(e));
   }
   if (pid == 0) {
     // The child: die by the signal itself (no handler inherited from the
@@ -563,7 +554,7 @@ Result<VerifyReport> verify_store_in_child(const std::string& directory, const V
   ::close(fds[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return Status(Code::IOError, "verify " + q(directory) + ": waitpid: " + std::strerror(errno));
+    if (errno != EINTR) return Status(Code::IOError, "verify " + quoted(directory) + ": waitpid: " + std::strerror(errno));
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 3 && !error_line.empty()) {
     const int code = std::atoi(error_line.c_str());

@@ -11,7 +11,10 @@
 #include <mutex>
 #include <utility>
 
+#include "coding.hpp"
+#include "crc32c.hpp"
 #include "names.hpp"
+#include "quote.hpp"
 #include "store_codec.hpp"
 #include "verify.hpp"
 
@@ -42,43 +45,7 @@ constexpr std::uint64_t kMaxPayload = 1ull << 30;
 constexpr std::uint32_t kInflightClaimed = 0;
 constexpr std::uint32_t kInflightAcked = 1;
 
-// ---- fixed-width encoding (LE for values, BE for keys so they sort) ----
-
-void put_le32(char* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-void put_le64(char* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-void put_le16(char* p, std::uint16_t v) {
-  p[0] = static_cast<char>(v);
-  p[1] = static_cast<char>(v >> 8);
-}
-std::uint16_t get_le16(const char* p) {
-  return static_cast<std::uint16_t>(static_cast<unsigned char>(p[0]) |
-                                    (static_cast<unsigned char>(p[1]) << 8));
-}
-std::uint32_t get_le32(const char* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-std::uint64_t get_le64(const char* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-void put_be32(char* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (24 - 8 * i));
-}
-void put_be64(char* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (56 - 8 * i));
-}
-std::uint64_t get_be64(const char* p) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
+// Fixed-width coding: coding.hpp (LE for values, BE for keys so they sort).
 
 // A small fixed-capacity key buffer (no allocation for keys).
 struct Key {
@@ -120,58 +87,12 @@ std::string group_key(std::uint32_t tid, std::string_view name) {
   return k;
 }
 
-// ---- CRC-32C (Castagnoli): the SSE4.2 instruction where the CPU has it
-// (about 20x faster than the table on replay), else a table ----
-struct Crc32cTable {
-  std::uint32_t t[256];
-  Crc32cTable() {
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-  }
-};
-std::uint32_t crc32c_table(const char* data, std::size_t n) {
-  static const Crc32cTable table;
-  std::uint32_t c = 0xFFFFFFFFu;
-  for (std::size_t i = 0; i < n; ++i) c = table.t[(c ^ static_cast<unsigned char>(data[i])) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(const char* data, std::size_t n) {
-  std::uint64_t c = 0xFFFFFFFFu;
-  while (n >= 8) {
-    std::uint64_t v;
-    std::memcpy(&v, data, 8);
-    c = __builtin_ia32_crc32di(c, v);
-    data += 8;
-    n -= 8;
-  }
-  auto c32 = static_cast<std::uint32_t>(c);
-  while (n > 0) {
-    c32 = __builtin_ia32_crc32qi(c32, static_cast<unsigned char>(*data));
-    ++data;
-    --n;
-  }
-  return c32 ^ 0xFFFFFFFFu;
-}
-#endif
-std::uint32_t crc32c(const char* data, std::size_t n) {
-#if defined(__x86_64__)
-  static const bool hw = __builtin_cpu_supports("sse4.2");
-  if (hw) return crc32c_sse42(data, n);
-#endif
-  return crc32c_table(data, n);
-}
-
 std::int64_t wall_now_ns() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-std::string q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 // ---- per-lane bounds ----
 struct LaneState {
@@ -286,7 +207,7 @@ void encode_record(char* p, std::size_t size, const AppendRequest& r, const Mess
 Status decode_record(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
                      StoredMessage* m) {
   auto bad = [&](const char* why) {
-    return Status(Code::Corruption, "read topic " + q(topic) + " lane " + std::to_string(lane) + " offset " +
+    return Status(Code::Corruption, "read topic " + quoted(topic) + " lane " + std::to_string(lane) + " offset " +
                                         std::to_string(off) + ": " + why);
   };
   if (v.size() < kRecordOverhead) return bad("record shorter than its header");
@@ -610,14 +531,14 @@ DurableStore::DurableStore(const StoreOptions& options) : options_(options) {}
 
 Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& options) {
   if (options.max_batch == 0 || options.max_pending == 0 || options.retention_batch == 0) {
-    return Status(Code::InvalidArgument, "open store " + q(options.directory) +
+    return Status(Code::InvalidArgument, "open store " + quoted(options.directory) +
                                              ": max_batch, max_pending and retention_batch must be > 0");
   }
   if (options.verify_on_open) {  // the walk in a child that may die (lib/ops/verify.hpp)
     auto report = verify_store_in_child(options.directory);
     if (!report.ok() && report.code() != Code::NotFound) return report.status();
     if (report.ok() && !report->ok()) {
-      return Status(Code::Corruption, "open " + q(options.directory) + ": verify_on_open found " +
+      return Status(Code::Corruption, "open " + quoted(options.directory) + ": verify_on_open found " +
                                           std::to_string(report->problem_count) + " problem(s), the first: " +
                                           (report->problems.empty() ? std::string("?") : report->problems.front()) +
                                           "; run `lanebus verify " + options.directory + "` for all of them");
@@ -664,12 +585,12 @@ Status DurableStore::init_layout() {
       any_key = *any;
     }
     if (any_key) {
-      return Status(Code::Corruption, "open " + q(path) +
+      return Status(Code::Corruption, "open " + quoted(path) +
                                           ": a foreign LMDB environment (no lanebus layout record); "
                                           "not a lanebus store");
     }
     if (options_.read_only) {
-      return Status(Code::NotFound, "open " + q(path) + ": empty environment: not a lanebus store");
+      return Status(Code::NotFound, "open " + quoted(path) + ": empty environment: not a lanebus store");
     }
     const char* names[] = {"meta", "topics", "lanes", "log", "groups", "cursors", "inflight"};
     LmdbDbi* slots[] = {&dbi_meta_, &dbi_topics_, &dbi_lanes_, &dbi_log_, &dbi_groups_, &dbi_cursors_, &dbi_inflight_};
@@ -688,27 +609,27 @@ Status DurableStore::init_layout() {
   auto layout = txn->get(dbi_meta_, "layout");
   if (!layout.ok()) {
     if (layout.code() == Code::NotFound) {
-      return Status(Code::Corruption, "open " + q(path) + ": no layout record: not a lanebus store");
+      return Status(Code::Corruption, "open " + quoted(path) + ": no layout record: not a lanebus store");
     }
     return layout.status();
   }
   if (layout->size() != 12 || std::memcmp(layout->data(), kLayoutMagic, 8) != 0) {
-    return Status(Code::Corruption, "open " + q(path) + ": the layout record is not lanebus's (foreign data)");
+    return Status(Code::Corruption, "open " + quoted(path) + ": the layout record is not lanebus's (foreign data)");
   }
   std::uint32_t version = get_le32(layout->data() + 8);
   if (version > kLayoutVersion) {
-    return Status(Code::VersionTooNew, "open " + q(path) + ": layout version " + std::to_string(version) +
+    return Status(Code::VersionTooNew, "open " + quoted(path) + ": layout version " + std::to_string(version) +
                                            " was written by a newer lanebus; this release reads up to version " +
                                            std::to_string(kLayoutVersion));
   }
-  if (version == 0) return Status(Code::Corruption, "open " + q(path) + ": layout version 0 is invalid");
+  if (version == 0) return Status(Code::Corruption, "open " + quoted(path) + ": layout version 0 is invalid");
   const char* names[] = {"topics", "lanes", "log", "groups", "cursors", "inflight"};
   LmdbDbi* slots[] = {&dbi_topics_, &dbi_lanes_, &dbi_log_, &dbi_groups_, &dbi_cursors_, &dbi_inflight_};
   for (int i = 0; i < 6; ++i) {
     auto d = env_->open_dbi(*txn, names[i], false);
     if (!d.ok()) {
       if (d.code() == Code::NotFound) {
-        return Status(Code::Corruption, "open " + q(path) + ": database \"" + names[i] + "\" is missing");
+        return Status(Code::Corruption, "open " + quoted(path) + ": database \"" + names[i] + "\" is missing");
       }
       return d.status();
     }
@@ -867,7 +788,7 @@ Status DurableStore::read(const std::function<Status(StoreTxn&)>& fn) {
   Status s = check_open();
   if (!s.ok()) return s;
   std::shared_lock life(life_mutex_);
-  if (closed_.load()) return Status(Code::ShutDown, "store " + q(options_.directory) + " is closed");
+  if (closed_.load()) return Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closed");
   auto txn = env_->begin_read();
   if (!txn.ok()) return txn.status();
   StoreTxn t(this, nullptr, &*txn, wall_now_ns());
@@ -883,7 +804,7 @@ Status DurableStore::health() const {
 
 Status DurableStore::close() {
   if (writer_.joinable() && std::this_thread::get_id() == writer_id_) {
-    return Status(Code::Busy, "close store " + q(options_.directory) + ": called from a completion callback");
+    return Status(Code::Busy, "close store " + quoted(options_.directory) + ": called from a completion callback");
   }
   {
     MutexLock l(&queue_mutex_);
@@ -904,13 +825,13 @@ Status DurableStore::close() {
 }
 
 Status DurableStore::check_open() const {
-  if (closed_.load()) return Status(Code::ShutDown, "store " + q(options_.directory) + " is closed");
+  if (closed_.load()) return Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closed");
   return Status();
 }
 
 Status DurableStore::check_writable() const {
   if (options_.read_only) {
-    return Status(Code::InvalidArgument, "store " + q(options_.directory) + " is open read-only");
+    return Status(Code::InvalidArgument, "store " + quoted(options_.directory) + " is open read-only");
   }
   return check_open();
 }
@@ -959,7 +880,7 @@ Status DurableStore::enqueue(WriteOp op, bool may_block) {
       if (!may_block) return Status(Code::WouldBlock);
       space_cv_.wait(queue_mutex_);
     }
-    if (stopping_) return Status(Code::ShutDown, "store " + q(options_.directory) + " is closing");
+    if (stopping_) return Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closing");
     queue_.push_back(std::move(op));
   }
   queue_cv_.notify_one();
@@ -1214,11 +1135,11 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
   Status s = check_name(name, "topic");
   if (!s.ok()) return s;
   if (spec.lanes == 0 || spec.lanes > kMaxLanes) {
-    return Status(Code::InvalidArgument, "topic " + q(name) + ": lanes must be 1..4096, got " +
+    return Status(Code::InvalidArgument, "topic " + quoted(name) + ": lanes must be 1..4096, got " +
                                              std::to_string(spec.lanes));
   }
   if (spec.retention.max_age.count() < 0) {
-    return Status(Code::InvalidArgument, "topic " + q(name) + ": retention max_age is negative");
+    return Status(Code::InvalidArgument, "topic " + quoted(name) + ": retention max_age is negative");
   }
   if (!spec.fence.empty()) {
     if (Status fs = validate_topic_fence(name, spec.fence, spec.fence_per_lane, spec.lanes); !fs.ok()) return fs;
@@ -1230,22 +1151,22 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
         if (v.ok()) {
           TopicRef t;
           if (!decode_topic(name, *v, &t)) {
-            return Status(Code::Corruption, "topic " + q(name) + ": stored record is malformed");
+            return Status(Code::Corruption, "topic " + quoted(name) + ": stored record is malformed");
           }
           if (t.lanes != spec.lanes) {
-            return Status(Code::Conflict, "topic " + q(name) + " exists with " + std::to_string(t.lanes) +
+            return Status(Code::Conflict, "topic " + quoted(name) + " exists with " + std::to_string(t.lanes) +
                                               " lanes, not " + std::to_string(spec.lanes) +
                                               " (the lane count is fixed: changing it would break per-key order)");
           }
           if (t.is_queue != spec.is_queue) {
-            return Status(Code::Conflict, "topic " + q(name) + " exists as a " + (t.is_queue ? "queue" : "topic") +
+            return Status(Code::Conflict, "topic " + quoted(name) + " exists as a " + (t.is_queue ? "queue" : "topic") +
                                               ", not a " + (spec.is_queue ? "queue" : "topic"));
           }
           if (t.fence != spec.fence || (!t.fence.empty() && t.fence_per_lane != spec.fence_per_lane)) {
             auto show = [](const std::string& f, bool per_lane) {
-              return f.empty() ? std::string("no fence") : "fence " + q(f) + (per_lane ? " per lane" : " per topic");
+              return f.empty() ? std::string("no fence") : "fence " + quoted(f) + (per_lane ? " per lane" : " per topic");
             };
-            return Status(Code::Conflict, "topic " + q(name) + " exists with " + show(t.fence, t.fence_per_lane) +
+            return Status(Code::Conflict, "topic " + quoted(name) + " exists with " + show(t.fence, t.fence_per_lane) +
                                               ", not " + show(spec.fence, spec.fence_per_lane) +
                                               " (the fence is fixed at creation)");
           }
@@ -1290,11 +1211,11 @@ Result<TopicRef> DurableStore::find_topic(std::string_view name) {
   if (!txn.ok()) return txn.status();
   auto v = txn->get(dbi_topics_, name);
   if (!v.ok()) {
-    if (v.code() == Code::NotFound) return Status(Code::NotFound, "topic " + q(name) + " not found in store " + q(options_.directory));
+    if (v.code() == Code::NotFound) return Status(Code::NotFound, "topic " + quoted(name) + " not found in store " + quoted(options_.directory));
     return v.status();
   }
   TopicRef t;
-  if (!decode_topic(name, *v, &t)) return Status(Code::Corruption, "topic " + q(name) + ": stored record is malformed");
+  if (!decode_topic(name, *v, &t)) return Status(Code::Corruption, "topic " + quoted(name) + ": stored record is malformed");
   remember_topic(t);
   return t;
 }
@@ -1312,12 +1233,12 @@ Result<std::vector<TopicRef>> DurableStore::list_topics() {
   while (r.ok() && *r) {
     TopicRef t;
     if (!decode_topic(c->key(), c->value(), &t)) {
-      return Status(Code::Corruption, "topic " + q(c->key()) + ": stored record is malformed");
+      return Status(Code::Corruption, "topic " + quoted(c->key()) + ": stored record is malformed");
     }
     // Names were checked when the topic was created: an invalid one in the
     // catalogue is a damaged key (LMDB does not checksum keys).
     if (Status ns = check_name(c->key(), "stored topic"); !ns.ok()) {
-      return Status(Code::Corruption, "the topic catalogue of " + q(options_.directory) + " is damaged: " +
+      return Status(Code::Corruption, "the topic catalogue of " + quoted(options_.directory) + " is damaged: " +
                                           std::string(ns.message()));
     }
     out.push_back(t);
@@ -1337,21 +1258,21 @@ Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
   auto topic = topic_by_id(request.topic_id);
   if (!topic.ok()) return topic.status();
   if (request.lane >= topic->lanes) {
-    return Status(Code::InvalidArgument, "append to " + q(topic->name) + ": lane " + std::to_string(request.lane) +
+    return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": lane " + std::to_string(request.lane) +
                                              " out of range (lanes = " + std::to_string(topic->lanes) + ")");
   }
   if (request.payload.empty()) {
-    return Status(Code::InvalidArgument, "append to " + q(topic->name) + ": empty payload");
+    return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": empty payload");
   }
   if (request.key.size() > 0xFFFF || request.idempotency_key.size() > 0xFFFF || request.payload.size() > kMaxPayload) {
-    return Status(Code::PayloadTooLarge, "append to " + q(topic->name) +
+    return Status(Code::PayloadTooLarge, "append to " + quoted(topic->name) +
                                              ": key and idempotency key are limited to 65535 bytes, payload to 1 GiB");
   }
   WriteOp op;
   if (!topic->fence.empty() && fences_.check_enabled()) {
     if (request.header.fencing_token == 0) {
-      return Status(Code::InvalidArgument, "append to " + q(topic->name) + ": the topic is fenced by lease " +
-                                               q(topic->fence) + " and the message has no fencing token");
+      return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": the topic is fenced by lease " +
+                                               quoted(topic->fence) + " and the message has no fencing token");
     }
     // Ask the lease table now, on the caller's thread, so the writer never
     // waits on it while holding LMDB's writer lock (lib/features/fence.cpp).
@@ -1407,7 +1328,7 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
   // Keep the messages' strings (their capacity is reused); only the count resets.
   std::size_t used = 0;
   if (lane >= topic.lanes) {
-    return Status(Code::InvalidArgument, "read " + q(topic.name) + ": lane " + std::to_string(lane) + " out of range");
+    return Status(Code::InvalidArgument, "read " + quoted(topic.name) + ": lane " + std::to_string(lane) + " out of range");
   }
   std::shared_lock<std::shared_mutex> life(life_mutex_);
   Status s = check_open();
@@ -1443,7 +1364,7 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
     std::uint64_t off = get_be64(k.data() + 8);
     if (off != expect) {
       b.messages.clear();
-      return Status(Code::Corruption, "read " + q(topic.name) + " lane " + std::to_string(lane) + ": offset " +
+      return Status(Code::Corruption, "read " + quoted(topic.name) + " lane " + std::to_string(lane) + ": offset " +
                                           std::to_string(expect) + " is missing from the log");
     }
     if (used > 0 && bytes + c->value().size() > limits.max_bytes) break;
@@ -1471,7 +1392,7 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
   }
   if (!r.ok()) return r.status();
   if (b.messages.empty() && expect < ls->next) {
-    return Status(Code::Corruption, "read " + q(topic.name) + " lane " + std::to_string(lane) + ": offset " +
+    return Status(Code::Corruption, "read " + quoted(topic.name) + " lane " + std::to_string(lane) + ": offset " +
                                         std::to_string(expect) + " is missing from the log");
   }
   b.next_offset = expect;
@@ -1480,7 +1401,7 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
 
 Result<LaneInfo> DurableStore::lane_info(const TopicRef& topic, std::uint32_t lane) {
   if (lane >= topic.lanes) {
-    return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + q(topic.name) + " out of range");
+    return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + quoted(topic.name) + " out of range");
   }
   std::shared_lock<std::shared_mutex> life(life_mutex_);
   Status s = check_open();
@@ -1500,7 +1421,7 @@ Result<std::uint64_t> DurableStore::end_offset(const TopicRef& topic, std::uint3
 
 Result<std::uint64_t> DurableStore::offset_for_time(const TopicRef& topic, std::uint32_t lane, std::int64_t ts_ns) {
   if (lane >= topic.lanes) {
-    return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + q(topic.name) + " out of range");
+    return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + quoted(topic.name) + " out of range");
   }
   std::shared_lock<std::shared_mutex> life(life_mutex_);
   Status s = check_open();
@@ -1518,7 +1439,7 @@ Result<std::uint64_t> DurableStore::offset_for_time(const TopicRef& topic, std::
 Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_view name, StartPosition start) {
   Status s = check_name(name, "group");
   if (!s.ok()) return s;
-  if (topic.id == 0) return Status(Code::InvalidArgument, "open group " + q(name) + ": invalid topic");
+  if (topic.id == 0) return Status(Code::InvalidArgument, "open group " + quoted(name) + ": invalid topic");
   GroupRef g;
   g.topic_id = topic.id;
   g.lanes = topic.lanes;
@@ -1528,7 +1449,7 @@ Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_vie
         std::string gk = group_key(topic.id, name);
         auto v = ctx.get(dbi_groups_, gk);
         if (v.ok()) {
-          if (v->size() < 8) return Status(Code::Corruption, "group " + q(name) + ": stored record is malformed");
+          if (v->size() < 8) return Status(Code::Corruption, "group " + quoted(name) + ": stored record is malformed");
           g.group_id = get_le32(v->data() + 4);
           return Status();
         }
@@ -1570,10 +1491,10 @@ Result<GroupRef> DurableStore::find_group(const TopicRef& topic, std::string_vie
   if (!txn.ok()) return txn.status();
   auto v = txn->get(dbi_groups_, group_key(topic.id, name));
   if (!v.ok()) {
-    if (v.code() == Code::NotFound) return Status(Code::NotFound, "group " + q(name) + " of " + q(topic.name) + " not found");
+    if (v.code() == Code::NotFound) return Status(Code::NotFound, "group " + quoted(name) + " of " + quoted(topic.name) + " not found");
     return v.status();
   }
-  if (v->size() < 8) return Status(Code::Corruption, "group " + q(name) + ": stored record is malformed");
+  if (v->size() < 8) return Status(Code::Corruption, "group " + quoted(name) + ": stored record is malformed");
   return GroupRef{topic.id, get_le32(v->data() + 4), topic.lanes, std::string(name)};
 }
 
@@ -1636,7 +1557,7 @@ Status DurableStore::commit_offset_async(const GroupRef& group, std::uint32_t la
   Status s = check_writable();
   if (!s.ok()) return s;
   if (lane >= group.lanes) {
-    return Status(Code::InvalidArgument, "commit offset of group " + q(group.name) + ": lane out of range");
+    return Status(Code::InvalidArgument, "commit offset of group " + quoted(group.name) + ": lane out of range");
   }
   WriteOp op;
   op.bookkeeping = true;
@@ -1650,12 +1571,12 @@ Status DurableStore::commit_offset_async(const GroupRef& group, std::uint32_t la
 Status DurableStore::commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane,
                                       std::uint64_t offset) {
   if (lane >= group.lanes) {
-    return Status(Code::InvalidArgument, "commit offset of group " + q(group.name) + ": lane out of range");
+    return Status(Code::InvalidArgument, "commit offset of group " + quoted(group.name) + ": lane out of range");
   }
   auto ls = ctx.lane(group.topic_id, lane);
   if (!ls.ok()) return ls.status();
   if (offset > (*ls)->next) {
-    return Status(Code::InvalidArgument, "commit offset " + std::to_string(offset) + " of group " + q(group.name) +
+    return Status(Code::InvalidArgument, "commit offset " + std::to_string(offset) + " of group " + quoted(group.name) +
                                              " lane " + std::to_string(lane) + ": beyond the end (" +
                                              std::to_string((*ls)->next) + ")");
   }
@@ -1758,7 +1679,7 @@ Status DurableStore::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupR
     auto v = ctx.get(dbi_log_, log_key(group.topic_id, lane, o).sv());
     if (!v.ok()) {
       if (v.code() == Code::NotFound) {
-        return Status(Code::Corruption, "claim from " + q(topic.name) + ": offset " + std::to_string(o) +
+        return Status(Code::Corruption, "claim from " + quoted(topic.name) + ": offset " + std::to_string(o) +
                                             " is missing from the log");
       }
       return v.status();
@@ -1795,8 +1716,8 @@ Result<std::optional<ClaimedMessage>> DurableStore::claim(const GroupRef& group,
 
 Result<std::vector<ClaimedMessage>> DurableStore::claim_batch(const GroupRef& group, std::uint32_t lane,
                                                               std::uint32_t max, const ClaimOptions& options) {
-  if (lane >= group.lanes) return Status(Code::InvalidArgument, "claim from group " + q(group.name) + ": lane out of range");
-  if (max == 0) return Status(Code::InvalidArgument, "claim from group " + q(group.name) + ": max must be at least 1");
+  if (lane >= group.lanes) return Status(Code::InvalidArgument, "claim from group " + quoted(group.name) + ": lane out of range");
+  if (max == 0) return Status(Code::InvalidArgument, "claim from group " + quoted(group.name) + ": max must be at least 1");
   auto topic = topic_by_id(group.topic_id);
   if (!topic.ok()) return topic.status();
   std::vector<ClaimedMessage> out;
@@ -1820,12 +1741,12 @@ Status DurableStore::write_async(std::function<Status(StoreTxn&)> fn, StatusCall
 
 Status DurableStore::release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                                 std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt) {
-  if (lane >= group.lanes) return Status(Code::InvalidArgument, "release in group " + q(group.name) + ": lane out of range");
+  if (lane >= group.lanes) return Status(Code::InvalidArgument, "release in group " + quoted(group.name) + ": lane out of range");
   Key ik = inflight_key(group.topic_id, group.group_id, lane, offset);
   auto inf = ctx.inflight(ik);
   if (!inf.ok()) return inf.status();
   if (!inf->has_value() || (*inf)->state != kInflightClaimed) {
-    return Status(Code::NotFound, "release of offset " + std::to_string(offset) + " in group " + q(group.name) +
+    return Status(Code::NotFound, "release of offset " + std::to_string(offset) + " in group " + quoted(group.name) +
                                       ": not in flight");
   }
   if ((*inf)->attempt != attempt) {
@@ -1848,18 +1769,18 @@ Status DurableStore::release_in(WriteCtx& ctx, const GroupRef& group, std::uint3
 
 Status DurableStore::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                             std::uint32_t attempt) {
-  if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + q(group.name) + ": lane out of range");
+  if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + quoted(group.name) + ": lane out of range");
 
   Key ik = inflight_key(group.topic_id, group.group_id, lane, offset);
   auto inf = ctx.inflight(ik);
   if (!inf.ok()) return inf.status();
   if (!inf->has_value() || (*inf)->state != kInflightClaimed) {
-    return Status(Code::NotFound, "ack of offset " + std::to_string(offset) + " in group " + q(group.name) +
+    return Status(Code::NotFound, "ack of offset " + std::to_string(offset) + " in group " + quoted(group.name) +
                                       " lane " + std::to_string(lane) + ": not in flight (already acked or never claimed)");
   }
   if ((*inf)->attempt != attempt) {
     return Status(Code::StaleToken, "ack of offset " + std::to_string(offset) + " attempt " +
-                                        std::to_string(attempt) + " in group " + q(group.name) +
+                                        std::to_string(attempt) + " in group " + quoted(group.name) +
                                         ": the message was redelivered (current attempt " +
                                         std::to_string((*inf)->attempt) + ")");
   }
@@ -1889,13 +1810,13 @@ Status DurableStore::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t 
 }
 
 Status DurableStore::ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
-  if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + q(group.name) + ": lane out of range");
+  if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + quoted(group.name) + ": lane out of range");
   return run_write([&](WriteCtx& ctx) -> Status { return ack_in(ctx, group, lane, offset, attempt); }, true);
 }
 
 Status DurableStore::release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
                              std::chrono::milliseconds delay) {
-  if (lane >= group.lanes) return Status(Code::InvalidArgument, "release in group " + q(group.name) + ": lane out of range");
+  if (lane >= group.lanes) return Status(Code::InvalidArgument, "release in group " + quoted(group.name) + ": lane out of range");
   return run_write(
       [&](WriteCtx& ctx) -> Status {
         return release_in(ctx, group, lane, offset, attempt,
@@ -1942,7 +1863,7 @@ Status DurableStore::apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* 
         {
           auto v = ctx.get(dbi_log_, k.sv());
           if (!v.ok()) {
-            if (v.code() == Code::NotFound) return ctx.fail(Status(Code::Corruption, "retention of " + q(t.name) + ": log record missing inside lane bounds"));
+            if (v.code() == Code::NotFound) return ctx.fail(Status(Code::Corruption, "retention of " + quoted(t.name) + ": log record missing inside lane bounds"));
             return v.status();
           }
           size = v->size();

@@ -23,6 +23,8 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include "quote.hpp"
+
 namespace lanebus::detail {
 namespace {
 
@@ -140,15 +142,6 @@ const char* hint_for(int rc) {
     case EIO: return "the disk failed a write or an fsync; nothing written since the last successful commit is durable";
   }
   return nullptr;
-}
-
-std::string quoted(std::string_view p) {
-  std::string s;
-  s.reserve(p.size() + 2);
-  s += '"';
-  s += p;
-  s += '"';
-  return s;
 }
 
 }  // namespace

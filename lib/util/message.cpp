@@ -3,14 +3,12 @@
 // because durable lanes persist it.
 #include "lanebus/message.hpp"
 
+#include "hash.hpp"
+
 namespace lanebus {
 
 std::uint32_t lane_for_key(std::string_view key, std::uint32_t lanes) noexcept {
-  std::uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : key) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  const std::uint64_t h = detail::fnv1a64(key);  // inline: this runs on every publish
   if (lanes == 0) return 0;
   // A power-of-two lane count (the default 8) takes a mask: the same result
   // as the modulo without a 64-bit division on every publish.

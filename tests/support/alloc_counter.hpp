@@ -10,6 +10,8 @@ namespace lanebus::test {
 
 void alloc_counting(bool on);
 std::uint64_t alloc_count();
+/// Sets the count back to zero (the control case, which allocates on purpose).
+void alloc_count_reset();
 void skip_if_sanitized();
 
 }  // namespace lanebus::test

@@ -1,0 +1,80 @@
+// lanebus — MIT License.
+// lib/util's one copy of each helper (hash.hpp, crc32c.hpp, coding.hpp,
+// quote.hpp): their results are on-disk and shared-memory formats, so they are
+// pinned here to values computed outside lanebus (FNV's and CRC-32C's
+// published check values, and a Python reimplementation for the rest).
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+
+#include "coding.hpp"
+#include "crc32c.hpp"
+#include "hash.hpp"
+#include "lanebus/message.hpp"
+#include "lease_table.hpp"
+#include "quote.hpp"
+
+using namespace lanebus;
+using namespace lanebus::detail;
+
+TEST_CASE("FNV-1a 64: published test vectors, both offset bases, lane_for_key") {
+  CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(fnv1a64("foobar") == 0x85944171f73967e8ull);
+  // The basis lease table segments were written with (never 0: lease_table.hpp).
+  CHECK(fnv1a64("lease.alpha", kFnv1a64ShortOffset) == 0xa3fa8d206d619b8dull);
+  CHECK(lease_name_hash("lease.alpha") == 0xa3fa8d206d619b8dull);
+  // Durable lanes persist the key -> lane mapping: power-of-two mask and modulo.
+  CHECK(lane_for_key("order-17", 8) == 6);
+  CHECK(lane_for_key("k", 3) == 2);
+  CHECK(lane_for_key("", 5) == 2);
+  CHECK(lane_for_key("user-42", 12) == 3);
+  CHECK(lane_for_key("anything", 0) == 0);
+}
+
+TEST_CASE("CRC-32C: the check value, the empty input, and a length past the 8-byte steps") {
+  CHECK(crc32c("123456789", 9) == 0xE3069283u);
+  CHECK(crc32c("", 0) == 0u);
+  char bytes[40];
+  for (int i = 0; i < 40; ++i) bytes[i] = static_cast<char>(i);
+  CHECK(crc32c(bytes, sizeof bytes) == 0x134ef083u);
+}
+
+TEST_CASE("fixed-width coding: byte order on the wire and round trips") {
+  char b[8];
+  put_le32(b, 0x01020304u);
+  CHECK(std::memcmp(b, "\x04\x03\x02\x01", 4) == 0);
+  CHECK(get_le32(b) == 0x01020304u);
+  put_be32(b, 0x01020304u);
+  CHECK(std::memcmp(b, "\x01\x02\x03\x04", 4) == 0);
+  CHECK(get_be32(b) == 0x01020304u);
+  put_le16(b, 0xA1B2);
+  CHECK(std::memcmp(b, "\xB2\xA1", 2) == 0);
+  CHECK(get_le16(b) == 0xA1B2);
+  put_be16(b, 0xA1B2);
+  CHECK(std::memcmp(b, "\xA1\xB2", 2) == 0);
+  CHECK(get_be16(b) == 0xA1B2);
+  const std::uint64_t v = 0x0102030405060708ull;
+  put_le64(b, v);
+  CHECK(std::memcmp(b, "\x08\x07\x06\x05\x04\x03\x02\x01", 8) == 0);
+  CHECK(get_le64(b) == v);
+  put_be64(b, v);
+  CHECK(std::memcmp(b, "\x01\x02\x03\x04\x05\x06\x07\x08", 8) == 0);
+  CHECK(get_be64(b) == v);
+  // Big-endian keys sort as their numbers; appending writes the same bytes.
+  std::string lo, hi;
+  put_be64(lo, 255);
+  put_be64(hi, 256);
+  CHECK(lo < hi);
+  std::string s = "x";
+  put_be32(s, 0x01020304u);
+  put_le64(s, v);
+  CHECK(s == std::string("x\x01\x02\x03\x04\x08\x07\x06\x05\x04\x03\x02\x01", 13));
+}
+
+TEST_CASE("quoted: double quotes around the bytes, nothing escaped") {
+  CHECK(quoted("orders") == "\"orders\"");
+  CHECK(quoted("") == "\"\"");
+  CHECK(quoted("a\"b") == "\"a\"b\"");
+}
