@@ -39,11 +39,11 @@
 //   Publisher only is owned by it (TopicImpl::owner = its slot + 2). The
 //   owner publishes without a locked instruction: a slot from its magazine,
 //   plain ring appends (lane_ring.hpp invariant 4), plain lane and usage
-//   counters. Its two Dekker hand-offs (the ring entry against the lane's
-//   `scheduled` flag; the slot taken against `closing`) use a light fence,
-//   and the rare sides pay a heavy one (asym_fence.hpp): a worker that
-//   clears `scheduled` of a lane of a topic that was ever solo (`asym`),
-//   shutdown before it counts slots. Each solo publish runs inside an
+//   counters. The slot taken against `closing` (shutdown's Dekker) uses a
+//   light fence, and shutdown pays a heavy one (asym_fence.hpp); the ring
+//   entry against the lane's `scheduled` flag keeps a full fence on the
+//   publisher (a heavy fence per lane going idle cost more: one membarrier
+//   per lane run when a worker serves several lanes). Each solo publish runs inside an
 //   `in_push` window of its publisher slot (store in_push, light fence,
 //   re-check owner). Any other publish first makes the topic shared for good
 //   (owner = 1): it swaps the owner out, runs a heavy fence and waits for
@@ -373,9 +373,6 @@ class TopicImpl {
   /// the publisher of slot k. Goes 0 → k + 2 → 0 (its publisher is gone),
   /// and to 1 from any state, for good.
   std::atomic<std::uintptr_t> owner{0};
-  /// Set before the first solo publish and never cleared: workers clearing a
-  /// lane's `scheduled` flag run the heavy fence.
-  std::atomic<bool> asym{false};
   /// The namespace holding the topic (tenancy.hpp); set at creation, swapped
   /// when a covering namespace is declared. Never null after creation.
   std::atomic<NamespaceState*> ns{nullptr};
@@ -461,12 +458,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void schedule(GroupLane* gl) noexcept;
   /// Clear `gl`'s scheduled flag (its worker is done with it). The caller then
   /// checks for work that arrived meanwhile and schedules again: the worker's
-  /// side of the Dekker hand-off, with the heavy fence on topics that were
-  /// ever solo ("Solo publishers").
-  void unschedule(GroupLane* gl) noexcept {
-    gl->scheduled.store(false, std::memory_order_seq_cst);
-    if (gl->group->topic->asym.load(std::memory_order_relaxed)) AsymmetricFence::heavy();
-  }
+  /// side of the Dekker hand-off (seq_cst; the publisher's side is a seq_cst
+  /// append or a full fence after a solo append).
+  void unschedule(GroupLane* gl) noexcept { gl->scheduled.store(false, std::memory_order_seq_cst); }
 
   /// Publisher slots (solo ownership, usage tallies): kNoPublisherSlot when all are taken.
   static constexpr std::uint32_t kPublisherSlots = kPublisherTallies;

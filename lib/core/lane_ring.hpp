@@ -19,8 +19,8 @@
 // 4. push_solo / enqueue_bulk_solo may be used only by the one publisher that
 //    holds its topic's solo ownership (bus_impl.hpp, "Solo publishers"): no
 //    other enqueuer runs meanwhile, so tail_ needs no read-modify-write and a
-//    cell needs no seq_cst store (the Dekker hand-off with the lane's
-//    `scheduled` flag is then closed by an asymmetric fence, asym_fence.hpp).
+//    cell needs no seq_cst store (the caller fences once before it reads the
+//    lane's `scheduled` flag: the Dekker hand-off of bus_impl.hpp).
 #pragma once
 
 #include <atomic>
@@ -78,7 +78,7 @@ class LaneRing {
   }
 
   /// enqueue_bulk for the topic's solo publisher (invariant 4), without the
-  /// closing fence (the caller's asymmetric fence orders the hand-off).
+  /// closing fence (the caller fences before it reads the flag).
   void enqueue_bulk_solo(const std::uint32_t* values, std::uint32_t count) noexcept {
     const std::uint64_t pos = tail_.load(std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < count; ++i) {

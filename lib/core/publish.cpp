@@ -159,7 +159,10 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
   auto push = [&](GroupLane* gl) {
     if (solo) {
       gl->ring.push_solo(index);
-      AsymmetricFence::light();  // the entry, then the flag: the worker's unschedule runs the heavy fence
+      // The entry, then the flag (the Dekker hand-off with unschedule). A
+      // full fence, not the light one: a heavy fence per lane that goes idle
+      // cost more than this one (membarrier IPIs, doc/performance.md).
+      std::atomic_thread_fence(std::memory_order_seq_cst);
     } else {
       while (!gl->ring.try_enqueue(index)) std::this_thread::yield();
     }
@@ -274,7 +277,6 @@ Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const Outg
   const std::uintptr_t tag = std::uintptr_t{p.slot} + 2;
   std::uintptr_t o = owner.load(std::memory_order_relaxed);
   if (o == 0 && asym_ok) {
-    asym.store(true, std::memory_order_seq_cst);  // before the first solo append
     if (owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
   }
   if (o == tag) {
@@ -526,7 +528,6 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     if (may_solo) {
       std::uintptr_t o = owner.load(std::memory_order_relaxed);
       if (o == 0) {
-        asym.store(true, std::memory_order_seq_cst);  // before the first solo append
         if (owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
       }
       if (o == tag) {
@@ -574,7 +575,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         GroupLane* gl = targets[t]->lanes[lane].get();
         if (solo) {
           gl->ring.enqueue_bulk_solo(run, len);
-          AsymmetricFence::light();  // the entries, then the flag (unschedule's heavy fence)
+          std::atomic_thread_fence(std::memory_order_seq_cst);  // the entries, then the flag (as publish_via)
         } else {
           gl->ring.enqueue_bulk(run, len);
         }
