@@ -39,8 +39,11 @@ for h in "${headers[@]}"; do
 done
 python3 - "${headers[@]}" <<'PY'
 # A public declaration may name detail:: only where a user cannot reach it:
-# forward declarations inside `namespace detail { ... }` and the private
-# sections of classes (pimpl members, friends, library-only constructors).
+# forward declarations inside `namespace detail { ... }`, the private
+# sections of classes (pimpl members, friends, library-only constructors),
+# and the bodies of inline functions and templates (typed.hpp's TypedTopic<T>
+# reaches the library through detail::TypedAccess there; a body is no part
+# of a declaration a user can name).
 import re, sys
 bad = []
 for path in sys.argv[1:]:
@@ -58,8 +61,11 @@ for path in sys.argv[1:]:
         elif re.match(r"private\s*:", line) and access:
             access[-1] = True
         in_detail_ns = "ns-detail" in depth_kind
+        body_re = r"\)\s*(const\s*)?(noexcept\s*)?(->\s*[\w:<>, ]+\s*)?\{"
+        in_body = "body" in depth_kind or (
+            re.search(body_re, line) is not None and "detail::" not in line.split("{")[0])
         private = any(access)
-        if "detail::" in line and not in_detail_ns and not private:
+        if "detail::" in line and not in_detail_ns and not private and not in_body:
             bad.append(f"{path}:{n}: {raw.rstrip()}")
         # Track braces (one construct per line is enough for these headers).
         if opened > closed:
@@ -68,6 +74,13 @@ for path in sys.argv[1:]:
                 access.append(m.group(1) == "class")
             elif re.match(r"namespace\s+detail\s*\{", line):
                 depth_kind.append("ns-detail")
+            elif re.match(r"(inline\s+)?namespace\b", line) or re.match(r'extern\s+"C"', line):
+                depth_kind.append("ns")
+            elif re.search(body_re, line) and "detail::" not in line.split("{")[0]:
+                # A function body opens (its signature names no detail:: type).
+                depth_kind.append("body")
+                for _ in range(opened - closed - 1):
+                    depth_kind.append("other")
             else:
                 for _ in range(opened - closed):
                     depth_kind.append("other")

@@ -22,6 +22,9 @@ bool tsc_clocksource() noexcept {
   return ok;
 }
 
+// A 128-bit product for the 32.32 rate (GCC and Clang; __extension__ keeps -Wpedantic quiet).
+__extension__ typedef unsigned __int128 u128;
+
 std::atomic<bool> g_refreshing{false};
 // Writer state (guarded by g_refreshing): the base the mult is measured from.
 std::uint64_t g_base_tsc = 0;
@@ -67,7 +70,7 @@ std::int64_t WallClock::refresh() noexcept {
     g_base_ns = ns;
     if (mult == 0) g_calibrate_at_ns.store(ns + kFirstSpanNs, std::memory_order_relaxed);
   } else if (const std::int64_t span = ns - g_base_ns; span >= kFirstSpanNs) {
-    const auto m = static_cast<std::uint64_t>((static_cast<unsigned __int128>(span) << 32) / (tsc - g_base_tsc));
+    const auto m = static_cast<std::uint64_t>((static_cast<u128>(span) << 32) / (tsc - g_base_tsc));
     if (mult == 0 || (m > mult ? m - mult : mult - m) <= mult / 1000) {
       mult = m;  // within 0.1 % of the last rate: NTP's slew, or a better measure
       if (span >= kSlideSpanNs) {
