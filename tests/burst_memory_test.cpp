@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -88,6 +89,13 @@ TEST_CASE("RSS and pool slots return to their level after a burst drains (slow c
   auto dropping =
       bus->create_topic("burst.drop", {.lanes = 8, .backpressure = Backpressure::DropOldest, .capacity = 256}).value();
   std::atomic<std::uint64_t> fast{0}, slow{0}, drop_slow{0};
+  // During the burst one call of the DropOldest group's handler waits until
+  // the burst is published, so the burst outruns that group whatever the
+  // machine's speed (under a sanitizer and a parallel test run its handler
+  // could keep up). Only one call waits: the other worker serves the Block
+  // topic, which the publisher needs to make progress.
+  std::atomic<bool> hold{false};
+  std::atomic<int> holders{0};
   auto s1 = bus->subscribe(blocking, "fast", [&](const MessageView&) {
                   fast.fetch_add(1, std::memory_order_relaxed);
                   return Outcome::ack();
@@ -98,6 +106,10 @@ TEST_CASE("RSS and pool slots return to their level after a burst drains (slow c
                   return Outcome::ack();
                 }).value();
   auto s3 = bus->subscribe(dropping, "slow", [&](const MessageView&) {
+                  if (holders.fetch_add(1) == 0) {
+                    while (hold.load()) std::this_thread::yield();
+                  }
+                  holders.fetch_sub(1);
                   busy(3000);
                   drop_slow.fetch_add(1, std::memory_order_relaxed);
                   return Outcome::ack();
@@ -128,7 +140,9 @@ TEST_CASE("RSS and pool slots return to their level after a burst drains (slow c
   REQUIRE(wait_until(drained));
   const std::uint64_t before = rss_bytes();
 
+  hold.store(true);
   publish(n);
+  hold.store(false);
   // The slow groups lag: the burst really filled the pools.
   REQUIRE(wait_until([&] { return slow.load() == warm + n && fast.load() == warm + n; }, std::chrono::seconds(120)));
   REQUIRE(wait_until(drained));
