@@ -78,7 +78,7 @@ struct alignas(64) Slot {
   /// The payload bytes, wherever they live (see kind).
   std::string_view payload() const noexcept {
     const char* p = data() + key_len + idem_len;
-    if (kind != kInline) std::memcpy(&p, p, sizeof p);  // the stored address (unaligned)
+    if (kind != kInline) std::memcpy(static_cast<void*>(&p), static_cast<const void*>(p), sizeof(const char*));  // the stored address (unaligned)
     return {p, payload_len};
   }
 };
