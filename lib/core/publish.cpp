@@ -87,6 +87,30 @@ void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint6
 
 Status shut_down() noexcept { return Status::from_literal(Code::ShutDown, "publish: the bus is shut down"); }
 
+/// Solo ownership ("Solo publishers", bus_impl.hpp): claim an unowned topic
+/// for publisher slot `slot`, and open its in_push window. True: the window
+/// is open and `t` is ours (append solo, then close_window). False: the topic
+/// is shared now (made so if it had another owner).
+bool open_window(TopicImpl& t, std::uint32_t slot) noexcept {
+  const std::uintptr_t tag = std::uintptr_t{slot} + 2;
+  std::uintptr_t o = t.owner.load(std::memory_order_relaxed);
+  if (o == 0 && t.owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
+  if (o == tag) {
+    PublisherSlot& ps = t.bus->publisher_slot(slot);
+    ps.in_push.store(1, std::memory_order_relaxed);
+    AsymmetricFence::light();  // the window, then the owner: make_shared runs the heavy fence
+    if (t.owner.load(std::memory_order_relaxed) == tag) return true;
+    ps.in_push.store(0, std::memory_order_release);
+  }
+  if (t.owner.load(std::memory_order_relaxed) != 1) t.make_shared();
+  return false;
+}
+
+/// Close the window opened by open_window: our appends happen before make_shared's wait ends.
+void close_window(TopicImpl& t, std::uint32_t slot) noexcept {
+  t.bus->publisher_slot(slot).in_push.store(0, std::memory_order_release);
+}
+
 /// Wait for `in_push` of a publisher slot to drop (a solo publish in flight).
 void wait_window(const PublisherSlot& ps) noexcept {
   for (std::uint32_t spin = 0; ps.in_push.load(std::memory_order_acquire) != 0; ++spin) {
@@ -273,26 +297,10 @@ Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const Outg
   }
   fill_slot(s, m, lane, id, now_ns(), m.schema_version);
 
-  // Solo ownership ("Solo publishers", bus_impl.hpp).
-  const std::uintptr_t tag = std::uintptr_t{p.slot} + 2;
-  std::uintptr_t o = owner.load(std::memory_order_relaxed);
-  if (o == 0 && asym_ok) {
-    if (owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
-  }
-  if (o == tag) {
-    PublisherSlot& ps = bus->publisher_slot(p.slot);
-    ps.in_push.store(1, std::memory_order_relaxed);
-    AsymmetricFence::light();  // the window, then the owner: make_shared runs the heavy fence
-    if (owner.load(std::memory_order_relaxed) == tag) {
-      route(s, lane, true);
-      ps.in_push.store(0, std::memory_order_release);  // our appends before make_shared's wait ends
-      nsp->count_in_slot(p.slot, 1, need);
-      return Status();
-    }
-    ps.in_push.store(0, std::memory_order_release);
-  }
-  if (owner.load(std::memory_order_relaxed) != 1) make_shared();
-  route(s, lane, false);
+  // Solo ownership ("Solo publishers", bus_impl.hpp); without membarrier, shared.
+  const bool solo = asym_ok ? open_window(*this, p.slot) : (make_shared(), false);
+  route(s, lane, solo);
+  if (solo) close_window(*this, p.slot);
   nsp->count_in_slot(p.slot, 1, need);
   return Status();
 }
@@ -428,7 +436,6 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
   // A Publisher with a slot may own the topic (solo appends per chunk, as
   // publish_via); anyone else makes it shared.
   const bool may_solo = p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available();
-  const std::uintptr_t tag = may_solo ? std::uintptr_t{p->slot} + 2 : 0;
   if (!may_solo && owner.load(std::memory_order_relaxed) != 1) make_shared();
   BatchPublishResult r;
   for (const OutgoingMessage& m : ms) {
@@ -524,21 +531,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
       slots[i]->refs.store(n, std::memory_order_relaxed);
     }
     // Solo ownership for this chunk's appends ("Solo publishers", bus_impl.hpp).
-    bool solo = false;
-    if (may_solo) {
-      std::uintptr_t o = owner.load(std::memory_order_relaxed);
-      if (o == 0) {
-        if (owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
-      }
-      if (o == tag) {
-        PublisherSlot& ps = bus->publisher_slot(p->slot);
-        ps.in_push.store(1, std::memory_order_relaxed);
-        AsymmetricFence::light();
-        solo = owner.load(std::memory_order_relaxed) == tag;
-        if (!solo) ps.in_push.store(0, std::memory_order_release);
-      }
-      if (!solo && owner.load(std::memory_order_relaxed) != 1) make_shared();
-    }
+    const bool solo = may_solo && open_window(*this, p->slot);
     if (n == 0) {
       for (std::uint32_t i = 0; i < k; ++i) {
         std::atomic<std::uint64_t>& published = lane_load[lanes_of[i]].published;
@@ -549,7 +542,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         }
         pool.free(slots[i]);
       }
-      if (solo) bus->publisher_slot(p->slot).in_push.store(0, std::memory_order_release);
+      if (solo) close_window(*this, p->slot);
       unrouted.fetch_add(k, std::memory_order_relaxed);
       r.published += k;
       continue;
@@ -582,7 +575,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         bus->schedule(gl);
       }
     }
-    if (solo) bus->publisher_slot(p->slot).in_push.store(0, std::memory_order_release);
+    if (solo) close_window(*this, p->slot);
     r.published += k;
   }
   return r;
