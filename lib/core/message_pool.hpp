@@ -12,16 +12,25 @@
 //   would allocate a producer per new thread; a 64-bit CAS stack does neither.
 // - Slots in use = allocated_ - freed_. The two counters live on separate
 //   cache lines so publishers and workers do not bounce one line per message.
-// - Workers free in batches (FreeChain): one CAS returns many slots.
+// - Workers free in batches (FreeChain): one CAS returns up to 32 slots as a
+//   *chain*: the chain's first slot (free, its data unused) holds the count
+//   and the indices of the others, and that one slot is pushed on a second
+//   Treiber stack, `chains_`. Taking a chain is one CAS and one read of a
+//   contiguous index array; taking 32 slots off the single-slot list is a
+//   walk of 32 dependent links, each a cache line the freeing worker wrote
+//   (the walk was 60 % of a publish on a 2-core VM, doc/performance.md).
 // - Publishers take slots from a Magazine of their own (one per Publisher and
-//   topic), refilled from the free list a run at a time (one CAS for up to
-//   magazine_size() slots): a publish takes a slot with plain loads and
-//   stores. A magazine holds at most capacity / 32 slots (at least 1), so the
-//   slots cached by idle publishers cannot starve a busy one.
+//   topic), refilled a chain at a time (else by walking the single-slot
+//   list): a publish takes a slot with plain loads and stores. A magazine
+//   holds at most capacity / 32 slots (at least 1), so the slots cached by
+//   idle publishers cannot starve a busy one. Slots of a chain beyond what the
+//   taker wants go on the single-slot list.
 //
 // Invariants
 // 1. in_use() = allocated_ - freed_ - Σ magazine.held: slots that hold a
-//    message or are being filled. Readers load freed_, then every held, then
+//    message or are being filled. (Slots of a chain being split, off both
+//    stacks for a moment, were counted in freed_ and not yet in allocated_:
+//    free, as they are.) Readers load freed_, then every held, then
 //    allocated_; a refill raises allocated_ before held, a magazine's
 //    return lowers held before freed_: so in_use() never underestimates.
 // 2. A magazine's held is written by its owner only and equals its count.
@@ -144,7 +153,10 @@ class MessagePool {
     std::uint64_t h = head_.load(std::memory_order_acquire);
     for (;;) {
       std::uint32_t idx = static_cast<std::uint32_t>(h);
-      if (idx == kNil) return nullptr;
+      if (idx == kNil) {
+        Slot* s[Magazine::kMax];  // take_chain may write up to kMax (GCC's -Warray-bounds cannot see it won't)
+        return take_chain(s, 1) == 1 ? s[0] : nullptr;
+      }
       // relaxed: `next` was written before the release CAS that pushed idx,
       // which our acquire load of head_ synchronised with.
       std::uint32_t next = next_[idx].load(std::memory_order_relaxed);
@@ -162,10 +174,11 @@ class MessagePool {
   /// walked links were the stack's. Returns how many it took (0: none free).
   /// Lock-free, no allocation; seq_cst on allocated_ as in try_alloc.
   std::uint32_t try_alloc_bulk(Slot** out, std::uint32_t want) noexcept {
+    if (want == 0) return 0;
     std::uint64_t h = head_.load(std::memory_order_acquire);
     for (;;) {
       std::uint32_t idx = static_cast<std::uint32_t>(h);
-      if (idx == kNil || want == 0) return 0;
+      if (idx == kNil) return take_chain(out, want);
       std::uint32_t got = 0;
       std::uint32_t next = idx;
       // Links may be stale if the stack changes under us (the CAS then fails);
@@ -184,15 +197,65 @@ class MessagePool {
 
   /// Return a chain of `count` slots linked through `next` (first..last).
   void free_chain(Slot* first, Slot* last, std::uint32_t count) noexcept {
-    std::uint32_t idx = index_of(first);
-    std::uint64_t h = head_.load(std::memory_order_relaxed);
-    for (;;) {
-      next_[index_of(last)].store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
-      std::uint64_t nh = (((h >> 32) + 1) << 32) | idx;
-      // release: publishes `next` links and the slots' last contents to the next allocator.
-      if (head_.compare_exchange_weak(h, nh, std::memory_order_release, std::memory_order_relaxed)) break;
-    }
+    push_singles(index_of(first), index_of(last));
     freed_.fetch_add(count, std::memory_order_seq_cst);
+  }
+
+  /// Return `n` free slots as one chain (design notes): slots[0] holds the
+  /// count and the others' indices. REQUIRES: 1 <= n <= chain_max().
+  void free_run(Slot* const* slots, std::uint32_t n) noexcept {
+    if (chain_max_ < 2) {
+      for (std::uint32_t i = 0; i + 1 < n; ++i) link(slots[i], slots[i + 1]);
+      free_chain(slots[0], slots[n - 1], n);
+      return;
+    }
+    Slot* head = slots[0];
+    char* d = head->data();
+    std::memcpy(d, &n, sizeof n);
+    for (std::uint32_t i = 1; i < n; ++i) std::memcpy(d + 4 * i, &slots[i]->index, 4);
+    const std::uint32_t idx = head->index;
+    std::uint64_t h = chains_.load(std::memory_order_relaxed);
+    for (;;) {
+      next_[idx].store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
+      std::uint64_t nh = (((h >> 32) + 1) << 32) | idx;
+      // release: publishes the chain's contents and the slots' last contents.
+      if (chains_.compare_exchange_weak(h, nh, std::memory_order_release, std::memory_order_relaxed)) break;
+    }
+    freed_.fetch_add(n, std::memory_order_seq_cst);
+  }
+  /// The most slots one chain holds (free_run), at least 1.
+  std::uint32_t chain_max() const noexcept { return chain_max_; }
+
+  /// Up to `want` slots off one chain (one CAS); the chain's other slots go
+  /// on the single-slot list. 0 when no chain is free. seq_cst on allocated_
+  /// as in try_alloc.
+  std::uint32_t take_chain(Slot** out, std::uint32_t want) noexcept {
+    std::uint64_t h = chains_.load(std::memory_order_acquire);
+    std::uint32_t idx;
+    for (;;) {
+      idx = static_cast<std::uint32_t>(h);
+      if (idx == kNil) return 0;
+      // relaxed: as in try_alloc (a stale link only makes the CAS fail).
+      std::uint32_t next = next_[idx].load(std::memory_order_relaxed);
+      std::uint64_t nh = (((h >> 32) + 1) << 32) | next;
+      if (chains_.compare_exchange_weak(h, nh, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+    }
+    Slot* head = at(idx);
+    const char* d = head->data();
+    std::uint32_t n;
+    std::memcpy(&n, d, sizeof n);
+    std::uint32_t members[Magazine::kMax];
+    for (std::uint32_t i = 1; i < n; ++i) std::memcpy(&members[i], d + 4 * i, 4);
+    const std::uint32_t got = std::min(n, want);
+    out[0] = head;
+    for (std::uint32_t i = 1; i < got; ++i) out[i] = at(members[i]);
+    allocated_.fetch_add(got, std::memory_order_seq_cst);
+    if (got < n) {
+      // The rest, already counted in freed_, onto the single-slot list.
+      for (std::uint32_t i = got; i + 1 < n; ++i) next_[members[i]].store(members[i + 1], std::memory_order_relaxed);
+      push_singles(members[got], members[n - 1]);
+    }
+    return got;
   }
 
   /// Return a slot to the free list. REQUIRES: refs == 0, not already free.
@@ -259,7 +322,15 @@ class MessagePool {
   /// it refills. The slot counts in in_use() from here on.
   Slot* take(Magazine& m) noexcept {
     if (m.count == 0) {
-      const std::uint32_t got = try_alloc_bulk(m.slots, magazine_size_);
+      // Whole chains while they come (a worker's short runs free short ones),
+      // else the single-slot list.
+      std::uint32_t got = 0;
+      while (got < magazine_size_) {
+        const std::uint32_t k = take_chain(m.slots + got, magazine_size_ - got);
+        if (k == 0) break;
+        got += k;
+      }
+      if (got == 0) got = try_alloc_bulk(m.slots, magazine_size_);
       if (got == 0) return nullptr;
       m.count = got;
       // release, after allocated_ grew: a reader that sees this held sees the refill.
@@ -267,6 +338,12 @@ class MessagePool {
     }
     --m.count;
     m.held.store(m.count, std::memory_order_relaxed);
+    // The next publish's slot, for writing: its lines were last read by a
+    // worker, so taking them back costs a round trip this hides.
+    if (m.count != 0) {
+      __builtin_prefetch(m.slots[m.count - 1], 1);
+      __builtin_prefetch(reinterpret_cast<const char*>(m.slots[m.count - 1]) + 64, 1);
+    }
     return m.slots[m.count];
   }
   std::uint32_t magazine_size() const noexcept { return magazine_size_; }
@@ -284,50 +361,74 @@ class MessagePool {
   }
 
  private:
+  /// Link first..last (already linked through next_) onto the single-slot list.
+  void push_singles(std::uint32_t first, std::uint32_t last) noexcept {
+    std::uint64_t h = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      next_[last].store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
+      std::uint64_t nh = (((h >> 32) + 1) << 32) | first;
+      // release: publishes `next` links and the slots' last contents to the next allocator.
+      if (head_.compare_exchange_weak(h, nh, std::memory_order_release, std::memory_order_relaxed)) break;
+    }
+  }
+
   const std::uint32_t capacity_;
   const std::uint32_t slot_bytes_;
   const std::size_t stride_;
+  // A chain's count and indices fit the head slot's data (stride_ - 64 bytes).
+  const std::uint32_t chain_max_ = static_cast<std::uint32_t>(
+      std::min<std::size_t>(Magazine::kMax, (stride_ - sizeof(Slot)) / 4));
   const std::uint32_t magazine_size_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(Magazine::kMax, capacity_ / 32));
   char* memory_;
   PayloadPool* payloads_ = nullptr;
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_;  // free-list links, by slot index
-  alignas(64) std::atomic<std::uint64_t> head_{0};
+  alignas(64) std::atomic<std::uint64_t> head_{0};    // single slots
+  alignas(64) std::atomic<std::uint64_t> chains_{kNil};  // chains (free_run), tag 0
   alignas(64) std::atomic<std::uint64_t> allocated_{0};  // publishers
   alignas(64) std::atomic<std::uint64_t> freed_{0};      // workers
   mutable std::mutex mags_mu_;
   Magazine* mags_ = nullptr;  // attached magazines (mags_mu_)
 };
 
-/// A worker's batch of slots to free with one CAS. Flush before the worker
-/// moves to another lane (the chain belongs to one pool).
+/// A worker's batch of slots to free with one CAS (a chain, free_run): up
+/// to chain_max() slots, and at most an eighth of the pool (a small pool's
+/// slots do not wait in a chain). A worker keeps one across lane runs
+/// (WorkerLocal, scheduler.cpp) and flushes it when it goes idle or binds it
+/// to another pool; a chain of its own (run_lane off a worker) flushes when
+/// it goes out of scope.
 class FreeChain {
  public:
-  explicit FreeChain(MessagePool& pool) noexcept : pool_(pool) {}
+  FreeChain() noexcept = default;
+  explicit FreeChain(MessagePool& pool) noexcept { bind(pool); }
   ~FreeChain() { flush(); }
   FreeChain(const FreeChain&) = delete;
   FreeChain& operator=(const FreeChain&) = delete;
 
+  /// Free into `pool` from now on (flushes slots of another pool first).
+  void bind(MessagePool& pool) noexcept {
+    if (pool_ == &pool) return;
+    flush();
+    pool_ = &pool;
+    max_ = std::max<std::uint32_t>(1, std::min(pool.chain_max(), pool.capacity() / 8));
+  }
   void release(Slot* s) noexcept {
     if (!MessagePool::unref(s)) return;
-    pool_.recycle(s);
-    pool_.link(s, first_);
-    if (first_ == nullptr) last_ = s;
-    first_ = s;
-    if (++count_ == kMax) flush();
+    pool_->recycle(s);
+    slots_[count_] = s;
+    if (++count_ == max_) flush();
   }
   void flush() noexcept {
     if (count_ == 0) return;
-    pool_.free_chain(first_, last_, count_);
-    first_ = last_ = nullptr;
+    pool_->free_run(slots_, count_);
     count_ = 0;
   }
+  bool empty() const noexcept { return count_ == 0; }
 
  private:
-  static constexpr std::uint32_t kMax = 32;
-  MessagePool& pool_;
-  Slot* first_ = nullptr;
-  Slot* last_ = nullptr;
+  MessagePool* pool_ = nullptr;
+  std::uint32_t max_ = 1;
   std::uint32_t count_ = 0;
+  Slot* slots_[Magazine::kMax];
 };
 
 }  // namespace lanebus::detail
