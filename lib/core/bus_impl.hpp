@@ -40,10 +40,13 @@
 //   owner publishes without a locked instruction: a slot from its magazine,
 //   plain ring appends (lane_ring.hpp invariant 4), plain lane and usage
 //   counters. The slot taken against `closing` (shutdown's Dekker) uses a
-//   light fence, and shutdown pays a heavy one (asym_fence.hpp); the ring
-//   entry against the lane's `scheduled` flag keeps a full fence on the
-//   publisher (a heavy fence per lane going idle cost more: one membarrier
-//   per lane run when a worker serves several lanes). Each solo publish runs inside an
+//   light fence, and shutdown pays a heavy one (asym_fence.hpp); so does the
+//   ring entry against the lane's `scheduled` flag: a light fence after the
+//   append, a heavy one when a worker lets go of a lane of a topic that was
+//   ever solo (BusCore::let_go). Workers hold emptied lanes instead of
+//   letting go (scheduler.cpp, "Held lanes"), so that heavy fence runs about
+//   once per worker going to sleep, not once per lane run (which cost more
+//   than a full fence per publish). Each solo publish runs inside an
 //   `in_push` window of its publisher slot (store in_push, light fence,
 //   re-check owner). Any other publish first makes the topic shared for good
 //   (owner = 1): it swaps the owner out, runs a heavy fence and waits for
@@ -171,6 +174,10 @@ struct alignas(64) GroupLane : TimerEntry {
 
   // Owned by the worker running the lane.
   alignas(64) Slot* current = nullptr;  // taken from the ring, not yet finished (retry pending)
+  /// Held lanes (scheduler.cpp): the worker index + 1 that keeps this
+  /// scheduled, empty lane and polls it; 0 when not held. Whoever swaps it
+  /// to 0 runs (or releases) the lane.
+  std::atomic<std::uint32_t> holder{0};
   std::uint32_t attempts = 0;           // deliveries of `current` so far
   std::int64_t retry_delay_ns = 0;      // backoff before the pending retry (0 = at once)
   std::int64_t first_failure_ns = 0;    // first failed attempt of the head message (0 = none yet)
@@ -373,6 +380,11 @@ class TopicImpl {
   /// the publisher of slot k. Goes 0 → k + 2 → 0 (its publisher is gone),
   /// and to 1 from any state, for good.
   std::atomic<std::uintptr_t> owner{0};
+  /// Set (for good) by the first solo claim, which then runs a heavy fence:
+  /// from then on a worker letting go of one of this topic's lanes runs the
+  /// heavy fence too, because solo appends end with a light one
+  /// (BusCore::let_go, "Solo publishers").
+  std::atomic<bool> ever_solo{false};
   /// The namespace holding the topic (tenancy.hpp); set at creation, swapped
   /// when a covering namespace is declared. Never null after creation.
   std::atomic<NamespaceState*> ns{nullptr};
@@ -439,6 +451,28 @@ struct alignas(64) PublisherSlot {
   std::atomic<bool> used{false};
 };
 
+/// A worker's held lanes (scheduler.cpp, "Held lanes"): written by the
+/// worker, read by idle workers that may steal one.
+struct alignas(64) HeldLanes {
+  static constexpr std::uint32_t kMax = 32;
+  std::atomic<std::uint32_t> count{0};
+  std::atomic<GroupLane*> lane[kMax] = {};
+};
+
+/// A worker thread's own state (scheduler.cpp).
+struct WorkerLocal {
+  WorkerLocal(std::uint32_t i, HeldLanes* h) noexcept : index(i), tag(i + 1), held(h) {}
+  const std::uint32_t index;
+  const std::uint32_t tag;  // GroupLane::holder of the lanes this worker holds
+  HeldLanes* const held;
+  std::uint32_t next = 0;        // round robin over held lanes
+  std::int32_t run_slot = -1;    // held-array index of the lane running now, if it came from there
+  GroupLane* candidate = nullptr;  // steal: a lane of another worker seen ready ...
+  std::uint64_t candidate_head = 0;  // ... at this ring position
+  FreeChain frees;               // slots freed by this worker's runs, returned a chain at a time
+};
+extern thread_local WorkerLocal* tl_worker;
+
 class BusCore : public std::enable_shared_from_this<BusCore> {
  public:
   explicit BusCore(const BusOptions& options);
@@ -461,6 +495,15 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// side of the Dekker hand-off (seq_cst; the publisher's side is a seq_cst
   /// append or a full fence after a solo append).
   void unschedule(GroupLane* gl) noexcept { gl->scheduled.store(false, std::memory_order_seq_cst); }
+  /// After unschedule, before the caller looks at the ring: the heavy fence
+  /// when the lane's topic was ever solo (its appends end with a light one).
+  static void fence_after_unschedule(const GroupLane* gl) noexcept;
+  /// unschedule, the fence, and schedule again if a message came meanwhile.
+  void let_go(GroupLane* gl) noexcept {
+    unschedule(gl);
+    fence_after_unschedule(gl);
+    if (gl->ring.ready()) schedule(gl);
+  }
 
   /// Publisher slots (solo ownership, usage tallies): kNoPublisherSlot when all are taken.
   static constexpr std::uint32_t kPublisherSlots = kPublisherTallies;
@@ -501,6 +544,23 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
  private:
   void worker_main(std::size_t index);
+  /// The next lane for worker `me` (its held lanes, the run queue, other
+  /// workers' held lanes, then parked); nullptr once the queue is stopped.
+  GroupLane* next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& pick) noexcept;
+  /// Run a lane taken by next_lane (tenancy's consume quota first).
+  void run_taken(WorkerLocal& me, GroupLane* gl, const FairRunQueue<GroupLane>::Pick& pick);
+  /// One of `me`'s held lanes that has a message, taken (holder swapped to 0).
+  GroupLane* take_held(WorkerLocal& me) noexcept;
+  /// A held lane of another worker that has had a message for two looks.
+  GroupLane* steal_held(WorkerLocal& me) noexcept;
+  /// Let go of every lane `me` holds: unschedule each (the Dekker hand-off),
+  /// scheduling again the ones a message reached meanwhile.
+  void release_held(WorkerLocal& me) noexcept;
+  /// run_lane's end: keep the emptied lane scheduled in the running
+  /// worker's held lanes instead of unscheduling it. False: unschedule it.
+  bool hold(GroupLane* gl) noexcept;
+  /// Does work wait elsewhere (the run queue, or a held lane of this worker)?
+  bool other_work() const noexcept;
   void run_lane(GroupLane* gl);
   /// run_lane's plain fast path (ephemeral_lane.cpp, doc/performance.md).
   std::int64_t run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
@@ -586,6 +646,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::map<std::string, std::unique_ptr<TopicImpl>, std::less<>> topics_ GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
   FairRunQueue<GroupLane> runq_;  // lanes with work, shared by namespace weight
+  std::unique_ptr<HeldLanes[]> held_;  // per worker (scheduler.cpp)
+  std::size_t worker_count_ = 0;
   std::atomic<bool> closing_{false};
   std::atomic<bool> abandon_{false};
   std::atomic<bool> stopped_{false};

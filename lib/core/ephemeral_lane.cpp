@@ -44,6 +44,7 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
   const std::uint64_t read_pos = gl->read_pos;
   if (earliest != 0 && timer_) timer_->arm(&gl->wake, earliest);
   unschedule(gl);
+  if (!durable) fence_after_unschedule(gl);
   // The wake may have fired before the flag was cleared (schedule() then saw
   // the lane scheduled and did nothing): check the time ourselves.
   const bool due = earliest != 0 && RetryTimer::now_ns() >= earliest;
@@ -55,22 +56,24 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
 
 // ---------------------------------------------------------------- the plain fast path
 
-// Waits on a lane the plain runner just emptied, while no other lane waits,
-// for as long as an idle worker would spin on the run queue (BusOptions::spin,
-// at least 1 µs). A producer in a stream publishes again within it, and the
-// lane stays scheduled: no trip through the run queue and no unschedule (with
-// its heavy fence on solo topics) per message. True when `found` found one.
+// Waits on a lane the plain runner just emptied, while no other work waits
+// (the run queue, this worker's held lanes), for as long as an idle worker
+// would spin (BusOptions::spin, at least 1 µs). A producer in a stream
+// publishes again within it, and the run goes on: no unschedule, no trip
+// through the run queue. The freed slots go back once the wait is not
+// short (a publisher may be waiting for them). True when `found` found one.
 template <class Found>
 bool BusCore::linger(FreeChain& frees, Found&& found) noexcept {
-  if (runq_.size_approx() != 0) return false;
-  frees.flush();
+  if (other_work()) return false;
   const std::int64_t linger_ns = std::max<std::int64_t>(options.spin.count(), 1'000);
   std::int64_t until = 0;
   for (std::uint32_t spin = 1;; ++spin) {
     cpu_relax();
     if (found()) return true;
+    if ((spin & 15) != 0) continue;
+    if (spin == 256) frees.flush();
+    if (other_work() || closing()) return false;
     if ((spin & 63) != 0) continue;
-    if (runq_.size_approx() != 0 || closing()) return false;
     const std::int64_t now = now_ns();
     if (until == 0) {
       until = now + linger_ns;
@@ -140,6 +143,8 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
       if (!linger(frees, [&] { return take(idx); })) break;
     }
     Slot* s = pool.at(idx);
+    // The next message's slot, fetched while this one's handler runs.
+    if (std::uint32_t next; single && ring.peek_single(0, next)) __builtin_prefetch(pool.at(next));
     const std::int64_t created_at = s->header.created_at_ns;
     if (metrics) gl->oldest_ns.store(created_at, std::memory_order_relaxed);
     const std::string_view payload = s->payload();
@@ -281,6 +286,7 @@ void BusCore::run_lane(GroupLane* gl) {
     // lanes once a consumer exists (Dekker on enabled / scheduled).
     const bool holding = gl->current != nullptr || !gl->parked.empty();  // owner-only: read before releasing
     unschedule(gl);
+    fence_after_unschedule(gl);
     if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) schedule(gl);
     return;
   }
@@ -288,7 +294,10 @@ void BusCore::run_lane(GroupLane* gl) {
   // Topics without DropOldest have one dequeuer per lane ring (its owner).
   const bool single = g->topic->options.backpressure != Backpressure::DropOldest;
   auto take = [&](std::uint32_t& idx) { return single ? gl->ring.try_dequeue_single(idx) : gl->ring.try_dequeue(idx); };
-  FreeChain frees(pool);
+  // The worker's chain of freed slots outlives the run (WorkerLocal).
+  FreeChain own_frees;
+  FreeChain& frees = tl_worker != nullptr ? tl_worker->frees : own_frees;
+  frees.bind(pool);
   const bool metrics = options.metrics;
   const bool kp = g->options.key_parallel_retry;
   const std::size_t limit = g->options.key_parallel_limit;
@@ -327,7 +336,7 @@ void BusCore::run_lane(GroupLane* gl) {
           // The lane is empty. If no other lane waits, linger briefly: a
           // producer in a burst is likely to publish again within the spin,
           // which saves a trip through the run queue per message.
-          if (c == nullptr || runq_.size_approx() != 0 || !gl->parked.empty()) break;
+          if (c == nullptr || other_work() || !gl->parked.empty()) break;
           frees.flush();
           bool got = false;
           for (int spin = 0; spin < 64 && !got; ++spin) {
@@ -410,7 +419,7 @@ void BusCore::run_lane(GroupLane* gl) {
     }
     frees.release(s);
   }
-  frees.flush();
+  if (&frees == &own_frees || gl->current != nullptr || !gl->parked.empty()) frees.flush();
   gl->parked_count.store(gl->parked.size(), std::memory_order_relaxed);
   if (metrics && gl->current == nullptr && gl->parked.empty() && !gl->ring.ready())
     gl->oldest_ns.store(0, std::memory_order_relaxed);
@@ -440,8 +449,9 @@ void BusCore::run_lane(GroupLane* gl) {
     }
     return;
   }
-  unschedule(gl);
-  if (gl->ring.ready()) schedule(gl);
+  // Emptied: the worker holds it (scheduler.cpp, "Held lanes"), or lets go.
+  if (c != nullptr && hold(gl)) return;
+  let_go(gl);
 }
 
 }  // namespace lanebus::detail

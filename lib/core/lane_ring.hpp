@@ -75,6 +75,8 @@ class LaneRing {
     cell->value = value;
     cell->seq.store(pos + 1, std::memory_order_release);
     tail_.store(pos + 1, std::memory_order_relaxed);
+    // The next cell, for writing (the worker's dequeue wrote it last).
+    __builtin_prefetch(&cells_[(pos + 1) & mask_], 1);
   }
 
   /// enqueue_bulk for the topic's solo publisher (invariant 4), without the
@@ -172,6 +174,9 @@ class LaneRing {
     std::uint64_t pos = head_.load(std::memory_order_seq_cst);
     return cells_[pos & mask_].seq.load(std::memory_order_seq_cst) == pos + 1;
   }
+
+  /// The position of the oldest entry (a steal's second look, scheduler.cpp).
+  std::uint64_t head_position() const noexcept { return head_.load(std::memory_order_relaxed); }
 
   /// Entries claimed and not yet taken (approximate while others run).
   std::uint64_t size_approx() const noexcept {

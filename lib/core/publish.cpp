@@ -94,7 +94,16 @@ Status shut_down() noexcept { return Status::from_literal(Code::ShutDown, "publi
 bool open_window(TopicImpl& t, std::uint32_t slot) noexcept {
   const std::uintptr_t tag = std::uintptr_t{slot} + 2;
   std::uintptr_t o = t.owner.load(std::memory_order_relaxed);
-  if (o == 0 && t.owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) o = tag;
+  if (o == 0 && t.owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+    o = tag;
+    if (!t.ever_solo.load(std::memory_order_relaxed)) {
+      // The first solo claim: every worker that lets go of a lane of this
+      // topic from now on sees ever_solo and runs the heavy fence; one that
+      // read it false did so before this fence, so we see its flag store.
+      t.ever_solo.store(true, std::memory_order_seq_cst);
+      AsymmetricFence::heavy();
+    }
+  }
   if (o == tag) {
     PublisherSlot& ps = t.bus->publisher_slot(slot);
     ps.in_push.store(1, std::memory_order_relaxed);
@@ -183,10 +192,9 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
   auto push = [&](GroupLane* gl) {
     if (solo) {
       gl->ring.push_solo(index);
-      // The entry, then the flag (the Dekker hand-off with unschedule). A
-      // full fence, not the light one: a heavy fence per lane that goes idle
-      // cost more than this one (membarrier IPIs, doc/performance.md).
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      // The entry, then the flag (the Dekker hand-off with let_go, which
+      // runs the heavy fence for a topic that was ever solo).
+      AsymmetricFence::light();
     } else {
       while (!gl->ring.try_enqueue(index)) std::this_thread::yield();
     }
@@ -568,7 +576,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         GroupLane* gl = targets[t]->lanes[lane].get();
         if (solo) {
           gl->ring.enqueue_bulk_solo(run, len);
-          std::atomic_thread_fence(std::memory_order_seq_cst);  // the entries, then the flag (as publish_via)
+          AsymmetricFence::light();  // the entries, then the flag (as publish_via)
         } else {
           gl->ring.enqueue_bulk(run, len);
         }

@@ -74,6 +74,8 @@ Status BusCore::start() {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
   }
   std::size_t n = options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency());
+  held_ = std::make_unique<HeldLanes[]>(n);
+  worker_count_ = n;
   try {
     workers_.reserve(n);
     for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
@@ -214,42 +216,222 @@ void BusCore::watchdog_main() {
   }
 }
 
-void BusCore::worker_main(std::size_t /*index*/) {
+// ---------------------------------------------------------------- held lanes
+//
+// A worker that runs a lane empty keeps it scheduled and remembers it (its
+// HeldLanes) instead of clearing the flag: a publisher that appends to it
+// then finds it scheduled and does nothing else (no run queue, no wake), and
+// the worker finds the message by polling the lane's ring between runs. A
+// stream spread over many lanes (16 keys over 8 lanes) otherwise costs a
+// flag swap, a run-queue push and pop and an unschedule per message.
+// - Ownership: GroupLane::holder is the holding worker's tag; whoever swaps
+//   it to 0 (the holder, or a thief) runs the lane, exactly as if it had
+//   taken it from the run queue. The flag stays set throughout.
+// - Latency: a held lane runs only when its holder looks. The holder looks
+//   between runs and while idle; an idle worker steals a held lane of
+//   another worker that had a message at two of its looks in a row (its
+//   holder is busy in a handler), so a message never waits out another
+//   lane's long handler while a worker is free.
+// - Fairness: held lanes and the run queue take turns. Once two namespaces
+//   have competed for workers (FairRunQueue::contended) nothing is held:
+//   every run goes through the fair queue and is charged.
+// - Letting go: before it parks, a worker unschedules every lane it holds
+//   (store, fence, check the ring: the worker's side of the Dekker hand-off)
+//   and schedules again any that a message reached meanwhile.
+
+thread_local WorkerLocal* tl_worker = nullptr;
+
+bool BusCore::hold(GroupLane* gl) noexcept {
+  WorkerLocal* me = tl_worker;
+  if (me == nullptr || runq_.contended() || abandon_.load(std::memory_order_relaxed) || closing()) return false;
+  HeldLanes& h = *me->held;
+  std::uint32_t n = h.count.load(std::memory_order_relaxed);
+  bool listed = me->run_slot >= 0 && h.lane[me->run_slot].load(std::memory_order_relaxed) == gl;
+  for (std::uint32_t i = 0; i < n && !listed; ++i) listed = h.lane[i].load(std::memory_order_relaxed) == gl;
+  if (!listed) {
+    if (n == HeldLanes::kMax) return false;
+    h.lane[n].store(gl, std::memory_order_relaxed);
+    h.count.store(n + 1, std::memory_order_release);
+  }
+  // release: the lane's owner state (written by this run) before a thief's swap.
+  gl->holder.store(me->tag, std::memory_order_release);
+  return true;
+}
+
+namespace {
+/// Drop entry i of the owner's held array (order does not matter).
+void drop_held(HeldLanes& h, std::uint32_t i) noexcept {
+  const std::uint32_t n = h.count.load(std::memory_order_relaxed);
+  h.lane[i].store(h.lane[n - 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  h.count.store(n - 1, std::memory_order_release);
+}
+}  // namespace
+
+GroupLane* BusCore::take_held(WorkerLocal& me) noexcept {
+  HeldLanes& h = *me.held;
+  const std::uint32_t n = h.count.load(std::memory_order_relaxed);
+  for (std::uint32_t k = 0; k < n; ++k) {
+    const std::uint32_t i = (me.next + k) % n;
+    GroupLane* gl = h.lane[i].load(std::memory_order_relaxed);
+    std::uint32_t tag = gl->holder.load(std::memory_order_relaxed);
+    if (tag != me.tag) {
+      drop_held(h, i);  // stolen
+      return nullptr;   // (the array moved; look again next time)
+    }
+    if (!gl->ring.ready()) continue;
+    // acq_rel: pairs with a thief's swap and with our own hold (release).
+    if (!gl->holder.compare_exchange_strong(tag, 0, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      drop_held(h, i);
+      return nullptr;
+    }
+    me.next = i + 1;
+    me.run_slot = static_cast<std::int32_t>(i);
+    return gl;
+  }
+  return nullptr;
+}
+
+GroupLane* BusCore::steal_held(WorkerLocal& me) noexcept {
+  for (std::size_t w = 0; w < worker_count_; ++w) {
+    if (w == me.index) continue;
+    HeldLanes& h = held_[w];
+    const std::uint32_t n = std::min(h.count.load(std::memory_order_acquire), HeldLanes::kMax);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      GroupLane* gl = h.lane[i].load(std::memory_order_relaxed);
+      if (gl == nullptr) continue;
+      std::uint32_t tag = static_cast<std::uint32_t>(w + 1);
+      if (gl->holder.load(std::memory_order_relaxed) != tag || !gl->ring.ready()) continue;
+      const std::uint64_t head = gl->ring.head_position();
+      if (me.candidate != gl || me.candidate_head != head) {
+        me.candidate = gl;  // seen once: steal it if it is still there next look
+        me.candidate_head = head;
+        continue;
+      }
+      me.candidate = nullptr;
+      if (gl->holder.compare_exchange_strong(tag, 0, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+        me.run_slot = -1;
+        return gl;
+      }
+    }
+  }
+  return nullptr;
+}
+
+void BusCore::fence_after_unschedule(const GroupLane* gl) noexcept {
+  if (gl->group->topic->ever_solo.load(std::memory_order_seq_cst)) AsymmetricFence::heavy();
+}
+
+void BusCore::release_held(WorkerLocal& me) noexcept {
+  // Every flag first, then one fence for all of them, then the rings.
+  HeldLanes& h = *me.held;
+  const std::uint32_t n = h.count.load(std::memory_order_relaxed);
+  GroupLane* mine[HeldLanes::kMax];
+  std::uint32_t k = 0;
+  bool heavy = false;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    GroupLane* gl = h.lane[i].load(std::memory_order_relaxed);
+    std::uint32_t tag = me.tag;
+    if (!gl->holder.compare_exchange_strong(tag, 0, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
+    unschedule(gl);
+    heavy = heavy || gl->group->topic->ever_solo.load(std::memory_order_seq_cst);
+    mine[k++] = gl;
+  }
+  h.count.store(0, std::memory_order_release);
+  me.next = 0;
+  if (heavy) AsymmetricFence::heavy();
+  for (std::uint32_t i = 0; i < k; ++i)
+    if (mine[i]->ring.ready()) schedule(mine[i]);
+}
+
+bool BusCore::other_work() const noexcept {
+  if (runq_.size_approx() != 0) return true;
+  const WorkerLocal* me = tl_worker;
+  if (me == nullptr) return false;
+  const HeldLanes& h = *me->held;
+  const std::uint32_t n = h.count.load(std::memory_order_relaxed);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const GroupLane* gl = h.lane[i].load(std::memory_order_relaxed);
+    if (gl->holder.load(std::memory_order_relaxed) == me->tag && gl->ring.ready()) return true;
+  }
+  return false;
+}
+
+GroupLane* BusCore::next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& pick) noexcept {
   using clock = std::chrono::steady_clock;
+  // Held lanes and the run queue take turns (a lane from one, then the other first).
+  const bool runq_first = me.run_slot >= 0;
+  me.run_slot = -1;
+  pick = {};
+  if (runq_first && runq_.try_dequeue(pick)) return pick.lane;
+  if (GroupLane* gl = take_held(me)) return gl;
+  if (!runq_first && runq_.try_dequeue(pick)) return pick.lane;
+  // Idle: give the freed slots back, then spin looking everywhere.
+  me.frees.flush();
+  if (options.spin.count() > 0) {
+    const auto until = clock::now() + options.spin;
+    for (std::uint32_t i = 1; !runq_.stopped(); ++i) {
+      if (runq_.try_dequeue(pick)) return pick.lane;
+      if (GroupLane* gl = take_held(me)) return gl;
+      if ((i & 7) == 0 && worker_count_ > 1) {
+        if (GroupLane* gl = steal_held(me)) return gl;
+      }
+      if ((i & 63) == 0 && clock::now() >= until) break;
+      cpu_relax();
+    }
+  }
+  // Park: no CPU until a lane is scheduled. Let go of the held lanes first
+  // (any that got a message meanwhile goes to the run queue). nullptr:
+  // shutdown() stopped the queue (lanes still queued then are released by
+  // release_remaining()).
+  release_held(me);
+  if (runq_.try_dequeue(pick)) return pick.lane;
+  if (runq_.stopped() || !runq_.wait_dequeue(pick)) return nullptr;
+  return pick.lane;
+}
+
+void BusCore::run_taken(WorkerLocal& me, GroupLane* gl, const FairRunQueue<GroupLane>::Pick& pick) {
+  // Tenancy: a namespace over its consume quota runs its lanes later
+  // (slowed, not failed); what the lane delivered is counted and charged.
+  // acquire (here and in enqueue_lane): declaring a namespace creates its
+  // NamespaceState on another thread and rebinds the topic with a release store.
+  NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_acquire);
+  if (ns != nullptr && !abandon_.load(std::memory_order_relaxed)) {
+    if (const std::int64_t wait = ns->consume_wait(); wait > 0) {
+      if (me.run_slot >= 0) drop_held(*me.held, static_cast<std::uint32_t>(me.run_slot));
+      me.run_slot = -1;
+      requeue(gl, wait);
+      return;
+    }
+  }
+  tl_delivered_msgs = 0;
+  tl_delivered_bytes = 0;
+  // Fair sharing (fair_queue.hpp): the run's time is charged to the
+  // namespace it was queued in; a bus that never had two namespaces with
+  // work at once reads no clock here.
+  const std::int64_t started = pick.timed ? RetryTimer::now_ns() : 0;
+  run_lane(gl);
+  if (pick.timed) runq_.charge(pick, RetryTimer::now_ns() - started);
+  if (ns != nullptr && tl_delivered_msgs != 0) ns->delivered(tl_delivered_msgs, tl_delivered_bytes);
+  // Taken from the held array and not held again: drop its entry.
+  if (me.run_slot >= 0 && gl->holder.load(std::memory_order_relaxed) != me.tag) {
+    HeldLanes& h = *me.held;
+    const auto i = static_cast<std::uint32_t>(me.run_slot);
+    if (i < h.count.load(std::memory_order_relaxed) && h.lane[i].load(std::memory_order_relaxed) == gl) drop_held(h, i);
+  }
+}
+
+void BusCore::worker_main(std::size_t index) {
+  WorkerLocal me(static_cast<std::uint32_t>(index), &held_[index]);
+  tl_worker = &me;
   workers_ready_.fetch_add(1, std::memory_order_release);
   for (;;) {
     FairRunQueue<GroupLane>::Pick pick;
-    bool got = runq_.try_dequeue(pick);
-    if (!got && options.spin.count() > 0) {
-      auto until = clock::now() + options.spin;
-      for (std::uint32_t i = 1; !got && !runq_.stopped(); ++i) {
-        got = runq_.try_dequeue(pick);
-        if (!got && (i & 63) == 0 && clock::now() >= until) break;
-      }
-    }
-    // Park: no CPU until a lane is scheduled. False: shutdown() stopped the
-    // queue (lanes still queued then are released by release_remaining()).
-    if (!got && (runq_.stopped() || !runq_.wait_dequeue(pick))) return;
-    GroupLane* gl = pick.lane;
-    // Tenancy: a namespace over its consume quota runs its lanes later
-    // (slowed, not failed); what the lane delivered is counted and charged.
-    NamespaceState* ns = gl->group->topic->ns.load(std::memory_order_acquire);
-    if (ns != nullptr && !abandon_.load(std::memory_order_relaxed)) {
-      if (const std::int64_t wait = ns->consume_wait(); wait > 0) {
-        requeue(gl, wait);
-        continue;
-      }
-    }
-    tl_delivered_msgs = 0;
-    tl_delivered_bytes = 0;
-    // Fair sharing (fair_queue.hpp): the run's time is charged to the
-    // namespace it was queued in; a bus that never had two namespaces with
-    // work at once reads no clock here.
-    const std::int64_t started = pick.timed ? RetryTimer::now_ns() : 0;
-    run_lane(gl);
-    if (pick.timed) runq_.charge(pick, RetryTimer::now_ns() - started);
-    if (ns != nullptr && tl_delivered_msgs != 0) ns->delivered(tl_delivered_msgs, tl_delivered_bytes);
+    GroupLane* gl = next_lane(me, pick);
+    if (gl == nullptr) break;
+    run_taken(me, gl, pick);
   }
+  me.frees.flush();  // shutdown counts slots in use until every one is back
+  tl_worker = nullptr;
 }
 
 std::int64_t BusCore::slots_in_use() const {
