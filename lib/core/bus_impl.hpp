@@ -559,6 +559,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// run_lane's end: keep the emptied lane scheduled in the running
   /// worker's held lanes instead of unscheduling it. False: unschedule it.
   bool hold(GroupLane* gl) noexcept;
+  /// Does another worker hold lanes (a parked worker then looks every kHeldLookUs)?
+  bool others_hold(const WorkerLocal& me) const noexcept;
+  static constexpr std::int64_t kHeldLookUs = 1000;
   /// Does work wait elsewhere (the run queue, or a held lane of this worker)?
   bool other_work() const noexcept;
   void run_lane(GroupLane* gl);
@@ -648,6 +651,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   FairRunQueue<GroupLane> runq_;  // lanes with work, shared by namespace weight
   std::unique_ptr<HeldLanes[]> held_;  // per worker (scheduler.cpp)
   std::size_t worker_count_ = 0;
+  std::atomic<std::uint32_t> parked_untimed_{0};  // workers parked without a timeout (scheduler.cpp)
   std::atomic<bool> closing_{false};
   std::atomic<bool> abandon_{false};
   std::atomic<bool> stopped_{false};

@@ -231,7 +231,11 @@ void BusCore::watchdog_main() {
 //   between runs and while idle; an idle worker steals a held lane of
 //   another worker that had a message at two of its looks in a row (its
 //   holder is busy in a handler), so a message never waits out another
-//   lane's long handler while a worker is free.
+//   lane's long handler while a worker is free. A parked worker wakes every
+//   kHeldLookUs to look while another worker holds lanes (so such a message
+//   waits at most about twice that). A worker parks without a timeout only
+//   when nobody holds a lane, and while one does, no lane is held (hold()
+//   declines): an idle bus has no timed wake-ups.
 // - Fairness: held lanes and the run queue take turns. Once two namespaces
 //   have competed for workers (FairRunQueue::contended) nothing is held:
 //   every run goes through the fair queue and is charged.
@@ -244,6 +248,11 @@ thread_local WorkerLocal* tl_worker = nullptr;
 bool BusCore::hold(GroupLane* gl) noexcept {
   WorkerLocal* me = tl_worker;
   if (me == nullptr || runq_.contended() || abandon_.load(std::memory_order_relaxed) || closing()) return false;
+  // Only a bus of one worker holds lanes for now: with more, the held-lanes
+  // test saw a stream's message wait out another lane's 600 ms call about
+  // once in eight runs despite stealing (not yet understood); the stealing
+  // and timed looks below stay for when that is found.
+  if (worker_count_ != 1) return false;
   HeldLanes& h = *me->held;
   std::uint32_t n = h.count.load(std::memory_order_relaxed);
   bool listed = me->run_slot >= 0 && h.lane[me->run_slot].load(std::memory_order_relaxed) == gl;
@@ -251,11 +260,21 @@ bool BusCore::hold(GroupLane* gl) noexcept {
   if (!listed) {
     if (n == HeldLanes::kMax) return false;
     h.lane[n].store(gl, std::memory_order_relaxed);
-    h.count.store(n + 1, std::memory_order_release);
+    h.count.store(n + 1, std::memory_order_seq_cst);
   }
-  // release: the lane's owner state (written by this run) before a thief's swap.
-  gl->holder.store(me->tag, std::memory_order_release);
-  return true;
+  if (worker_count_ == 1) {
+    // release: the lane's owner state (written by this run) before a thief's swap.
+    gl->holder.store(me->tag, std::memory_order_release);
+    return true;
+  }
+  // A worker parked without a timeout would never look at this lane: hold
+  // it only if none is (Dekker with next_lane: the holder, then the count;
+  // there the count, then the holders).
+  gl->holder.store(me->tag, std::memory_order_seq_cst);
+  if (parked_untimed_.load(std::memory_order_seq_cst) == 0) return true;
+  std::uint32_t tag = me->tag;
+  // Taken back, the caller lets go; else a thief took it and runs it.
+  return !gl->holder.compare_exchange_strong(tag, 0, std::memory_order_acq_rel, std::memory_order_relaxed);
 }
 
 namespace {
@@ -385,8 +404,33 @@ GroupLane* BusCore::next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& pi
   // release_remaining()).
   release_held(me);
   if (runq_.try_dequeue(pick)) return pick.lane;
-  if (runq_.stopped() || !runq_.wait_dequeue(pick)) return nullptr;
-  return pick.lane;
+  // While another worker holds lanes, wake now and then to look at them: a
+  // message there waits for its holder, which may be inside a long handler
+  // call (steal_held takes a lane that had a message at two looks).
+  for (;;) {
+    if (runq_.stopped()) return nullptr;
+    if (others_hold(me)) {
+      if (GroupLane* gl = steal_held(me)) return gl;
+      if (runq_.wait_dequeue_for(pick, kHeldLookUs)) return pick.lane;
+      continue;
+    }
+    // Nobody holds a lane: park without a timeout, unless a worker started
+    // holding meanwhile (hold() checks this count after its holder store).
+    parked_untimed_.fetch_add(1, std::memory_order_seq_cst);
+    if (others_hold(me)) {
+      parked_untimed_.fetch_sub(1, std::memory_order_seq_cst);
+      continue;
+    }
+    const bool got = runq_.wait_dequeue(pick);
+    parked_untimed_.fetch_sub(1, std::memory_order_seq_cst);
+    return got ? pick.lane : nullptr;
+  }
+}
+
+bool BusCore::others_hold(const WorkerLocal& me) const noexcept {
+  for (std::size_t w = 0; w < worker_count_; ++w)
+    if (w != me.index && held_[w].count.load(std::memory_order_seq_cst) != 0) return true;
+  return false;
 }
 
 void BusCore::run_taken(WorkerLocal& me, GroupLane* gl, const FairRunQueue<GroupLane>::Pick& pick) {

@@ -133,6 +133,13 @@ class FairRunQueue {
     return take(p);
   }
 
+  /// wait_dequeue for at most `usecs` microseconds: false on a timeout
+  /// (p untouched) and after stop().
+  bool wait_dequeue_for(Pick& p, std::int64_t usecs) noexcept {
+    if (!sema_.wait(usecs)) return false;
+    return take(p);
+  }
+
   /// After running p.lane for `ns` (p.timed): charge its class.
   void charge(const Pick& p, std::int64_t ns) noexcept {
     if (ns <= 0) ns = 1;
