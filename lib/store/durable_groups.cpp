@@ -78,10 +78,9 @@ Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_vie
 Result<GroupRef> DurableStore::find_group(const TopicRef& topic, std::string_view name) {
   Status s = check_name(name, "group");
   if (!s.ok()) return s;
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  if (!(s = check_open()).ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   auto v = txn->get(dbi_groups_, group_key(topic.id, name));
   if (!v.ok()) {
     if (v.code() == Code::NotFound) return Status(Code::NotFound, "group " + quoted(name) + " of " + quoted(topic.name) + " not found");
@@ -92,11 +91,9 @@ Result<GroupRef> DurableStore::find_group(const TopicRef& topic, std::string_vie
 }
 
 Result<std::vector<GroupRef>> DurableStore::list_groups(const TopicRef& topic) {
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  Status s = check_open();
-  if (!s.ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   auto c = LmdbCursor::open(*txn, dbi_groups_, options_.directory);
   if (!c.ok()) return c.status();
   std::string prefix = group_key(topic.id, "");
@@ -114,13 +111,11 @@ Result<std::vector<GroupRef>> DurableStore::list_groups(const TopicRef& topic) {
 }
 
 Result<std::vector<GroupLaneInfo>> DurableStore::group_info(const GroupRef& group) {
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  Status s = check_open();
-  if (!s.ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   std::vector<GroupLaneInfo> out(group.lanes);
-  const std::int64_t now = wall_now_ns();
+  const std::int64_t now = WallClock::realtime_ns();
   auto c = LmdbCursor::open(*txn, dbi_inflight_, options_.directory);
   if (!c.ok()) return c.status();
   for (std::uint32_t lane = 0; lane < group.lanes; ++lane) {

@@ -58,11 +58,9 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "read " + quoted(topic.name) + ": lane " + std::to_string(lane) + " out of range");
   }
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  Status s = check_open();
-  if (!s.ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   auto ls = read_lane(*txn, dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
   b.skipped = 0;
@@ -104,7 +102,7 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
         b.spare.pop_back();
       }
     }
-    s = decode_record(c->value(), topic.name, lane, off, &b.messages[used]);
+    Status s = decode_record(c->value(), topic.name, lane, off, &b.messages[used]);
     if (!s.ok()) {
       b.messages.clear();
       return s;
@@ -131,11 +129,9 @@ Result<LaneInfo> DurableStore::lane_info(const TopicRef& topic, std::uint32_t la
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + quoted(topic.name) + " out of range");
   }
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  Status s = check_open();
-  if (!s.ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   auto ls = read_lane(*txn, dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
   return LaneInfo{ls->first, ls->next, ls->bytes, ls->count};
@@ -151,11 +147,9 @@ Result<std::uint64_t> DurableStore::offset_for_time(const TopicRef& topic, std::
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + quoted(topic.name) + " out of range");
   }
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  Status s = check_open();
-  if (!s.ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   auto ls = read_lane(*txn, dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
   return search_time(*txn, dbi_log_, topic.id, lane, *ls, ts_ns);

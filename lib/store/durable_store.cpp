@@ -176,6 +176,15 @@ Status DurableStore::check_open() const {
   return Status();
 }
 
+Result<DurableStore::ReadView> DurableStore::begin_read() const {
+  ReadView view{std::shared_lock<std::shared_mutex>(life_mutex_), LmdbTxn()};
+  if (Status s = check_open(); !s.ok()) return s;
+  auto txn = env_->begin_read();
+  if (!txn.ok()) return txn.status();
+  view.txn = std::move(*txn);
+  return view;
+}
+
 Status DurableStore::check_writable() const {
   if (options_.read_only) {
     return Status(Code::InvalidArgument, "store " + quoted(options_.directory) + " is open read-only");

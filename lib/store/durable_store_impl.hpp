@@ -7,7 +7,6 @@
 
 #include <condition_variable>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -17,6 +16,7 @@
 
 #include "coding.hpp"
 #include "durable_store.hpp"
+#include "wall_clock.hpp"  // WallClock::realtime_ns: the clock of claim deadlines and timestamps
 
 // Design notes
 //
@@ -95,12 +95,6 @@ inline std::string group_key(std::uint32_t tid, std::string_view name) {
   put_be32(k.data(), tid);
   k.append(name);
   return k;
-}
-
-inline std::int64_t wall_now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 // ---- per-lane bounds ----

@@ -102,10 +102,9 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
 Result<TopicRef> DurableStore::find_topic(std::string_view name) {
   Status s = check_name(name, "topic");
   if (!s.ok()) return s;
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  if (!(s = check_open()).ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   auto v = txn->get(dbi_topics_, name);
   if (!v.ok()) {
     if (v.code() == Code::NotFound) return Status(Code::NotFound, "topic " + quoted(name) + " not found in store " + quoted(options_.directory));
@@ -118,11 +117,9 @@ Result<TopicRef> DurableStore::find_topic(std::string_view name) {
 }
 
 Result<std::vector<TopicRef>> DurableStore::list_topics() {
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  Status s = check_open();
-  if (!s.ok()) return s;
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
   auto c = LmdbCursor::open(*txn, dbi_topics_, options_.directory);
   if (!c.ok()) return c.status();
   std::vector<TopicRef> out;

@@ -146,7 +146,7 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
       }
       break;
     }
-    WriteCtx ctx{this, &*txn, wall_now_ns(), Status(), {}, {}, false, 0, false, 0, 0, 0, 0};
+    WriteCtx ctx{this, &*txn, WallClock::realtime_ns(), Status(), {}, {}, false, 0, false, 0, 0, 0, 0};
     std::size_t applied = 0;
     for (WriteOp& op : ops) {
       if (op.excluded) continue;

@@ -138,13 +138,9 @@ Status DurableStore::write(const std::function<Status(StoreTxn&)>& fn) {
 }
 
 Status DurableStore::read(const std::function<Status(StoreTxn&)>& fn) {
-  Status s = check_open();
-  if (!s.ok()) return s;
-  std::shared_lock life(life_mutex_);
-  if (closed_.load()) return Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closed");
-  auto txn = env_->begin_read();
-  if (!txn.ok()) return txn.status();
-  StoreTxn t(this, nullptr, &*txn, wall_now_ns());
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  StoreTxn t(this, nullptr, &view->txn, WallClock::realtime_ns());
   return fn(t);
 }
 
