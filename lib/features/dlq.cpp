@@ -472,6 +472,90 @@ Status scan_entries(StoreTxn& txn, std::uint64_t after_id,
   return err;
 }
 
+// ---- replay
+
+// The origin topics of the entries a replay resolved before its write (nullopt: not found).
+using ReplayTopics = std::map<std::string, std::optional<TopicRef>>;
+
+// Phase 1 of a replay (read): the ids that exist now (a missing one is
+// NotFound unless `lenient`), and their durable origin topics, looked up so
+// that the write cannot fail on them after its first write.
+Status resolve_replay(DurableStore& store, const std::vector<std::uint64_t>& ids, bool lenient,
+                      std::vector<std::uint64_t>* candidates, ReplayTopics* topics) {
+  Status s = store.read([&](StoreTxn& txn) -> Status {
+    candidates->clear();
+    for (std::uint64_t id : ids) {
+      auto l = load_entry(txn, id);
+      if (!l.ok()) return l.status();
+      if (!l->has_value()) {
+        if (lenient) continue;
+        return Status(Code::NotFound, "dlq replay: entry " + std::to_string(id) + " not found; nothing replayed");
+      }
+      const DlqEntry& e = (*l)->entry;
+      if (e.topic_id != 0) topics->emplace(e.topic, std::nullopt);
+      candidates->push_back(id);
+    }
+    return Status();
+  });
+  if (!s.ok()) return s;
+  for (auto& [name, ref] : *topics) {
+    auto t = store.find_topic(name);
+    if (t.ok()) {
+      ref = *t;
+    } else if (t.code() != Code::NotFound) {
+      return t.status();
+    }
+  }
+  return Status();
+}
+
+// Why entry `entry_id` (`e`) cannot be replayed now (OK when it can): not pending, from an
+// ephemeral topic with no republish hook, or its origin topic gone, fenced or
+// with fewer lanes. The message ends with "nothing replayed".
+Status replay_refusal(std::uint64_t entry_id, const DlqEntry& e, const ReplayTopics& topics, bool can_republish) {
+  const std::string id = std::to_string(entry_id);
+  if (e.state != DlqState::Pending) {
+    return Status(Code::Conflict, "dlq replay: entry " + id + " is " + state_note(e) + "; nothing replayed");
+  }
+  if (e.topic_id == 0) {
+    if (can_republish) return Status();
+    return Status(Code::InvalidArgument, "dlq replay: entry " + id + " comes from ephemeral topic " + quoted(e.topic) +
+                                             "; replay it through the Bus; nothing replayed");
+  }
+  auto it = topics.find(e.topic);
+  if (it == topics.end() || !it->second) {
+    return Status(Code::NotFound, "dlq replay: origin topic " + quoted(e.topic) + " of entry " + id +
+                                      " not found; nothing replayed");
+  }
+  const TopicRef& ref = *it->second;
+  if (!ref.fence.empty()) {
+    // A fenced topic accepts appends only under the current lease
+    // generation's token (doc/leases.md); an operator's replay holds none.
+    return Status(Code::InvalidArgument, "dlq replay: origin topic " + quoted(e.topic) + " of entry " + id +
+                                             " is fenced by lease " + quoted(ref.fence) +
+                                             "; replay it through the lease holder; nothing replayed");
+  }
+  if (e.lane >= ref.lanes) {
+    return Status(Code::InvalidArgument, "dlq replay: entry " + id + " lane " + std::to_string(e.lane) +
+                                             " is out of range for topic " + quoted(e.topic) + "; nothing replayed");
+  }
+  return Status();
+}
+
+// Append a replayed entry to its origin topic, as a new message.
+Result<AppendResult> append_replayed(StoreTxn& txn, const DlqEntry& e, std::uint32_t topic_id) {
+  AppendRequest req;
+  req.topic_id = topic_id;
+  req.lane = e.lane;
+  req.header = e.header;
+  req.header.attempt = 0;
+  req.header.created_at_ns = 0;  // the replay time: topic age retention must not drop it at once
+  req.key = e.key;
+  req.idempotency_key = e.idempotency_key;
+  req.payload = e.payload;
+  return txn.append(std::move(req));
+}
+
 }  // namespace
 
 // ======================================================================
@@ -651,35 +735,10 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
                                                        DlqAction action, const DlqRepublish& republish) {
   // Automatic replay skips what it cannot do; an operator's replay refuses the batch.
   const bool lenient = action == DlqAction::AutoReplay;
-
-  // Phase 1 (read): resolve the origin topics, so that the write below finds
-  // them in the store's topic table and cannot fail after its first write.
-  std::map<std::string, std::optional<TopicRef>> topics;
+  ReplayTopics topics;
   std::vector<std::uint64_t> candidates;
-  Status s = store_.read([&](StoreTxn& txn) -> Status {
-    candidates.clear();
-    for (std::uint64_t id : ids) {
-      auto l = load_entry(txn, id);
-      if (!l.ok()) return l.status();
-      if (!l->has_value()) {
-        if (lenient) continue;
-        return Status(Code::NotFound, "dlq replay: entry " + std::to_string(id) + " not found; nothing replayed");
-      }
-      const DlqEntry& e = (*l)->entry;
-      if (e.topic_id != 0) topics.emplace(e.topic, std::nullopt);
-      candidates.push_back(id);
-    }
-    return Status();
-  });
+  Status s = resolve_replay(store_, ids, lenient, &candidates, &topics);
   if (!s.ok()) return s;
-  for (auto& [name, ref] : topics) {
-    auto t = store_.find_topic(name);
-    if (t.ok()) {
-      ref = *t;
-    } else if (t.code() != Code::NotFound) {
-      return t.status();
-    }
-  }
 
   // Phase 2 (write): re-check every entry, then append + mark + audit.
   std::vector<DlqReplayed> done;
@@ -699,39 +758,9 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
         if (lenient) continue;
         return Status(Code::NotFound, "dlq replay: entry " + std::to_string(id) + " not found; nothing replayed");
       }
-      const DlqEntry& e = (*l)->entry;
-      if (e.state != DlqState::Pending) {
+      if (Status refused = replay_refusal(id, (*l)->entry, topics, static_cast<bool>(republish)); !refused.ok()) {
         if (lenient) continue;
-        return Status(Code::Conflict, "dlq replay: entry " + std::to_string(id) + " is " + state_note(e) +
-                                          "; nothing replayed");
-      }
-      if (e.topic_id == 0) {
-        if (!republish) {
-          if (lenient) continue;
-          return Status(Code::InvalidArgument, "dlq replay: entry " + std::to_string(id) + " comes from ephemeral topic " +
-                                                   quoted(e.topic) + "; replay it through the Bus; nothing replayed");
-        }
-      } else {
-        const auto& ref = topics[e.topic];
-        if (!ref) {
-          if (lenient) continue;
-          return Status(Code::NotFound, "dlq replay: origin topic " + quoted(e.topic) + " of entry " + std::to_string(id) +
-                                            " not found; nothing replayed");
-        }
-        if (!ref->fence.empty()) {
-          // A fenced topic accepts appends only under the current lease
-          // generation's token (doc/leases.md); an operator's replay holds none.
-          if (lenient) continue;
-          return Status(Code::InvalidArgument, "dlq replay: origin topic " + quoted(e.topic) + " of entry " +
-                                                   std::to_string(id) + " is fenced by lease " + quoted(ref->fence) +
-                                                   "; replay it through the lease holder; nothing replayed");
-        }
-        if (e.lane >= ref->lanes) {
-          if (lenient) continue;
-          return Status(Code::InvalidArgument, "dlq replay: entry " + std::to_string(id) + " lane " +
-                                                   std::to_string(e.lane) + " is out of range for topic " + quoted(e.topic) +
-                                                   "; nothing replayed");
-        }
+        return refused;
       }
       work.push_back(std::move(**l));
     }
@@ -743,16 +772,7 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
       DlqReplayed r{e.id, e.topic, e.lane, 0, e.topic_id == 0,
                     e.key.size() + e.idempotency_key.size() + e.payload.size()};
       if (e.topic_id != 0) {
-        AppendRequest req;
-        req.topic_id = topics[e.topic]->id;
-        req.lane = e.lane;
-        req.header = e.header;
-        req.header.attempt = 0;
-        req.header.created_at_ns = 0;  // the replay time: topic age retention must not drop it at once
-        req.key = e.key;
-        req.idempotency_key = e.idempotency_key;
-        req.payload = e.payload;
-        auto a = txn.append(std::move(req));
+        auto a = append_replayed(txn, e, topics[e.topic]->id);
         if (!a.ok()) return a.status();
         r.offset = a->offset;
       }
