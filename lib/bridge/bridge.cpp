@@ -869,12 +869,6 @@ std::string le64(std::uint64_t v) {
   return s;
 }
 
-std::uint64_t from_le64(std::string_view s) {
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < 8 && i < s.size(); ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i])) << (8 * i);
-  return v;
-}
-
 /// The consumer the bridge creates: explicit ack, at most one fetch unacked.
 /// start > 0: deliver from that stream sequence; else deliver all.
 void default_consumer_config(jsConsumerConfig& cc, const InMirror& m, const BridgeOptions& o, std::uint64_t start) {
@@ -914,7 +908,7 @@ Status BridgeImpl::load_mark(InMirror& m) {
     auto v = t.get(StoreTable::User, m.mark_key);
     if (v.ok()) {
       have = true;
-      w = from_le64(*v);
+      w = get_le64_prefix(*v);
       return Status();
     }
     return v.code() == Code::NotFound ? Status() : v.status();

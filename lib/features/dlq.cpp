@@ -92,66 +92,7 @@ constexpr std::uint64_t kMaxPayload = 1ull << 30;
 constexpr std::size_t kDeadAtOffset = 12;
 
 
-// ---- little-endian encoding with bounds-checked decoding ----
-
-class Writer {
- public:
-  void u8(std::uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void u16(std::uint16_t v) { le(v, 2); }
-  void u32(std::uint32_t v) { le(v, 4); }
-  void u64(std::uint64_t v) { le(v, 8); }
-  void i64(std::int64_t v) { le(static_cast<std::uint64_t>(v), 8); }
-  void str(std::string_view s) {
-    u32(static_cast<std::uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string take() { return std::move(out_); }
-  void reserve(std::size_t n) { out_.reserve(n); }
-
- private:
-  void le(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool ok() const { return ok_; }
-  bool done() const { return ok_ && pos_ == in_.size(); }
-  std::uint8_t u8() { return static_cast<std::uint8_t>(le(1)); }
-  std::uint16_t u16() { return static_cast<std::uint16_t>(le(2)); }
-  std::uint32_t u32() { return static_cast<std::uint32_t>(le(4)); }
-  std::uint64_t u64() { return le(8); }
-  std::int64_t i64() { return static_cast<std::int64_t>(le(8)); }
-  std::string str() {
-    std::uint32_t n = u32();
-    if (!ok_ || in_.size() - pos_ < n) {
-      ok_ = false;
-      return {};
-    }
-    std::string s(in_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-
- private:
-  std::uint64_t le(int n) {
-    if (!ok_ || in_.size() - pos_ < static_cast<std::size_t>(n)) {
-      ok_ = false;
-      return 0;
-    }
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
-    pos_ += static_cast<std::size_t>(n);
-    return v;
-  }
-  std::string_view in_;
-  std::size_t pos_ = 0;
-  bool ok_ = true;
-};
-
+// Records: ByteWriter / ByteReader (coding.hpp).
 
 std::string entry_key(std::uint64_t id) {
   std::string k = "e";
@@ -179,23 +120,23 @@ std::string outcome_key(const GroupRef& g, std::uint32_t lane, std::uint64_t off
 constexpr std::string_view kStatsKey = "s";
 
 std::string encode_audit(const DlqAuditRecord& r) {
-  Writer w;
+  ByteWriter w;
   w.u8(kAuditVersion);
   w.u8(static_cast<std::uint8_t>(r.action));
   w.i64(r.at_ns);
-  w.str(r.operator_name);
+  w.str32(r.operator_name);
   w.u32(static_cast<std::uint32_t>(r.ids.size()));
   for (std::uint64_t id : r.ids) w.u64(id);
   return w.take();
 }
 
 Result<DlqAuditRecord> decode_audit(std::string_view key, std::string_view v) {
-  Reader r(v);
+  ByteReader r(v);
   DlqAuditRecord a;
   std::uint8_t ver = r.u8();
   std::uint8_t act = r.u8();
   a.at_ns = r.i64();
-  a.operator_name = r.str();
+  a.operator_name = r.str32();
   std::uint32_t n = r.u32();
   if (r.ok() && n <= v.size() / 8) {
     a.ids.reserve(n);
@@ -250,7 +191,7 @@ std::string state_note(const DlqEntry& e) {
 // encodings
 
 std::string encode_dlq_entry(const DlqEntry& e) {
-  Writer w;
+  ByteWriter w;
   w.reserve(160 + e.key.size() + e.idempotency_key.size() + e.payload.size() + e.reason.size() +
             e.error_text.size() + e.topic.size() + e.group.size() + e.state_changed_by.size());
   w.u8(kEntryVersion);
@@ -274,19 +215,19 @@ std::string encode_dlq_entry(const DlqEntry& e) {
   w.u32(e.topic_id);
   w.u32(e.lane);
   w.u64(e.offset);
-  w.str(e.state_changed_by);
-  w.str(e.key);
-  w.str(e.idempotency_key);
-  w.str(e.payload);
-  w.str(e.reason);
-  w.str(e.error_text);
-  w.str(e.topic);
-  w.str(e.group);
+  w.str32(e.state_changed_by);
+  w.str32(e.key);
+  w.str32(e.idempotency_key);
+  w.str32(e.payload);
+  w.str32(e.reason);
+  w.str32(e.error_text);
+  w.str32(e.topic);
+  w.str32(e.group);
   return w.take();
 }
 
 Result<DlqEntry> decode_dlq_entry(std::string_view bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   DlqEntry e;
   std::uint8_t ver = r.u8();
   std::uint8_t cls = r.u8();
@@ -309,14 +250,14 @@ Result<DlqEntry> decode_dlq_entry(std::string_view bytes) {
   e.topic_id = r.u32();
   e.lane = r.u32();
   e.offset = r.u64();
-  e.state_changed_by = r.str();
-  e.key = r.str();
-  e.idempotency_key = r.str();
-  e.payload = r.str();
-  e.reason = r.str();
-  e.error_text = r.str();
-  e.topic = r.str();
-  e.group = r.str();
+  e.state_changed_by = r.str32();
+  e.key = r.str32();
+  e.idempotency_key = r.str32();
+  e.payload = r.str32();
+  e.reason = r.str32();
+  e.error_text = r.str32();
+  e.topic = r.str32();
+  e.group = r.str32();
   if (!r.done() || ver != kEntryVersion || cls > 2 || st > 2) {
     return Status(Code::Corruption, "dlq entry record is malformed (" + std::to_string(bytes.size()) +
                                         " bytes; foreign data or a newer layout)");
@@ -350,7 +291,7 @@ struct DlqStore::Stats {
       if (v.code() == Code::NotFound) return s;
       return v.status();
     }
-    Reader r(*v);
+    ByteReader r(*v);
     std::uint64_t ver = r.u64();
     for (int i = 1; i < kFields; ++i) *s.field(i) = r.u64();
     if (!r.done() || ver != kStatsVersion) {
@@ -359,7 +300,7 @@ struct DlqStore::Stats {
     return s;
   }
   Status save(StoreTxn& txn) {
-    Writer w;
+    ByteWriter w;
     w.u64(kStatsVersion);
     for (int i = 1; i < kFields; ++i) w.u64(*field(i));
     std::string b = w.take();
@@ -1026,7 +967,7 @@ Result<DlqCounters> DlqStore::counters() {
                       "dlq: pending index names entry " + std::to_string(*oldest) + " which cannot be read");
       }
       if (v->size() < kDeadAtOffset + 8) return Status(Code::Corruption, "dlq entry record is malformed");
-      Reader r(v->substr(kDeadAtOffset, 8));
+      ByteReader r(v->substr(kDeadAtOffset, 8));
       c.oldest_pending_at_ns = r.i64();
       const std::int64_t t = now(txn);
       c.oldest_pending_age_ns = t > c.oldest_pending_at_ns ? t - c.oldest_pending_at_ns : 0;
@@ -1046,7 +987,7 @@ Result<std::uint32_t> DlqStore::note_outcome_in(StoreTxn& txn, const GroupRef& g
   auto n = outcomes_in(txn, group, lane, offset);
   if (!n.ok()) return n.status();
   const std::uint32_t next = *n + 1;
-  Writer w;
+  ByteWriter w;
   w.u32(next);
   std::string v = w.take();
   Status s = txn.put(StoreTable::Dlq, outcome_key(group, lane, offset), v);
@@ -1061,7 +1002,7 @@ Result<std::uint32_t> DlqStore::outcomes_in(StoreTxn& txn, const GroupRef& group
     if (v.code() == Code::NotFound) return std::uint32_t{0};
     return v.status();
   }
-  Reader r(*v);
+  ByteReader r(*v);
   std::uint32_t n = r.u32();
   if (!r.done()) return Status(Code::Corruption, "dlq outcome record is malformed");
   return n;
