@@ -73,6 +73,70 @@ TEST_CASE("fixed-width coding: byte order on the wire and round trips") {
   CHECK(s == std::string("x\x01\x02\x03\x04\x08\x07\x06\x05\x04\x03\x02\x01", 13));
 }
 
+TEST_CASE("ByteWriter and ByteReader: the bytes of a record, round trips, reads past the end") {
+  ByteWriter w;
+  w.u8(0x7F);
+  w.u16(0xA1B2);
+  w.u32(0x01020304u);
+  w.u64(0x0102030405060708ull);
+  w.i64(-2);
+  w.str32("ab");
+  w.str16("xyz");
+  const std::string bytes = w.take();
+  // Every field little-endian; str32 after a u32 count, str16 after a u16 one
+  // (the DLQ, schema registry and bridge status records depend on these bytes).
+  const std::string want("\x7F"
+                         "\xB2\xA1"
+                         "\x04\x03\x02\x01"
+                         "\x08\x07\x06\x05\x04\x03\x02\x01"
+                         "\xFE\xFF\xFF\xFF\xFF\xFF\xFF\xFF"
+                         "\x02\x00\x00\x00"
+                         "ab"
+                         "\x03\x00"
+                         "xyz",
+                         1 + 2 + 4 + 8 + 8 + 4 + 2 + 2 + 3);
+  CHECK(bytes == want);
+
+  ByteReader r(bytes);
+  CHECK(r.u8() == 0x7F);
+  CHECK(r.u16() == 0xA1B2);
+  CHECK(r.u32() == 0x01020304u);
+  CHECK(r.u64() == 0x0102030405060708ull);
+  CHECK(r.i64() == -2);
+  CHECK(r.str32() == "ab");
+  CHECK(r.str16() == "xyz");
+  CHECK(r.ok());
+  CHECK(r.done());
+
+  // Trailing bytes: ok but not done.
+  ByteReader more(bytes + "!");
+  (void)more.u8();
+  CHECK(more.ok());
+  CHECK_FALSE(more.done());
+
+  // A read past the end returns 0 or "" and the reader stays failed, even for
+  // a later read that would fit.
+  ByteReader short_read(std::string_view("\x01\x02\x03", 3));
+  CHECK(short_read.u32() == 0);
+  CHECK_FALSE(short_read.ok());
+  CHECK(short_read.u8() == 0);
+  CHECK_FALSE(short_read.ok());
+  CHECK_FALSE(short_read.done());
+  // A string whose count runs past the end.
+  ByteReader long_count(std::string_view("\x09\x00\x00\x00" "abc", 7));
+  CHECK(long_count.str32().empty());
+  CHECK_FALSE(long_count.ok());
+  ByteReader empty(std::string_view{});
+  CHECK(empty.done());
+  CHECK(empty.str16().empty());
+  CHECK_FALSE(empty.ok());
+
+  // get_le64_prefix: up to 8 bytes, missing high bytes read as 0.
+  CHECK(get_le64_prefix(std::string_view("\x08\x07\x06\x05\x04\x03\x02\x01\xFF", 9)) == 0x0102030405060708ull);
+  CHECK(get_le64_prefix(std::string_view("\x01\x02", 2)) == 0x0201u);
+  CHECK(get_le64_prefix(std::string_view{}) == 0);
+}
+
 TEST_CASE("quoted: double quotes around the bytes, nothing escaped") {
   CHECK(quoted("orders") == "\"orders\"");
   CHECK(quoted("") == "\"\"");

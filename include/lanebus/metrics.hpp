@@ -303,6 +303,10 @@ class LANEBUS_API MetricsWindow {
   explicit MetricsWindow(const MetricsOptions& options) : options_(options) {}
   void recompute();
   SlaTrack* track(std::string_view topic, std::string_view group, bool create);
+  // recompute's steps that keep state between samples (lib/ops/metrics.cpp).
+  std::vector<StuckLane> track_stuck(const std::string& topic, const GroupStats& group, std::int64_t steady_ns);
+  std::optional<SlaReport> evaluate_sla(const std::string& topic, const GroupMetrics& group,
+                                        std::vector<StuckLane> stuck, const DlqMetrics& dlq, std::int64_t steady_ns);
 
   MetricsOptions options_;
   std::vector<Sample> samples_;  // oldest first

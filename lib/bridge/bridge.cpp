@@ -675,6 +675,64 @@ Outcome BridgeImpl::publish_one(OutMirror& m, const MessageView& v) {
   return Outcome::retry(why);
 }
 
+namespace {
+
+// What came back for a window's publishes: per message 1 PubAck, -1 error,
+// 0 nothing (yet); the first error; whether the head was refused as too large.
+struct WindowReplies {
+  std::vector<std::int8_t> result;
+  std::string first_error;
+  bool head_too_large = false;
+};
+
+// Collect the PubAcks of the window `gen` of `lw` for the offsets `sent`
+// (increasing) until all came or `deadline` passes. A reply of another
+// generation or offset, or a second one, is dropped.
+WindowReplies collect_pubacks(OutMirror& m, LaneWindow& lw, std::uint64_t gen, const std::vector<std::uint64_t>& sent,
+                              std::chrono::steady_clock::time_point deadline) {
+  WindowReplies out;
+  std::vector<std::int8_t>& result = out.result;
+  result.assign(sent.size(), 0);
+  std::size_t got = 0;
+  while (got < sent.size()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    natsMsg* r = nullptr;
+    if (natsSubscription_NextMsg(&r, lw.replies, left.count()) != NATS_OK) break;
+    const std::string subj = natsMsg_GetSubject(r);
+    const auto d2 = subj.rfind('.');
+    const auto d1 = subj.rfind('.', d2 - 1);
+    const std::uint64_t rgen = std::strtoull(subj.c_str() + d1 + 1, nullptr, 10);
+    const std::uint64_t roff = std::strtoull(subj.c_str() + d2 + 1, nullptr, 10);
+    const auto it = std::lower_bound(sent.begin(), sent.end(), roff);
+    if (rgen != gen || it == sent.end() || *it != roff || result[static_cast<std::size_t>(it - sent.begin())] != 0) {
+      natsMsg_Destroy(r);
+      continue;
+    }
+    const std::size_t i = static_cast<std::size_t>(it - sent.begin());
+    const std::string_view data(natsMsg_GetData(r), static_cast<std::size_t>(natsMsg_GetDataLength(r)));
+    ++got;
+    if (data.empty()) {  // a status reply (503: no responders)
+      result[i] = -1;
+      if (out.first_error.empty()) out.first_error = "no stream takes this subject (or JetStream is not ready yet)";
+      m.stream_ready.store(false, std::memory_order_release);
+    } else if (data.find("\"error\"") != std::string_view::npos) {
+      result[i] = -1;
+      if (i == 0 && data.find("10054") != std::string_view::npos) out.head_too_large = true;
+      if (out.first_error.empty()) out.first_error = std::string(data.substr(0, 300));
+    } else {
+      result[i] = 1;
+      m.acked.fetch_add(1, std::memory_order_relaxed);
+      if (data.find("\"duplicate\":true") != std::string_view::npos)
+        m.duplicates.fetch_add(1, std::memory_order_relaxed);
+    }
+    natsMsg_Destroy(r);
+  }
+  return out;
+}
+
+}  // namespace
+
 // The window: the head's handler call publishes up to publish_window stored
 // messages of the lane (plain publishes with a reply subject that names the
 // window's generation and the offset) and collects their PubAcks; later calls
@@ -743,49 +801,14 @@ Outcome BridgeImpl::publish_window(OutMirror& m, const MessageView& v) {
     note_error("bridge: publish failed: " + nats_text(NATS_CONNECTION_DISCONNECTED), false);
     return Outcome::retry("bridge: publish failed");
   }
-  std::vector<std::int8_t> result(sent.size(), 0);  // 1 PubAck, -1 error
-  std::string first_error;
-  bool head_too_large = false;
-  std::size_t got = 0;
-  const auto deadline = std::chrono::steady_clock::now() + options_.publish_timeout;
-  while (got < sent.size()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    natsMsg* r = nullptr;
-    if (natsSubscription_NextMsg(&r, lw.replies, left.count()) != NATS_OK) break;
-    const std::string subj = natsMsg_GetSubject(r);
-    const auto d2 = subj.rfind('.');
-    const auto d1 = subj.rfind('.', d2 - 1);
-    const std::uint64_t rgen = std::strtoull(subj.c_str() + d1 + 1, nullptr, 10);
-    const std::uint64_t roff = std::strtoull(subj.c_str() + d2 + 1, nullptr, 10);
-    const auto it = std::lower_bound(sent.begin(), sent.end(), roff);
-    if (rgen != gen || it == sent.end() || *it != roff || result[static_cast<std::size_t>(it - sent.begin())] != 0) {
-      natsMsg_Destroy(r);
-      continue;
-    }
-    const std::size_t i = static_cast<std::size_t>(it - sent.begin());
-    const std::string_view data(natsMsg_GetData(r), static_cast<std::size_t>(natsMsg_GetDataLength(r)));
-    ++got;
-    if (data.empty()) {  // a status reply (503: no responders)
-      result[i] = -1;
-      if (first_error.empty()) first_error = "no stream takes this subject (or JetStream is not ready yet)";
-      m.stream_ready.store(false, std::memory_order_release);
-    } else if (data.find("\"error\"") != std::string_view::npos) {
-      result[i] = -1;
-      if (i == 0 && data.find("10054") != std::string_view::npos) head_too_large = true;
-      if (first_error.empty()) first_error = std::string(data.substr(0, 300));
-    } else {
-      result[i] = 1;
-      m.acked.fetch_add(1, std::memory_order_relaxed);
-      if (data.find("\"duplicate\":true") != std::string_view::npos)
-        m.duplicates.fetch_add(1, std::memory_order_relaxed);
-    }
-    natsMsg_Destroy(r);
-  }
+  const WindowReplies replies =
+      collect_pubacks(m, lw, gen, sent, std::chrono::steady_clock::now() + options_.publish_timeout);
+  const std::vector<std::int8_t>& result = replies.result;
+  const std::string& first_error = replies.first_error;
   for (std::size_t i = 1; i < sent.size(); ++i)
     if (result[i] == 1) lw.acked.push_back(sent[i]);
   if (result[0] == 1) return Outcome::ack();
-  if (head_too_large) {
+  if (replies.head_too_large) {
     m.dead_lettered.fetch_add(1, std::memory_order_relaxed);
     return Outcome::reject("bridge: message of " + std::to_string(head_bytes) + " bytes refused: " + first_error);
   }
@@ -846,12 +869,6 @@ std::string le64(std::uint64_t v) {
   return s;
 }
 
-std::uint64_t from_le64(std::string_view s) {
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < 8 && i < s.size(); ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i])) << (8 * i);
-  return v;
-}
-
 /// The consumer the bridge creates: explicit ack, at most one fetch unacked.
 /// start > 0: deliver from that stream sequence; else deliver all.
 void default_consumer_config(jsConsumerConfig& cc, const InMirror& m, const BridgeOptions& o, std::uint64_t start) {
@@ -891,7 +908,7 @@ Status BridgeImpl::load_mark(InMirror& m) {
     auto v = t.get(StoreTable::User, m.mark_key);
     if (v.ok()) {
       have = true;
-      w = from_le64(*v);
+      w = get_le64_prefix(*v);
       return Status();
     }
     return v.code() == Code::NotFound ? Status() : v.status();
@@ -1029,11 +1046,133 @@ Status BridgeImpl::bind_in(InMirror& m) {
   return Status();
 }
 
+namespace {
+
+// One fetched batch of an in-mirror: what to store (in delivery order) and
+// what to ack. `take` stops at the first anomaly: the rest is neither stored
+// nor acked.
+struct InBatch {
+  std::vector<AppendRequest> reqs;  // an empty request for a known copy of a stored message
+  std::vector<std::string> seqs;    // the stream sequences: idempotency keys of `seen`
+  std::vector<char> known_dup;      // 1: a copy of a stored message (acked, not stored)
+  std::vector<char> dup;            // filled by store_in_batch: 1 when not stored
+  std::uint64_t next_dseq = 0, through = 0;
+  int take = 0;
+  bool anomaly = false;
+};
+
+// Decide, message by message, what of `list` to store (see run_in for the
+// order guard).
+void plan_in_batch(InMirror& m, const natsMsgList& list, InBatch* b) {
+  b->reqs.clear();
+  b->seqs.clear();
+  b->known_dup.clear();
+  b->next_dseq = m.next_dseq;
+  b->through = m.stored_through;
+  b->take = list.Count;
+  b->anomaly = false;
+  for (int i = 0; i < list.Count; ++i) {
+    natsMsg* msg = list.Msgs[i];
+    jsMsgMetaData* meta = nullptr;
+    if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) {
+      b->take = i;
+      b->anomaly = true;
+      return;
+    }
+    const std::uint64_t seq = meta->Sequence.Stream, dseq = meta->Sequence.Consumer;
+    const std::int64_t ts = meta->Timestamp;
+    const bool again = meta->NumDelivered > 1;
+    // Relaxed: statistics.
+    if (again) m.redelivered.fetch_add(1, std::memory_order_relaxed);
+    m.pending.store(meta->NumPending, std::memory_order_relaxed);
+    jsMsgMetaData_Destroy(meta);
+    if (m.guard) {
+      // Stored in sequence order or not at all: every delivery seen (dseq ==
+      // E); a first delivery past W is the next sequence; a redelivery past
+      // W is one the bridge never stored in order. Either anomaly rewinds.
+      const bool in_order = dseq == b->next_dseq && (seq <= b->through || !again);
+      const bool old_copy = dseq < b->next_dseq && seq <= b->through;  // a late copy of a stored message
+      if (!in_order && !old_copy) {
+        b->take = i;
+        b->anomaly = true;
+        return;
+      }
+      if (dseq == b->next_dseq) ++b->next_dseq;
+      if (seq <= b->through) {
+        b->seqs.push_back(std::to_string(seq));
+        b->reqs.emplace_back();  // a copy of a stored message: acked, not stored
+        b->known_dup.push_back(1);
+        continue;
+      }
+      b->through = seq;
+    } else {
+      b->through = std::max(b->through, seq);
+    }
+    const char* hv = nullptr;
+    std::string key, idem;
+    if (natsMsgHeader_Get(msg, kHdrKey, &hv) == NATS_OK && hv != nullptr) key = decode_header(hv);
+    if (natsMsgHeader_Get(msg, kHdrIdem, &hv) == NATS_OK && hv != nullptr) idem = decode_header(hv);
+    std::int64_t created = 0;
+    if (natsMsgHeader_Get(msg, kHdrCreated, &hv) == NATS_OK && hv != nullptr) created = std::atoll(hv);
+    OutgoingMessage om;
+    om.key = key;
+    om.idempotency_key = idem;
+    om.payload = std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
+    AppendRequest r = m.topic->append_request(om);
+    r.header.created_at_ns = created > 0 ? created : (ts > 0 ? ts : r.header.created_at_ns);
+    b->reqs.push_back(std::move(r));
+    b->seqs.push_back(std::to_string(seq));
+    b->known_dup.push_back(0);
+  }
+}
+
+// Store the new messages of `b` and the mark W in one transaction (skipping
+// sequences `seen` already holds). Sets *wrote when a transaction ran.
+Status store_in_batch(DurableStore& store, InMirror& m, InBatch& b, bool* wrote) {
+  b.dup.assign(b.reqs.size(), 0);
+  const bool any_new = std::find(b.known_dup.begin(), b.known_dup.end(), 0) != b.known_dup.end();
+  *wrote = any_new || (!b.reqs.empty() && b.through != m.stored_through);
+  if (!*wrote) return Status();
+  return store.write([&](StoreTxn& t) -> Status {
+    std::fill(b.dup.begin(), b.dup.end(), 0);  // the store may run this again (map growth)
+    for (std::size_t i = 0; i < b.reqs.size(); ++i) {
+      if (b.known_dup[i]) {
+        b.dup[i] = 1;
+        continue;
+      }
+      auto rec = m.seen->status_in(t, b.seqs[i]);
+      if (rec.ok() && rec->state == ClaimState::Done) {
+        b.dup[i] = 1;
+        continue;
+      }
+      if (!rec.ok() && rec.code() != Code::NotFound) return rec.status();
+      auto a = t.append(b.reqs[i]);
+      if (!a.ok()) return a.status();
+      Status c = m.seen->complete_in(t, b.seqs[i], {}, false);
+      if (!c.ok()) return c;
+    }
+    if (b.through != m.stored_through || !m.have_mark) return t.put(StoreTable::User, m.mark_key, le64(b.through));
+    return Status();
+  });
+}
+
+// After the store: count and ack the first `take` messages of `list`.
+void ack_in_batch(InMirror& m, const natsMsgList& list, const InBatch& b) {
+  for (int i = 0; i < b.take; ++i) {
+    if (b.dup[static_cast<std::size_t>(i)]) {
+      m.duplicates.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      m.stored.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (natsMsg_Ack(list.Msgs[i], nullptr) == NATS_OK) m.acked.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
+
 void BridgeImpl::run_in(InMirror* m) {
   std::int64_t backoff = ms_to_ns(options_.backoff_initial);
-  std::vector<AppendRequest> reqs;
-  std::vector<std::string> seqs;
-  std::vector<char> dup, known_dup;
+  InBatch batch;
   while (true) {
     {
       std::lock_guard<std::mutex> l(stop_mu_);
@@ -1068,94 +1207,9 @@ void BridgeImpl::run_in(InMirror* m) {
       sleep_backoff(backoff);
       continue;
     }
-    // Which messages to store (in delivery order) and which to ack; `take`
-    // stops at the first anomaly: the rest is neither stored nor acked.
-    reqs.clear();
-    seqs.clear();
-    known_dup.clear();
-    std::uint64_t next_dseq = m->next_dseq, through = m->stored_through;
-    int take = list.Count;
-    bool anomaly = false;
-    for (int i = 0; i < list.Count; ++i) {
-      natsMsg* msg = list.Msgs[i];
-      jsMsgMetaData* meta = nullptr;
-      if (natsMsg_GetMetaData(&meta, msg) != NATS_OK) {
-        take = i;
-        anomaly = true;
-        break;
-      }
-      const std::uint64_t seq = meta->Sequence.Stream, dseq = meta->Sequence.Consumer;
-      const std::int64_t ts = meta->Timestamp;
-      const bool again = meta->NumDelivered > 1;
-      // Relaxed: statistics.
-      if (again) m->redelivered.fetch_add(1, std::memory_order_relaxed);
-      m->pending.store(meta->NumPending, std::memory_order_relaxed);
-      jsMsgMetaData_Destroy(meta);
-      if (m->guard) {
-        // Stored in sequence order or not at all: every delivery seen (dseq ==
-        // E); a first delivery past W is the next sequence; a redelivery past
-        // W is one the bridge never stored in order. Either anomaly rewinds.
-        const bool in_order = dseq == next_dseq && (seq <= through || !again);
-        const bool old_copy = dseq < next_dseq && seq <= through;  // a late copy of a stored message
-        if (!in_order && !old_copy) {
-          take = i;
-          anomaly = true;
-          break;
-        }
-        if (dseq == next_dseq) ++next_dseq;
-        if (seq <= through) {
-          seqs.push_back(std::to_string(seq));
-          reqs.emplace_back();  // a copy of a stored message: acked, not stored
-          known_dup.push_back(1);
-          continue;
-        }
-        through = seq;
-      } else {
-        through = std::max(through, seq);
-      }
-      const char* hv = nullptr;
-      std::string key, idem;
-      if (natsMsgHeader_Get(msg, kHdrKey, &hv) == NATS_OK && hv != nullptr) key = decode_header(hv);
-      if (natsMsgHeader_Get(msg, kHdrIdem, &hv) == NATS_OK && hv != nullptr) idem = decode_header(hv);
-      std::int64_t created = 0;
-      if (natsMsgHeader_Get(msg, kHdrCreated, &hv) == NATS_OK && hv != nullptr) created = std::atoll(hv);
-      OutgoingMessage om;
-      om.key = key;
-      om.idempotency_key = idem;
-      om.payload = std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
-      AppendRequest r = m->topic->append_request(om);
-      r.header.created_at_ns = created > 0 ? created : (ts > 0 ? ts : r.header.created_at_ns);
-      reqs.push_back(std::move(r));
-      seqs.push_back(std::to_string(seq));
-      known_dup.push_back(0);
-    }
-    dup.assign(reqs.size(), 0);
-    const bool any_new = std::find(known_dup.begin(), known_dup.end(), 0) != known_dup.end();
-    Status cs;
-    const bool wrote = any_new || (!reqs.empty() && through != m->stored_through);
-    if (wrote) {
-      cs = core_->store()->write([&](StoreTxn& t) -> Status {
-        std::fill(dup.begin(), dup.end(), 0);  // the store may run this again (map growth)
-        for (std::size_t i = 0; i < reqs.size(); ++i) {
-          if (known_dup[i]) {
-            dup[i] = 1;
-            continue;
-          }
-          auto rec = m->seen->status_in(t, seqs[i]);
-          if (rec.ok() && rec->state == ClaimState::Done) {
-            dup[i] = 1;
-            continue;
-          }
-          if (!rec.ok() && rec.code() != Code::NotFound) return rec.status();
-          auto a = t.append(reqs[i]);
-          if (!a.ok()) return a.status();
-          Status c = m->seen->complete_in(t, seqs[i], {}, false);
-          if (!c.ok()) return c;
-        }
-        if (through != m->stored_through || !m->have_mark) return t.put(StoreTable::User, m->mark_key, le64(through));
-        return Status();
-      });
-    }
+    plan_in_batch(*m, list, &batch);
+    bool wrote = false;
+    Status cs = store_in_batch(*core_->store(), *m, batch, &wrote);
     if (!cs.ok()) {
       // Not acked: JetStream redelivers after ack_wait; with the guard on, the
       // consumer is rewound to W + 1 instead, so the order holds.
@@ -1171,18 +1225,11 @@ void BridgeImpl::run_in(InMirror* m) {
       continue;
     }
     if (wrote) m->have_mark = true;
-    m->stored_through = through;
-    m->next_dseq = next_dseq;
-    for (int i = 0; i < take; ++i) {
-      if (dup[static_cast<std::size_t>(i)]) {
-        m->duplicates.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        m->stored.fetch_add(1, std::memory_order_relaxed);
-      }
-      if (natsMsg_Ack(list.Msgs[i], nullptr) == NATS_OK) m->acked.fetch_add(1, std::memory_order_relaxed);
-    }
+    m->stored_through = batch.through;
+    m->next_dseq = batch.next_dseq;
+    ack_in_batch(*m, list, batch);
     natsMsgList_Destroy(&list);
-    if (anomaly) {
+    if (batch.anomaly) {
       // A delivery went elsewhere (or came back out of order): store nothing
       // past W until the consumer is re-created at W + 1.
       m->rewind = true;

@@ -92,66 +92,7 @@ constexpr std::uint64_t kMaxPayload = 1ull << 30;
 constexpr std::size_t kDeadAtOffset = 12;
 
 
-// ---- little-endian encoding with bounds-checked decoding ----
-
-class Writer {
- public:
-  void u8(std::uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void u16(std::uint16_t v) { le(v, 2); }
-  void u32(std::uint32_t v) { le(v, 4); }
-  void u64(std::uint64_t v) { le(v, 8); }
-  void i64(std::int64_t v) { le(static_cast<std::uint64_t>(v), 8); }
-  void str(std::string_view s) {
-    u32(static_cast<std::uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string take() { return std::move(out_); }
-  void reserve(std::size_t n) { out_.reserve(n); }
-
- private:
-  void le(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool ok() const { return ok_; }
-  bool done() const { return ok_ && pos_ == in_.size(); }
-  std::uint8_t u8() { return static_cast<std::uint8_t>(le(1)); }
-  std::uint16_t u16() { return static_cast<std::uint16_t>(le(2)); }
-  std::uint32_t u32() { return static_cast<std::uint32_t>(le(4)); }
-  std::uint64_t u64() { return le(8); }
-  std::int64_t i64() { return static_cast<std::int64_t>(le(8)); }
-  std::string str() {
-    std::uint32_t n = u32();
-    if (!ok_ || in_.size() - pos_ < n) {
-      ok_ = false;
-      return {};
-    }
-    std::string s(in_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-
- private:
-  std::uint64_t le(int n) {
-    if (!ok_ || in_.size() - pos_ < static_cast<std::size_t>(n)) {
-      ok_ = false;
-      return 0;
-    }
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
-    pos_ += static_cast<std::size_t>(n);
-    return v;
-  }
-  std::string_view in_;
-  std::size_t pos_ = 0;
-  bool ok_ = true;
-};
-
+// Records: ByteWriter / ByteReader (coding.hpp).
 
 std::string entry_key(std::uint64_t id) {
   std::string k = "e";
@@ -179,23 +120,23 @@ std::string outcome_key(const GroupRef& g, std::uint32_t lane, std::uint64_t off
 constexpr std::string_view kStatsKey = "s";
 
 std::string encode_audit(const DlqAuditRecord& r) {
-  Writer w;
+  ByteWriter w;
   w.u8(kAuditVersion);
   w.u8(static_cast<std::uint8_t>(r.action));
   w.i64(r.at_ns);
-  w.str(r.operator_name);
+  w.str32(r.operator_name);
   w.u32(static_cast<std::uint32_t>(r.ids.size()));
   for (std::uint64_t id : r.ids) w.u64(id);
   return w.take();
 }
 
 Result<DlqAuditRecord> decode_audit(std::string_view key, std::string_view v) {
-  Reader r(v);
+  ByteReader r(v);
   DlqAuditRecord a;
   std::uint8_t ver = r.u8();
   std::uint8_t act = r.u8();
   a.at_ns = r.i64();
-  a.operator_name = r.str();
+  a.operator_name = r.str32();
   std::uint32_t n = r.u32();
   if (r.ok() && n <= v.size() / 8) {
     a.ids.reserve(n);
@@ -250,7 +191,7 @@ std::string state_note(const DlqEntry& e) {
 // encodings
 
 std::string encode_dlq_entry(const DlqEntry& e) {
-  Writer w;
+  ByteWriter w;
   w.reserve(160 + e.key.size() + e.idempotency_key.size() + e.payload.size() + e.reason.size() +
             e.error_text.size() + e.topic.size() + e.group.size() + e.state_changed_by.size());
   w.u8(kEntryVersion);
@@ -274,19 +215,19 @@ std::string encode_dlq_entry(const DlqEntry& e) {
   w.u32(e.topic_id);
   w.u32(e.lane);
   w.u64(e.offset);
-  w.str(e.state_changed_by);
-  w.str(e.key);
-  w.str(e.idempotency_key);
-  w.str(e.payload);
-  w.str(e.reason);
-  w.str(e.error_text);
-  w.str(e.topic);
-  w.str(e.group);
+  w.str32(e.state_changed_by);
+  w.str32(e.key);
+  w.str32(e.idempotency_key);
+  w.str32(e.payload);
+  w.str32(e.reason);
+  w.str32(e.error_text);
+  w.str32(e.topic);
+  w.str32(e.group);
   return w.take();
 }
 
 Result<DlqEntry> decode_dlq_entry(std::string_view bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   DlqEntry e;
   std::uint8_t ver = r.u8();
   std::uint8_t cls = r.u8();
@@ -309,14 +250,14 @@ Result<DlqEntry> decode_dlq_entry(std::string_view bytes) {
   e.topic_id = r.u32();
   e.lane = r.u32();
   e.offset = r.u64();
-  e.state_changed_by = r.str();
-  e.key = r.str();
-  e.idempotency_key = r.str();
-  e.payload = r.str();
-  e.reason = r.str();
-  e.error_text = r.str();
-  e.topic = r.str();
-  e.group = r.str();
+  e.state_changed_by = r.str32();
+  e.key = r.str32();
+  e.idempotency_key = r.str32();
+  e.payload = r.str32();
+  e.reason = r.str32();
+  e.error_text = r.str32();
+  e.topic = r.str32();
+  e.group = r.str32();
   if (!r.done() || ver != kEntryVersion || cls > 2 || st > 2) {
     return Status(Code::Corruption, "dlq entry record is malformed (" + std::to_string(bytes.size()) +
                                         " bytes; foreign data or a newer layout)");
@@ -350,7 +291,7 @@ struct DlqStore::Stats {
       if (v.code() == Code::NotFound) return s;
       return v.status();
     }
-    Reader r(*v);
+    ByteReader r(*v);
     std::uint64_t ver = r.u64();
     for (int i = 1; i < kFields; ++i) *s.field(i) = r.u64();
     if (!r.done() || ver != kStatsVersion) {
@@ -359,7 +300,7 @@ struct DlqStore::Stats {
     return s;
   }
   Status save(StoreTxn& txn) {
-    Writer w;
+    ByteWriter w;
     w.u64(kStatsVersion);
     for (int i = 1; i < kFields; ++i) w.u64(*field(i));
     std::string b = w.take();
@@ -470,6 +411,90 @@ Status scan_entries(StoreTxn& txn, std::uint64_t after_id,
   });
   if (!s.ok()) return s;
   return err;
+}
+
+// ---- replay
+
+// The origin topics of the entries a replay resolved before its write (nullopt: not found).
+using ReplayTopics = std::map<std::string, std::optional<TopicRef>>;
+
+// Phase 1 of a replay (read): the ids that exist now (a missing one is
+// NotFound unless `lenient`), and their durable origin topics, looked up so
+// that the write cannot fail on them after its first write.
+Status resolve_replay(DurableStore& store, const std::vector<std::uint64_t>& ids, bool lenient,
+                      std::vector<std::uint64_t>* candidates, ReplayTopics* topics) {
+  Status s = store.read([&](StoreTxn& txn) -> Status {
+    candidates->clear();
+    for (std::uint64_t id : ids) {
+      auto l = load_entry(txn, id);
+      if (!l.ok()) return l.status();
+      if (!l->has_value()) {
+        if (lenient) continue;
+        return Status(Code::NotFound, "dlq replay: entry " + std::to_string(id) + " not found; nothing replayed");
+      }
+      const DlqEntry& e = (*l)->entry;
+      if (e.topic_id != 0) topics->emplace(e.topic, std::nullopt);
+      candidates->push_back(id);
+    }
+    return Status();
+  });
+  if (!s.ok()) return s;
+  for (auto& [name, ref] : *topics) {
+    auto t = store.find_topic(name);
+    if (t.ok()) {
+      ref = *t;
+    } else if (t.code() != Code::NotFound) {
+      return t.status();
+    }
+  }
+  return Status();
+}
+
+// Why entry `entry_id` (`e`) cannot be replayed now (OK when it can): not pending, from an
+// ephemeral topic with no republish hook, or its origin topic gone, fenced or
+// with fewer lanes. The message ends with "nothing replayed".
+Status replay_refusal(std::uint64_t entry_id, const DlqEntry& e, const ReplayTopics& topics, bool can_republish) {
+  const std::string id = std::to_string(entry_id);
+  if (e.state != DlqState::Pending) {
+    return Status(Code::Conflict, "dlq replay: entry " + id + " is " + state_note(e) + "; nothing replayed");
+  }
+  if (e.topic_id == 0) {
+    if (can_republish) return Status();
+    return Status(Code::InvalidArgument, "dlq replay: entry " + id + " comes from ephemeral topic " + quoted(e.topic) +
+                                             "; replay it through the Bus; nothing replayed");
+  }
+  auto it = topics.find(e.topic);
+  if (it == topics.end() || !it->second) {
+    return Status(Code::NotFound, "dlq replay: origin topic " + quoted(e.topic) + " of entry " + id +
+                                      " not found; nothing replayed");
+  }
+  const TopicRef& ref = *it->second;
+  if (!ref.fence.empty()) {
+    // A fenced topic accepts appends only under the current lease
+    // generation's token (doc/leases.md); an operator's replay holds none.
+    return Status(Code::InvalidArgument, "dlq replay: origin topic " + quoted(e.topic) + " of entry " + id +
+                                             " is fenced by lease " + quoted(ref.fence) +
+                                             "; replay it through the lease holder; nothing replayed");
+  }
+  if (e.lane >= ref.lanes) {
+    return Status(Code::InvalidArgument, "dlq replay: entry " + id + " lane " + std::to_string(e.lane) +
+                                             " is out of range for topic " + quoted(e.topic) + "; nothing replayed");
+  }
+  return Status();
+}
+
+// Append a replayed entry to its origin topic, as a new message.
+Result<AppendResult> append_replayed(StoreTxn& txn, const DlqEntry& e, std::uint32_t topic_id) {
+  AppendRequest req;
+  req.topic_id = topic_id;
+  req.lane = e.lane;
+  req.header = e.header;
+  req.header.attempt = 0;
+  req.header.created_at_ns = 0;  // the replay time: topic age retention must not drop it at once
+  req.key = e.key;
+  req.idempotency_key = e.idempotency_key;
+  req.payload = e.payload;
+  return txn.append(std::move(req));
 }
 
 }  // namespace
@@ -651,35 +676,10 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
                                                        DlqAction action, const DlqRepublish& republish) {
   // Automatic replay skips what it cannot do; an operator's replay refuses the batch.
   const bool lenient = action == DlqAction::AutoReplay;
-
-  // Phase 1 (read): resolve the origin topics, so that the write below finds
-  // them in the store's topic table and cannot fail after its first write.
-  std::map<std::string, std::optional<TopicRef>> topics;
+  ReplayTopics topics;
   std::vector<std::uint64_t> candidates;
-  Status s = store_.read([&](StoreTxn& txn) -> Status {
-    candidates.clear();
-    for (std::uint64_t id : ids) {
-      auto l = load_entry(txn, id);
-      if (!l.ok()) return l.status();
-      if (!l->has_value()) {
-        if (lenient) continue;
-        return Status(Code::NotFound, "dlq replay: entry " + std::to_string(id) + " not found; nothing replayed");
-      }
-      const DlqEntry& e = (*l)->entry;
-      if (e.topic_id != 0) topics.emplace(e.topic, std::nullopt);
-      candidates.push_back(id);
-    }
-    return Status();
-  });
+  Status s = resolve_replay(store_, ids, lenient, &candidates, &topics);
   if (!s.ok()) return s;
-  for (auto& [name, ref] : topics) {
-    auto t = store_.find_topic(name);
-    if (t.ok()) {
-      ref = *t;
-    } else if (t.code() != Code::NotFound) {
-      return t.status();
-    }
-  }
 
   // Phase 2 (write): re-check every entry, then append + mark + audit.
   std::vector<DlqReplayed> done;
@@ -699,39 +699,9 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
         if (lenient) continue;
         return Status(Code::NotFound, "dlq replay: entry " + std::to_string(id) + " not found; nothing replayed");
       }
-      const DlqEntry& e = (*l)->entry;
-      if (e.state != DlqState::Pending) {
+      if (Status refused = replay_refusal(id, (*l)->entry, topics, static_cast<bool>(republish)); !refused.ok()) {
         if (lenient) continue;
-        return Status(Code::Conflict, "dlq replay: entry " + std::to_string(id) + " is " + state_note(e) +
-                                          "; nothing replayed");
-      }
-      if (e.topic_id == 0) {
-        if (!republish) {
-          if (lenient) continue;
-          return Status(Code::InvalidArgument, "dlq replay: entry " + std::to_string(id) + " comes from ephemeral topic " +
-                                                   quoted(e.topic) + "; replay it through the Bus; nothing replayed");
-        }
-      } else {
-        const auto& ref = topics[e.topic];
-        if (!ref) {
-          if (lenient) continue;
-          return Status(Code::NotFound, "dlq replay: origin topic " + quoted(e.topic) + " of entry " + std::to_string(id) +
-                                            " not found; nothing replayed");
-        }
-        if (!ref->fence.empty()) {
-          // A fenced topic accepts appends only under the current lease
-          // generation's token (doc/leases.md); an operator's replay holds none.
-          if (lenient) continue;
-          return Status(Code::InvalidArgument, "dlq replay: origin topic " + quoted(e.topic) + " of entry " +
-                                                   std::to_string(id) + " is fenced by lease " + quoted(ref->fence) +
-                                                   "; replay it through the lease holder; nothing replayed");
-        }
-        if (e.lane >= ref->lanes) {
-          if (lenient) continue;
-          return Status(Code::InvalidArgument, "dlq replay: entry " + std::to_string(id) + " lane " +
-                                                   std::to_string(e.lane) + " is out of range for topic " + quoted(e.topic) +
-                                                   "; nothing replayed");
-        }
+        return refused;
       }
       work.push_back(std::move(**l));
     }
@@ -743,16 +713,7 @@ Result<std::vector<DlqReplayed>> DlqStore::replay_impl(std::vector<std::uint64_t
       DlqReplayed r{e.id, e.topic, e.lane, 0, e.topic_id == 0,
                     e.key.size() + e.idempotency_key.size() + e.payload.size()};
       if (e.topic_id != 0) {
-        AppendRequest req;
-        req.topic_id = topics[e.topic]->id;
-        req.lane = e.lane;
-        req.header = e.header;
-        req.header.attempt = 0;
-        req.header.created_at_ns = 0;  // the replay time: topic age retention must not drop it at once
-        req.key = e.key;
-        req.idempotency_key = e.idempotency_key;
-        req.payload = e.payload;
-        auto a = txn.append(std::move(req));
+        auto a = append_replayed(txn, e, topics[e.topic]->id);
         if (!a.ok()) return a.status();
         r.offset = a->offset;
       }
@@ -1006,7 +967,7 @@ Result<DlqCounters> DlqStore::counters() {
                       "dlq: pending index names entry " + std::to_string(*oldest) + " which cannot be read");
       }
       if (v->size() < kDeadAtOffset + 8) return Status(Code::Corruption, "dlq entry record is malformed");
-      Reader r(v->substr(kDeadAtOffset, 8));
+      ByteReader r(v->substr(kDeadAtOffset, 8));
       c.oldest_pending_at_ns = r.i64();
       const std::int64_t t = now(txn);
       c.oldest_pending_age_ns = t > c.oldest_pending_at_ns ? t - c.oldest_pending_at_ns : 0;
@@ -1026,7 +987,7 @@ Result<std::uint32_t> DlqStore::note_outcome_in(StoreTxn& txn, const GroupRef& g
   auto n = outcomes_in(txn, group, lane, offset);
   if (!n.ok()) return n.status();
   const std::uint32_t next = *n + 1;
-  Writer w;
+  ByteWriter w;
   w.u32(next);
   std::string v = w.take();
   Status s = txn.put(StoreTable::Dlq, outcome_key(group, lane, offset), v);
@@ -1041,7 +1002,7 @@ Result<std::uint32_t> DlqStore::outcomes_in(StoreTxn& txn, const GroupRef& group
     if (v.code() == Code::NotFound) return std::uint32_t{0};
     return v.status();
   }
-  Reader r(*v);
+  ByteReader r(*v);
   std::uint32_t n = r.u32();
   if (!r.done()) return Status(Code::Corruption, "dlq outcome record is malformed");
   return n;

@@ -266,6 +266,184 @@ Result<std::unique_ptr<LeaseTable>> open_lease_table_with_hooks(const std::strin
   return LeaseTableImpl::open(path, options, hooks);
 }
 
+namespace {
+
+// Fill a new segment's header at `map` for `epoch` (the file is all zeros):
+// the mutex is made process-shared and robust, and `ready` is stored last.
+Status init_segment(void* map, std::size_t bytes, std::uint64_t epoch, const LeaseTableOptions& options,
+                    const LeaseTableHooks& hooks) {
+  auto* h = new (map) Header();  // zero-initialised (the file is all zeros too)
+  h->magic = kLeaseMagic;
+  h->layout_version = kLeaseLayoutVersion;
+  h->header_bytes = kHeaderBytes;
+  h->abi_tag = lease_abi_tag();
+  h->entry_bytes = sizeof(Entry);
+  h->capacity = options.capacity;
+  h->total_bytes = bytes;
+  h->creator_uid = geteuid();
+  h->time_ns_inode = inode_of("/proc/self/ns/time");
+  h->pid_ns_inode = inode_of("/proc/self/ns/pid");
+  std::string boot = read_boot_id(hooks);
+  std::memcpy(h->boot_id, boot.data(), boot.size());
+  h->epoch = epoch;
+  h->next_token = (epoch << kSeqBits) | 1;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  int rc = pthread_mutex_init(&h->mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (rc != 0) return Status(Code::Internal, std::string("pthread_mutex_init: ") + std::strerror(rc));
+  // Release: every store above happens-before a reader that sees kReady.
+  h->ready.store(kReady, std::memory_order_release);
+  return Status::OK();
+}
+
+// Create the segment at `path`: build it in a private temporary file, then
+// link it into place. OK also when another creator linked one first (EEXIST):
+// the caller attaches to whichever is there.
+Status create_segment(const std::string& path, const std::string& epoch_path, const LeaseTableOptions& options,
+                      const LeaseTableHooks& hooks) {
+  std::uint64_t rnd = 0;
+  if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd)) rnd = static_cast<std::uint64_t>(getpid());
+  char suffix[64];
+  std::snprintf(suffix, sizeof(suffix), ".tmp.%d.%016llx", static_cast<int>(getpid()),
+                static_cast<unsigned long long>(rnd));
+  std::string tmp = path + suffix;
+  int tfd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (tfd < 0) return errno_status("open (create)", tmp, errno);
+  auto fail = [&](const char* call) {
+    int err = errno;
+    ::close(tfd);
+    ::unlink(tmp.c_str());
+    return errno_status(call, tmp, err);
+  };
+  // umask filters the mode given to open; fchmod makes it exactly 0600.
+  if (fchmod(tfd, 0600) != 0) return fail("fchmod");
+  std::size_t bytes = segment_bytes(options.capacity);
+  if (ftruncate(tfd, static_cast<off_t>(bytes)) != 0) return fail("ftruncate");
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
+  if (map == MAP_FAILED) return fail("mmap");
+  // A new segment is a new incarnation: advance the durable epoch first.
+  Result<std::uint64_t> epoch = EpochFile::advance(epoch_path, 1, options.allow_volatile_epoch);
+  Status init_status = epoch.ok() ? Status::OK() : epoch.status();
+  if (init_status.ok() && *epoch > kMaxEpoch) {
+    init_status = Status(Code::Corruption, "epoch file " + quoted(epoch_path) + ": epoch space exhausted");
+  }
+  if (init_status.ok()) init_status = init_segment(map, bytes, *epoch, options, hooks);
+  munmap(map, bytes);
+  if (!init_status.ok()) {
+    ::close(tfd);
+    ::unlink(tmp.c_str());
+    return init_status;
+  }
+  int lrc = ::link(tmp.c_str(), path.c_str());
+  int lerr = errno;
+  ::unlink(tmp.c_str());
+  ::close(tfd);
+  if (lrc != 0 && lerr != EEXIST) return errno_status("link", path, lerr);
+  return Status::OK();
+}
+
+// The segment file must be a regular file of this euid, not group or world writable.
+Status check_segment_file(int fd, const std::string& path) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return errno_status("fstat", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return Status(Code::PermissionDenied, "lease table " + quoted(path) + " is not a regular file");
+  }
+  if (st.st_uid != geteuid()) {
+    return Status(Code::PermissionDenied, "lease table " + quoted(path) + " is owned by uid " +
+                                              std::to_string(st.st_uid) + ", not this process's euid " +
+                                              std::to_string(geteuid()) + "; refusing a foreign segment");
+  }
+  if ((st.st_mode & 0022) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status(Code::PermissionDenied, "lease table " + quoted(path) + " has mode " + mode +
+                                              " (group or world writable); refusing it");
+  }
+  return Status::OK();
+}
+
+// The header's fixed-size prefix, read with pread before mapping anything
+// (so a truncated or foreign file never gets mapped past its end): magic,
+// version, ABI and a size that matches the capacity. Returns the capacity.
+Result<std::uint32_t> check_segment_header(int fd, std::size_t size, const std::string& path) {
+  if (size < sizeof(Header)) {
+    return Status(Code::Corruption, "lease table " + quoted(path) + " is too small (" +
+                                        std::to_string(size) + " bytes) to be a lease table");
+  }
+  alignas(Header) unsigned char probe[offsetof(Header, ready)];
+  if (pread(fd, probe, sizeof(probe), 0) != static_cast<ssize_t>(sizeof(probe))) {
+    return errno_status("pread", path, errno);
+  }
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint64_t abi;
+  std::uint32_t entry_bytes;
+  std::uint32_t capacity;
+  std::uint64_t total;
+  std::memcpy(&magic, probe + offsetof(Header, magic), sizeof(magic));
+  std::memcpy(&version, probe + offsetof(Header, layout_version), sizeof(version));
+  std::memcpy(&abi, probe + offsetof(Header, abi_tag), sizeof(abi));
+  std::memcpy(&entry_bytes, probe + offsetof(Header, entry_bytes), sizeof(entry_bytes));
+  std::memcpy(&capacity, probe + offsetof(Header, capacity), sizeof(capacity));
+  std::memcpy(&total, probe + offsetof(Header, total_bytes), sizeof(total));
+  if (magic != kLeaseMagic) {
+    return Status(Code::Corruption, "lease table " + quoted(path) +
+                                        ": bad magic number (not a lanebus lease table)");
+  }
+  if (version > kLeaseLayoutVersion) {
+    return Status(Code::VersionTooNew, "lease table " + quoted(path) + ": layout version " +
+                                           std::to_string(version) + " is newer than this lanebus (" +
+                                           std::to_string(kLeaseLayoutVersion) + ")");
+  }
+  if (version != kLeaseLayoutVersion) {
+    return Status(Code::Corruption, "lease table " + quoted(path) + ": unknown layout version " +
+                                        std::to_string(version));
+  }
+  if (abi != lease_abi_tag() || entry_bytes != sizeof(Entry)) {
+    return Status(Code::Corruption, "lease table " + quoted(path) +
+                                        ": ABI tag mismatch (created by a different arch, libc or "
+                                        "build of lanebus)");
+  }
+  if (capacity == 0 || capacity > kMaxCapacity || total != segment_bytes(capacity) || size != total) {
+    return Status(Code::Corruption, "lease table " + quoted(path) + ": size " + std::to_string(size) +
+                                        " bytes does not match the header (capacity " +
+                                        std::to_string(capacity) + ", expected " +
+                                        std::to_string(segment_bytes(capacity)) + " bytes)");
+  }
+  return capacity;
+}
+
+// The mutex's kind word (glibc's pthread_mutex_t.__data.__kind: type,
+// robust, process-shared and priority bits) never changes after
+// pthread_mutex_init. A damaged one makes pthread_mutex_timedlock assert
+// (priority-protect bits) or misbehave: compare it with a mutex made like the
+// creator's before locking (found by fuzz/lease_segment_fuzz.cpp).
+Status check_mutex_kind(const Header& header, const std::string& path) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_t reference;
+  pthread_mutex_init(&reference, &attr);
+  pthread_mutexattr_destroy(&attr);
+  const int want = reference.__data.__kind;
+  pthread_mutex_destroy(&reference);
+  int got = 0;
+  std::memcpy(&got, reinterpret_cast<const char*>(&header.mutex) + offsetof(pthread_mutex_t, __data.__kind),
+              sizeof got);
+  if (got != want) {
+    return Status(Code::Corruption, "lease table " + quoted(path) +
+                                        ": the segment's mutex is not a process-shared robust mutex (damaged header)");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<LeaseTable>> LeaseTableImpl::open(const std::string& path,
                                                          const LeaseTableOptions& options,
                                                          const LeaseTableHooks& hooks) {
@@ -302,187 +480,29 @@ Result<std::unique_ptr<LeaseTable>> LeaseTableImpl::open(const std::string& path
                                                std::to_string(options.capacity) + " is outside 1.." +
                                                std::to_string(kMaxCapacity));
     }
-
-    // Build the segment in a private temporary file, then link it into place.
-    std::uint64_t rnd = 0;
-    if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd)) rnd = static_cast<std::uint64_t>(getpid());
-    char suffix[64];
-    std::snprintf(suffix, sizeof(suffix), ".tmp.%d.%016llx", static_cast<int>(getpid()),
-                  static_cast<unsigned long long>(rnd));
-    std::string tmp = path + suffix;
-    int tfd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (tfd < 0) return errno_status("open (create)", tmp, errno);
-    // umask filters the mode given to open; fchmod makes it exactly 0600.
-    if (fchmod(tfd, 0600) != 0) {
-      int err = errno;
-      ::close(tfd);
-      ::unlink(tmp.c_str());
-      return errno_status("fchmod", tmp, err);
-    }
-    std::size_t bytes = segment_bytes(options.capacity);
-    if (ftruncate(tfd, static_cast<off_t>(bytes)) != 0) {
-      int err = errno;
-      ::close(tfd);
-      ::unlink(tmp.c_str());
-      return errno_status("ftruncate", tmp, err);
-    }
-    void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
-    if (map == MAP_FAILED) {
-      int err = errno;
-      ::close(tfd);
-      ::unlink(tmp.c_str());
-      return errno_status("mmap", tmp, err);
-    }
-    // A new segment is a new incarnation: advance the durable epoch first.
-    Result<std::uint64_t> epoch = EpochFile::advance(impl->epoch_path_, 1, options.allow_volatile_epoch);
-    Status init_status = epoch.ok() ? Status::OK() : epoch.status();
-    if (init_status.ok() && *epoch > kMaxEpoch) {
-      init_status = Status(Code::Corruption, "epoch file " + quoted(impl->epoch_path_) +
-                                                 ": epoch space exhausted");
-    }
-    if (init_status.ok()) {
-      auto* h = new (map) Header();  // zero-initialised (the file is all zeros too)
-      h->magic = kLeaseMagic;
-      h->layout_version = kLeaseLayoutVersion;
-      h->header_bytes = kHeaderBytes;
-      h->abi_tag = lease_abi_tag();
-      h->entry_bytes = sizeof(Entry);
-      h->capacity = options.capacity;
-      h->total_bytes = bytes;
-      h->creator_uid = geteuid();
-      h->time_ns_inode = inode_of("/proc/self/ns/time");
-      h->pid_ns_inode = inode_of("/proc/self/ns/pid");
-      std::string boot = read_boot_id(hooks);
-      std::memcpy(h->boot_id, boot.data(), boot.size());
-      h->epoch = *epoch;
-      h->next_token = (*epoch << kSeqBits) | 1;
-      pthread_mutexattr_t attr;
-      pthread_mutexattr_init(&attr);
-      pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-      pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-      int rc = pthread_mutex_init(&h->mutex, &attr);
-      pthread_mutexattr_destroy(&attr);
-      if (rc != 0) {
-        init_status = Status(Code::Internal, std::string("pthread_mutex_init: ") + std::strerror(rc));
-      } else {
-        // Release: every store above happens-before a reader that sees kReady.
-        h->ready.store(kReady, std::memory_order_release);
-      }
-    }
-    munmap(map, bytes);
-    if (!init_status.ok()) {
-      ::close(tfd);
-      ::unlink(tmp.c_str());
-      return init_status;
-    }
-    int lrc = ::link(tmp.c_str(), path.c_str());
-    int lerr = errno;
-    ::unlink(tmp.c_str());
-    ::close(tfd);
-    if (lrc != 0 && lerr != EEXIST) return errno_status("link", path, lerr);
-    // Won (lrc == 0) or lost the race to another creator: attach either way.
+    // Won the race to create it or lost it to another creator: attach either way.
+    if (Status s = create_segment(path, impl->epoch_path_, options, hooks); !s.ok()) return s;
   }
   return Status(Code::Busy, "lease table " + quoted(path) +
                                 ": the file keeps appearing and disappearing; giving up");
 }
 
 Status LeaseTableImpl::attach(int fd, std::size_t size) {
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return errno_status("fstat", path_, errno);
-  if (!S_ISREG(st.st_mode)) {
-    return Status(Code::PermissionDenied, "lease table " + quoted(path_) + " is not a regular file");
-  }
-  if (st.st_uid != geteuid()) {
-    return Status(Code::PermissionDenied, "lease table " + quoted(path_) + " is owned by uid " +
-                                              std::to_string(st.st_uid) + ", not this process's euid " +
-                                              std::to_string(geteuid()) + "; refusing a foreign segment");
-  }
-  if ((st.st_mode & 0022) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return Status(Code::PermissionDenied, "lease table " + quoted(path_) + " has mode " + mode +
-                                              " (group or world writable); refusing it");
-  }
-  if (size < sizeof(Header)) {
-    return Status(Code::Corruption, "lease table " + quoted(path_) + " is too small (" +
-                                        std::to_string(size) + " bytes) to be a lease table");
-  }
-  // Read the fixed-size prefix with pread before mapping anything, so a
-  // truncated or foreign file never gets mapped past its end.
-  alignas(Header) unsigned char probe[offsetof(Header, ready)];
-  if (pread(fd, probe, sizeof(probe), 0) != static_cast<ssize_t>(sizeof(probe))) {
-    return errno_status("pread", path_, errno);
-  }
-  std::uint64_t magic;
-  std::uint32_t version;
-  std::uint64_t abi;
-  std::uint32_t entry_bytes;
-  std::uint32_t capacity;
-  std::uint64_t total;
-  std::memcpy(&magic, probe + offsetof(Header, magic), sizeof(magic));
-  std::memcpy(&version, probe + offsetof(Header, layout_version), sizeof(version));
-  std::memcpy(&abi, probe + offsetof(Header, abi_tag), sizeof(abi));
-  std::memcpy(&entry_bytes, probe + offsetof(Header, entry_bytes), sizeof(entry_bytes));
-  std::memcpy(&capacity, probe + offsetof(Header, capacity), sizeof(capacity));
-  std::memcpy(&total, probe + offsetof(Header, total_bytes), sizeof(total));
-  if (magic != kLeaseMagic) {
-    return Status(Code::Corruption, "lease table " + quoted(path_) +
-                                        ": bad magic number (not a lanebus lease table)");
-  }
-  if (version > kLeaseLayoutVersion) {
-    return Status(Code::VersionTooNew, "lease table " + quoted(path_) + ": layout version " +
-                                           std::to_string(version) + " is newer than this lanebus (" +
-                                           std::to_string(kLeaseLayoutVersion) + ")");
-  }
-  if (version != kLeaseLayoutVersion) {
-    return Status(Code::Corruption, "lease table " + quoted(path_) + ": unknown layout version " +
-                                        std::to_string(version));
-  }
-  if (abi != lease_abi_tag() || entry_bytes != sizeof(Entry)) {
-    return Status(Code::Corruption, "lease table " + quoted(path_) +
-                                        ": ABI tag mismatch (created by a different arch, libc or "
-                                        "build of lanebus)");
-  }
-  if (capacity == 0 || capacity > kMaxCapacity || total != segment_bytes(capacity) || size != total) {
-    return Status(Code::Corruption, "lease table " + quoted(path_) + ": size " + std::to_string(size) +
-                                        " bytes does not match the header (capacity " +
-                                        std::to_string(capacity) + ", expected " +
-                                        std::to_string(segment_bytes(capacity)) + " bytes)");
-  }
+  if (Status s = check_segment_file(fd, path_); !s.ok()) return s;
+  auto capacity = check_segment_header(fd, size, path_);
+  if (!capacity.ok()) return capacity.status();
   void* map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) return errno_status("mmap", path_, errno);
   map_ = map;
   map_bytes_ = size;
   header_ = static_cast<Header*>(map);
   entries_ = reinterpret_cast<Entry*>(static_cast<char*>(map) + kHeaderBytes);
-  capacity_ = capacity;
+  capacity_ = *capacity;
   // Acquire pairs with the creator's release store.
   if (header_->ready.load(std::memory_order_acquire) != kReady) {
     return Status(Code::Corruption, "lease table " + quoted(path_) + ": segment was never initialised");
   }
-  // The mutex's kind word (glibc's pthread_mutex_t.__data.__kind: type,
-  // robust, process-shared and priority bits) never changes after
-  // pthread_mutex_init. A damaged one makes pthread_mutex_timedlock assert
-  // (priority-protect bits) or misbehave: compare it with a mutex made like the
-  // creator's before locking (found by fuzz/lease_segment_fuzz.cpp).
-  {
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_t reference;
-    pthread_mutex_init(&reference, &attr);
-    pthread_mutexattr_destroy(&attr);
-    const int want = reference.__data.__kind;
-    pthread_mutex_destroy(&reference);
-    int got = 0;
-    std::memcpy(&got, reinterpret_cast<const char*>(&header_->mutex) + offsetof(pthread_mutex_t, __data.__kind),
-                sizeof got);
-    if (got != want) {
-      return Status(Code::Corruption, "lease table " + quoted(path_) +
-                                          ": the segment's mutex is not a process-shared robust mutex (damaged header)");
-    }
-  }
+  if (Status s = check_mutex_kind(*header_, path_); !s.ok()) return s;
   std::uint64_t my_time_ns = inode_of("/proc/self/ns/time");
   std::string boot = read_boot_id(hooks_);
 

@@ -586,6 +586,62 @@ const Status& mismatch() {
   return s;
 }
 
+// A scalar stored with exactly the type asked for (read_def's fast path):
+// decoded here, without the widening switch.
+template <typename T>
+T decode_exact(std::string_view v) noexcept {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v[0] != 0;
+  } else if constexpr (std::is_same_v<T, double>) {
+    std::uint64_t bits;
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&bits, v.data(), 8);
+    } else {
+      bits = detail::get_le64(v.data());
+    }
+    double d;
+    std::memcpy(&d, &bits, 8);
+    return d;
+  } else if constexpr (std::is_same_v<T, std::string_view>) {
+    return v;
+  } else {
+    std::uint64_t raw = 0;
+    int shift = 0;
+    for (const char c : v) {
+      raw |= std::uint64_t(static_cast<std::uint8_t>(c) & 0x7f) << shift;
+      shift += 7;
+      if (shift >= 64) break;
+    }
+    if constexpr (std::is_same_v<T, std::uint64_t>) {
+      return raw;
+    } else {
+      return detail::unzigzag(raw);
+    }
+  }
+}
+
+// A scalar stored as `have`, read as `want` (a type it widens to).
+template <typename T>
+Result<T> decode_widened(FieldType have, FieldType want, std::string_view v) noexcept {
+  bool b = false;
+  std::int64_t i = 0;
+  std::uint64_t u = 0;
+  double d = 0;
+  std::string_view s;
+  if (!decode_scalar(have, want, v, &b, &i, &u, &d, &s)) return mismatch();
+  if constexpr (std::is_same_v<T, bool>) {
+    return b;
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
+    return i;
+  } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+    return u;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return d;
+  } else {
+    return s;
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -616,36 +672,7 @@ Result<T> RecordView::read_def(const void* def_ptr, std::uint32_t id, FieldType 
   // reader schema's type) is decoded here, without the widening switch.
   if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t> ||
                 std::is_same_v<T, double> || std::is_same_v<T, std::string_view>) {
-    if (present && have == want && (def == nullptr || def->type == want)) {
-      if constexpr (std::is_same_v<T, bool>) {
-        return v[0] != 0;
-      } else if constexpr (std::is_same_v<T, double>) {
-        std::uint64_t bits;
-        if constexpr (std::endian::native == std::endian::little) {
-          std::memcpy(&bits, v.data(), 8);
-        } else {
-          bits = detail::get_le64(v.data());
-        }
-        double d;
-        std::memcpy(&d, &bits, 8);
-        return d;
-      } else if constexpr (std::is_same_v<T, std::string_view>) {
-        return v;
-      } else {
-        std::uint64_t raw = 0;
-        int shift = 0;
-        for (const char c : v) {
-          raw |= std::uint64_t(static_cast<std::uint8_t>(c) & 0x7f) << shift;
-          shift += 7;
-          if (shift >= 64) break;
-        }
-        if constexpr (std::is_same_v<T, std::uint64_t>) {
-          return raw;
-        } else {
-          return detail::unzigzag(raw);
-        }
-      }
-    }
+    if (present && have == want && (def == nullptr || def->type == want)) return decode_exact<T>(v);
   }
   if (!present) {
     if (def == nullptr || !def->has_default) return Status::from_literal(Code::NotFound, "record: no such field");
@@ -705,23 +732,7 @@ Result<T> RecordView::read_def(const void* def_ptr, std::uint32_t id, FieldType 
     l.version_ = version_;
     return l;
   } else {
-    bool b = false;
-    std::int64_t i = 0;
-    std::uint64_t u = 0;
-    double d = 0;
-    std::string_view s;
-    if (!decode_scalar(have, want, v, &b, &i, &u, &d, &s)) return mismatch();
-    if constexpr (std::is_same_v<T, bool>) {
-      return b;
-    } else if constexpr (std::is_same_v<T, std::int64_t>) {
-      return i;
-    } else if constexpr (std::is_same_v<T, std::uint64_t>) {
-      return u;
-    } else if constexpr (std::is_same_v<T, double>) {
-      return d;
-    } else {
-      return s;
-    }
+    return decode_widened<T>(have, want, v);
   }
 }
 

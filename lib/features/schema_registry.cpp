@@ -10,6 +10,7 @@
 #include <set>
 
 #include "access.hpp"
+#include "coding.hpp"
 #include "bus_impl.hpp"
 #include "names.hpp"
 #include "record_codec.hpp"
@@ -42,45 +43,7 @@ std::string usage_prefix(std::string_view topic, std::string_view field) {
 }
 constexpr std::string_view kAuditNext = "n";
 
-struct Writer {
-  std::string b;
-  void u8(std::uint8_t v) { b.push_back(static_cast<char>(v)); }
-  void u64(std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>(v >> (8 * i)));
-  }
-  void i64(std::int64_t v) { u64(static_cast<std::uint64_t>(v)); }
-  void str(std::string_view s) {
-    const auto n = static_cast<std::uint32_t>(s.size());
-    for (int i = 0; i < 4; ++i) b.push_back(static_cast<char>(n >> (8 * i)));
-    b.append(s);
-  }
-};
-
-struct Reader {
-  std::string_view in;
-  std::size_t pos = 0;
-  bool ok = true;
-  std::uint8_t u8() {
-    if (pos + 1 > in.size()) return ok = false, 0;
-    return static_cast<std::uint8_t>(in[pos++]);
-  }
-  std::uint64_t u64() {
-    if (pos + 8 > in.size()) return ok = false, 0;
-    const std::uint64_t v = get_le64(in.data() + pos);
-    pos += 8;
-    return v;
-  }
-  std::int64_t i64() { return static_cast<std::int64_t>(u64()); }
-  std::string str() {
-    if (pos + 4 > in.size()) return ok = false, std::string();
-    const std::uint32_t n = get_le32(in.data() + pos);
-    pos += 4;
-    if (n > in.size() - pos) return ok = false, std::string();
-    std::string s(in.substr(pos, n));
-    pos += n;
-    return s;
-  }
-};
+// Records: ByteWriter / ByteReader (coding.hpp).
 
 Status corrupt(std::string_view what) { return Status(Code::Corruption, "schema registry: bad " + std::string(what) + " record"); }
 
@@ -149,26 +112,26 @@ class MemKv final : public SchemaKv {
 };
 
 Result<Contract> decode_contract(std::string_view group, std::string_view v) {
-  Reader r{v};
+  ByteReader r(v);
   Contract c;
   c.group = std::string(group);
   c.updated_ns = r.i64();
   const std::uint64_t n = r.u64();
-  for (std::uint64_t i = 0; i < n && r.ok; ++i) c.fields.push_back(r.str());
-  if (!r.ok) return corrupt("contract");
+  for (std::uint64_t i = 0; i < n && r.ok(); ++i) c.fields.push_back(r.str32());
+  if (!r.ok()) return corrupt("contract");
   return c;
 }
 
 Result<Deprecation> decode_deprecation(std::string_view field, std::string_view v) {
-  Reader r{v};
+  ByteReader r(v);
   Deprecation d;
   d.field = std::string(field);
   d.since_ns = r.i64();
   d.window_ns = r.i64();
-  d.replacement = r.str();
-  d.who = r.str();
-  d.why = r.str();
-  if (!r.ok) return corrupt("deprecation");
+  d.replacement = r.str32();
+  d.who = r.str32();
+  d.why = r.str32();
+  if (!r.ok()) return corrupt("deprecation");
   return d;
 }
 
@@ -208,11 +171,11 @@ Status read_usage(SchemaKv& kv, std::string_view topic, std::string_view field, 
     }
     const std::string_view group = rest.substr(4, rest.size() - 4 - 3);
     const std::uint16_t version = get_be16(rest.data() + rest.size() - 2);
-    Reader r{v};
+    ByteReader r(v);
     const std::uint64_t n = r.u64();
     const std::int64_t last = r.i64();
     const std::uint8_t flags = r.u8();
-    if (!r.ok) {
+    if (!r.ok()) {
       bad = corrupt("usage");
       return false;
     }
@@ -322,17 +285,17 @@ Status SchemaRegistry::audit(SchemaKv& kv, std::string_view topic, std::string_v
   } else if (n.code() != Code::NotFound) {
     return n.status();
   }
-  Writer w;
+  ByteWriter w;
   w.i64(now());
-  w.str(topic);
-  w.str(action);
-  w.str(detail);
-  w.str(who.who);
-  w.str(who.why);
-  if (Status s = kv.put("a" + be64(seq), w.b); !s.ok()) return s;
-  Writer c;
+  w.str32(topic);
+  w.str32(action);
+  w.str32(detail);
+  w.str32(who.who);
+  w.str32(who.why);
+  if (Status s = kv.put("a" + be64(seq), w.bytes()); !s.ok()) return s;
+  ByteWriter c;
   c.u64(seq + 1);
-  return kv.put(kAuditNext, c.b);
+  return kv.put(kAuditNext, c.bytes());
 }
 
 const SchemaVersion* SchemaRegistry::publish_latest(std::string_view topic, const SchemaVersion& v) {
@@ -534,13 +497,13 @@ Status SchemaRegistry::deprecate(std::string_view topic, std::string_view field,
       return Status(Code::NotFound, "deprecate: the replacement \"" + std::string(replacement) +
                                         "\" is not another field of version " + std::to_string(latest.version()) +
                                         " (register it first)");
-    Writer w;
+    ByteWriter w;
     w.i64(now());
     w.i64(window_ns);
-    w.str(replacement);
-    w.str(who.who);
-    w.str(who.why);
-    if (Status s = kv.put(deprecation_prefix(topic) + std::string(field), w.b); !s.ok()) return s;
+    w.str32(replacement);
+    w.str32(who.who);
+    w.str32(who.why);
+    if (Status s = kv.put(deprecation_prefix(topic) + std::string(field), w.bytes()); !s.ok()) return s;
     std::string detail = std::string(field) + " for " + std::to_string(window_ns / kDayNs) + " days";
     if (!replacement.empty()) detail += ", replaced by " + std::string(replacement);
     return audit(kv, topic, "deprecate", detail, who);
@@ -644,10 +607,10 @@ Result<std::uint16_t> SchemaRegistry::remove(std::string_view topic, std::string
 
 Status SchemaRegistry::set_contract(std::string_view topic, std::string_view group,
                                     const std::vector<std::string>& fields) {
-  Writer w;
+  ByteWriter w;
   w.i64(now());
   w.u64(fields.size());
-  for (const std::string& f : fields) w.str(f);
+  for (const std::string& f : fields) w.str32(f);
   return write([&](SchemaKv& kv) -> Status {
     const std::string key = contract_prefix(topic) + std::string(group);
     auto old = kv.get(key);
@@ -655,7 +618,7 @@ Status SchemaRegistry::set_contract(std::string_view topic, std::string_view gro
       auto c = decode_contract(group, *old);
       if (c.ok() && c->fields == fields) return Status();  // unchanged
     }
-    return kv.put(key, w.b);
+    return kv.put(key, w.bytes());
   });
 }
 
@@ -744,15 +707,15 @@ Result<std::vector<SchemaAuditEntry>> SchemaRegistry::audit_log() {
     out.clear();
     Status bad;
     Status ss = kv.scan("a", {}, [&](std::string_view, std::string_view v) {
-      Reader r{v};
+      ByteReader r(v);
       SchemaAuditEntry e;
       e.at_ns = r.i64();
-      e.topic = r.str();
-      e.action = r.str();
-      e.detail = r.str();
-      e.who = r.str();
-      e.why = r.str();
-      if (!r.ok) {
+      e.topic = r.str32();
+      e.action = r.str32();
+      e.detail = r.str32();
+      e.who = r.str32();
+      e.why = r.str32();
+      if (!r.ok()) {
         bad = corrupt("audit");
         return false;
       }
@@ -886,18 +849,18 @@ Status SchemaRegistry::flush_usage() {
       std::uint8_t flags = outside ? 1 : 0;
       auto old = kv.get(key);
       if (old.ok()) {
-        Reader r{*old};
+        ByteReader r(*old);
         n += r.u64();
         (void)r.i64();
         flags |= r.u8();
       } else if (old.code() != Code::NotFound) {
         return old.status();
       }
-      Writer w;
+      ByteWriter w;
       w.u64(n);
       w.i64(t_now);
       w.u8(flags);
-      if (Status ps = kv.put(key, w.b); !ps.ok()) return ps;
+      if (Status ps = kv.put(key, w.bytes()); !ps.ok()) return ps;
     }
     return Status();
   });

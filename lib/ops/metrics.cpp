@@ -268,14 +268,211 @@ std::optional<double> quantile_seconds(const LatencyHistogram& h, double q) {
   return static_cast<double>(ns) / 1e9;
 }
 
+// Messages per second over the window (0 for a window of one sample).
+struct PerSecond {
+  double span;
+  double operator()(std::uint64_t n) const { return span > 0 ? static_cast<double>(n) / span : 0.0; }
+};
+
+// The store-wide DLQ figures at `now`, and its arrivals and depth change since `base`.
+DlqMetrics window_dlq(const BusStats& now, const BusStats& base, PerSecond per_s) {
+  DlqMetrics m;
+  if (!now.dlq_available) return m;
+  const DlqCounters& d = now.dlq;
+  m.available = true;
+  m.depth = d.pending;
+  m.oldest_age_seconds = static_cast<double>(d.oldest_pending_age_ns) / 1e9;
+  for (int c = 0; c < 3; ++c) m.arrivals[c] = d.arrivals[c];
+  if (base.dlq_available) {
+    const DlqCounters& b = base.dlq;
+    std::uint64_t now_arr = d.arrivals[0] + d.arrivals[1] + d.arrivals[2];
+    std::uint64_t base_arr = b.arrivals[0] + b.arrivals[1] + b.arrivals[2];
+    m.arrival_rate = per_s(now_arr >= base_arr ? now_arr - base_arr : now_arr);
+    m.depth_change = static_cast<std::int64_t>(d.pending) - static_cast<std::int64_t>(b.pending);
+  }
+  return m;
+}
+
+// A topic's counters and publish rate, and how its publishes spread over the
+// lanes in the window (skew, hot lane). Its groups are added by the caller.
+TopicMetrics topic_metrics(const TopicStats& ts, const TopicStats* bt, PerSecond per_s, const MetricsOptions& options) {
+  TopicMetrics tm;
+  tm.name = ts.name;
+  tm.is_queue = ts.is_queue;
+  tm.durable = ts.durable;
+  tm.lanes = ts.lanes;
+  tm.published = ts.published;
+  tm.publish_refused = ts.publish_refused;
+  tm.unrouted = ts.unrouted;
+  tm.publish_rate = per_s(grew(ts.published, bt ? bt->published : 0));
+  std::uint64_t window_total = 0;
+  std::vector<std::uint64_t> lane_delta(ts.lane_published.size());
+  for (std::size_t i = 0; i < ts.lane_published.size(); ++i) {
+    std::uint64_t old = (bt != nullptr && i < bt->lane_published.size()) ? bt->lane_published[i] : 0;
+    lane_delta[i] = grew(ts.lane_published[i], old);
+    window_total += lane_delta[i];
+  }
+  double max_share = 0;
+  std::uint32_t max_lane = 0;
+  for (std::size_t i = 0; i < ts.lane_published.size(); ++i) {
+    LaneLoad ll;
+    ll.lane = static_cast<std::uint32_t>(i);
+    ll.published = ts.lane_published[i];
+    ll.publish_rate = per_s(lane_delta[i]);
+    ll.load_share = window_total > 0 ? static_cast<double>(lane_delta[i]) / static_cast<double>(window_total) : 0.0;
+    if (ll.load_share > max_share) {
+      max_share = ll.load_share;
+      max_lane = ll.lane;
+    }
+    tm.lane_load.push_back(ll);
+  }
+  tm.load_skew = max_share * static_cast<double>(ts.lane_published.size());
+  if (ts.lane_published.size() > 1 && window_total >= options.hot_lane_min_messages &&
+      tm.load_skew >= options.hot_lane_skew)
+    tm.hot_lane = max_lane;
+  return tm;
+}
+
+// A group's counters, rates, lag and drain time, per lane too, and its
+// latency over the window. The SLA verdict is added by the caller.
+GroupMetrics group_metrics(const GroupStats& gs, const GroupStats* bg, std::int64_t now_wall_ns, PerSecond per_s) {
+  const double span = per_s.span;
+  GroupMetrics gm;
+  gm.name = gs.name;
+  gm.consumers = gs.consumers;
+  gm.total = gs.total;
+  gm.lag = gs.total.in_flight;
+  const LaneCounters zero{};
+  const LaneCounters& btot = bg ? bg->total : zero;
+  gm.consume_rate = per_s(grew(finished(gs.total), finished(btot)));
+  gm.error_rate = per_s(grew(gs.total.retried, btot.retried));
+  gm.failure_rate = per_s(grew(gs.total.failed, btot.failed));
+  gm.drop_rate = per_s(grew(gs.total.dropped, btot.dropped));
+  if (gs.oldest_unprocessed_ns != 0) {
+    gm.oldest_age_seconds = std::max(0.0, static_cast<double>(now_wall_ns - gs.oldest_unprocessed_ns) / 1e9);
+  } else if (gm.lag == 0) {
+    gm.oldest_age_seconds = 0.0;
+  }
+  if (gm.lag == 0) {
+    gm.drain_seconds = 0.0;
+  } else if (span > 0 && gm.consume_rate > 0) {
+    gm.drain_seconds = static_cast<double>(gm.lag) / gm.consume_rate;
+  } else if (span > 0) {
+    gm.stalled = true;
+  }
+  for (std::size_t i = 0; i < gs.lanes.size(); ++i) {
+    const LaneCounters& c = gs.lanes[i];
+    const LaneCounters& b = (bg != nullptr && i < bg->lanes.size()) ? bg->lanes[i] : zero;
+    GroupLaneMetrics lm;
+    lm.lane = static_cast<std::uint32_t>(i);
+    lm.counters = c;
+    lm.lag = c.in_flight;
+    lm.consume_rate = per_s(grew(finished(c), finished(b)));
+    lm.error_rate = per_s(grew(c.retried, b.retried));
+    if (lm.lag == 0) {
+      lm.drain_seconds = 0.0;
+    } else if (span > 0 && lm.consume_rate > 0) {
+      lm.drain_seconds = static_cast<double>(lm.lag) / lm.consume_rate;
+    }
+    gm.lanes.push_back(lm);
+  }
+  gm.latency = gs.latency;
+  gm.window_latency = histogram_delta(gs.latency, bg ? &bg->latency : nullptr);
+  if (span <= 0) gm.window_latency = LatencyHistogram{};
+  gm.latency_p50_seconds = quantile_seconds(gm.window_latency, 0.50);
+  gm.latency_p99_seconds = quantile_seconds(gm.window_latency, 0.99);
+  gm.latency_p999_seconds = quantile_seconds(gm.window_latency, 0.999);
+  return gm;
+}
+
 }  // namespace
+
+// Stuck lanes: how long this window has seen the same stuck call.
+std::vector<StuckLane> MetricsWindow::track_stuck(const std::string& topic, const GroupStats& gs,
+                                                  std::int64_t steady_ns) {
+  std::vector<StuckLane> stuck_lanes;
+  for (std::size_t i = 0; i < gs.lanes.size(); ++i) {
+    const LaneCounters& c = gs.lanes[i];
+    if (c.stuck_now == 0) continue;
+    StuckTrack* st = nullptr;
+    for (auto& x : stuck_)
+      if (x.lane == i && x.topic == topic && x.group == gs.name) st = &x;
+    if (st == nullptr) {
+      stuck_.push_back(StuckTrack{topic, gs.name, static_cast<std::uint32_t>(i), steady_ns, c.stuck, false});
+      st = &stuck_.back();
+    } else if (c.stuck != st->stuck_total) {
+      // Another call got stuck since the last sample (or the bus was reopened).
+      st->since_ns = steady_ns;
+      st->stuck_total = c.stuck;
+    }
+    st->seen = true;
+    StuckLane sl;
+    sl.topic = topic;
+    sl.group = gs.name;
+    sl.lane = static_cast<std::uint32_t>(i);
+    sl.calls = c.stuck_now;
+    sl.stuck_total = c.stuck;
+    sl.seen_seconds = static_cast<double>(steady_ns - st->since_ns) / 1e9;
+    stuck_lanes.push_back(std::move(sl));
+  }
+  return stuck_lanes;
+}
+
+// The SLA evaluator: nullopt when the group has no policy (its own or the default).
+std::optional<SlaReport> MetricsWindow::evaluate_sla(const std::string& topic, const GroupMetrics& gm,
+                                                     std::vector<StuckLane> stuck, const DlqMetrics& dlq,
+                                                     std::int64_t steady_ns) {
+  SlaTrack* tr = track(topic, gm.name, options_.default_sla.has_value());
+  std::optional<SlaPolicy> policy;
+  if (tr != nullptr) {
+    tr->seen = true;
+    policy = tr->policy ? tr->policy : options_.default_sla;
+  }
+  if (!policy) return std::nullopt;
+  SlaReport r;
+  r.sla_seconds = seconds(policy->sla);
+  r.page_fraction = policy->page_fraction;
+  r.threshold_seconds = r.page_fraction * r.sla_seconds;
+  r.hold_seconds = policy->hold.count() > 0 ? seconds(policy->hold) : seconds(options_.window);
+  const double age = gm.oldest_age_seconds.value_or(0.0);
+  if (gm.stalled) {
+    r.projected_seconds = std::numeric_limits<double>::infinity();
+  } else if (gm.drain_seconds) {
+    r.projected_seconds = age + *gm.drain_seconds;
+  }
+  // The instant verdict is classify_sla's (the one rule, also for tools); the hold
+  // turns an instant AtRisk into a page only once it has lasted. An unknown age
+  // (nullopt) is not a breach; an unknown projection is no risk yet.
+  const SlaState instant =
+      classify_sla(*policy, gm.oldest_age_seconds.value_or(0.0), r.projected_seconds.value_or(0.0));
+  r.risk_condition = r.projected_seconds && instant != SlaState::Ok;
+  if (r.risk_condition) {
+    if (!tr->risk_since_ns) tr->risk_since_ns = steady_ns;
+    r.risk_held_seconds = static_cast<double>(steady_ns - *tr->risk_since_ns) / 1e9;
+  } else {
+    tr->risk_since_ns.reset();
+  }
+  if (gm.oldest_age_seconds && instant == SlaState::Breached) {
+    r.state = SlaState::Breached;
+  } else if (!r.projected_seconds) {
+    r.state = SlaState::Unknown;
+  } else if (r.risk_condition && r.risk_held_seconds >= r.hold_seconds) {
+    r.state = SlaState::AtRisk;
+  } else {
+    r.state = SlaState::Ok;
+  }
+  r.stuck = std::move(stuck);
+  if (!r.stuck.empty() && (r.state == SlaState::Unknown || r.state == SlaState::Ok)) r.state = SlaState::AtRisk;
+  // The DLQ is per store: growing = its depth rose over the window.
+  if (dlq.depth_change) r.dlq_growing = *dlq.depth_change > 0;
+  return r;
+}
 
 void MetricsWindow::recompute() {
   const Sample& now = samples_.back();
   const Sample& base = samples_.front();
   const double span = static_cast<double>(now.steady_ns - base.steady_ns) / 1e9;
-  auto per_s = [span](std::uint64_t n) { return span > 0 ? static_cast<double>(n) / span : 0.0; };
-  const double window_s = seconds(options_.window);
+  const PerSecond per_s{span};
 
   for (auto& t : sla_) t.seen = false;
   for (auto& t : stuck_) t.seen = false;
@@ -289,177 +486,14 @@ void MetricsWindow::recompute() {
   snap.bridges = now.stats.bridges;
   snap.namespaces = now.stats.namespaces;
   snap.deprecated_fields = now.stats.deprecated_fields;
-  if (now.stats.dlq_available) {
-    const DlqCounters& d = now.stats.dlq;
-    snap.dlq.available = true;
-    snap.dlq.depth = d.pending;
-    snap.dlq.oldest_age_seconds = static_cast<double>(d.oldest_pending_age_ns) / 1e9;
-    for (int c = 0; c < 3; ++c) snap.dlq.arrivals[c] = d.arrivals[c];
-    if (base.stats.dlq_available) {
-      const DlqCounters& b = base.stats.dlq;
-      std::uint64_t now_arr = d.arrivals[0] + d.arrivals[1] + d.arrivals[2];
-      std::uint64_t base_arr = b.arrivals[0] + b.arrivals[1] + b.arrivals[2];
-      snap.dlq.arrival_rate = per_s(now_arr >= base_arr ? now_arr - base_arr : now_arr);
-      snap.dlq.depth_change = static_cast<std::int64_t>(d.pending) - static_cast<std::int64_t>(b.pending);
-    }
-  }
+  snap.dlq = window_dlq(now.stats, base.stats, per_s);
   for (const TopicStats& ts : now.stats.topics) {
     const TopicStats* bt = find_topic(base.stats, ts.name);
-    TopicMetrics tm;
-    tm.name = ts.name;
-    tm.is_queue = ts.is_queue;
-    tm.durable = ts.durable;
-    tm.lanes = ts.lanes;
-    tm.published = ts.published;
-    tm.publish_refused = ts.publish_refused;
-    tm.unrouted = ts.unrouted;
-    tm.publish_rate = per_s(grew(ts.published, bt ? bt->published : 0));
-    std::uint64_t window_total = 0;
-    std::vector<std::uint64_t> lane_delta(ts.lane_published.size());
-    for (std::size_t i = 0; i < ts.lane_published.size(); ++i) {
-      std::uint64_t old = (bt != nullptr && i < bt->lane_published.size()) ? bt->lane_published[i] : 0;
-      lane_delta[i] = grew(ts.lane_published[i], old);
-      window_total += lane_delta[i];
-    }
-    double max_share = 0;
-    std::uint32_t max_lane = 0;
-    for (std::size_t i = 0; i < ts.lane_published.size(); ++i) {
-      LaneLoad ll;
-      ll.lane = static_cast<std::uint32_t>(i);
-      ll.published = ts.lane_published[i];
-      ll.publish_rate = per_s(lane_delta[i]);
-      ll.load_share = window_total > 0 ? static_cast<double>(lane_delta[i]) / static_cast<double>(window_total) : 0.0;
-      if (ll.load_share > max_share) {
-        max_share = ll.load_share;
-        max_lane = ll.lane;
-      }
-      tm.lane_load.push_back(ll);
-    }
-    tm.load_skew = max_share * static_cast<double>(ts.lane_published.size());
-    if (ts.lane_published.size() > 1 && window_total >= options_.hot_lane_min_messages &&
-        tm.load_skew >= options_.hot_lane_skew)
-      tm.hot_lane = max_lane;
-
+    TopicMetrics tm = topic_metrics(ts, bt, per_s, options_);
     for (const GroupStats& gs : ts.groups) {
-      const GroupStats* bg = find_group(bt, gs.name);
-      GroupMetrics gm;
-      gm.name = gs.name;
-      gm.consumers = gs.consumers;
-      gm.total = gs.total;
-      gm.lag = gs.total.in_flight;
-      const LaneCounters zero{};
-      const LaneCounters& btot = bg ? bg->total : zero;
-      gm.consume_rate = per_s(grew(finished(gs.total), finished(btot)));
-      gm.error_rate = per_s(grew(gs.total.retried, btot.retried));
-      gm.failure_rate = per_s(grew(gs.total.failed, btot.failed));
-      gm.drop_rate = per_s(grew(gs.total.dropped, btot.dropped));
-      if (gs.oldest_unprocessed_ns != 0) {
-        gm.oldest_age_seconds = std::max(0.0, static_cast<double>(now.wall_ns - gs.oldest_unprocessed_ns) / 1e9);
-      } else if (gm.lag == 0) {
-        gm.oldest_age_seconds = 0.0;
-      }
-      if (gm.lag == 0) {
-        gm.drain_seconds = 0.0;
-      } else if (span > 0 && gm.consume_rate > 0) {
-        gm.drain_seconds = static_cast<double>(gm.lag) / gm.consume_rate;
-      } else if (span > 0) {
-        gm.stalled = true;
-      }
-      for (std::size_t i = 0; i < gs.lanes.size(); ++i) {
-        const LaneCounters& c = gs.lanes[i];
-        const LaneCounters& b = (bg != nullptr && i < bg->lanes.size()) ? bg->lanes[i] : zero;
-        GroupLaneMetrics lm;
-        lm.lane = static_cast<std::uint32_t>(i);
-        lm.counters = c;
-        lm.lag = c.in_flight;
-        lm.consume_rate = per_s(grew(finished(c), finished(b)));
-        lm.error_rate = per_s(grew(c.retried, b.retried));
-        if (lm.lag == 0) {
-          lm.drain_seconds = 0.0;
-        } else if (span > 0 && lm.consume_rate > 0) {
-          lm.drain_seconds = static_cast<double>(lm.lag) / lm.consume_rate;
-        }
-        gm.lanes.push_back(lm);
-      }
-      // Stuck lanes: how long this window has seen the same stuck call.
-      std::vector<StuckLane> stuck_lanes;
-      for (std::size_t i = 0; i < gs.lanes.size(); ++i) {
-        const LaneCounters& c = gs.lanes[i];
-        if (c.stuck_now == 0) continue;
-        StuckTrack* st = nullptr;
-        for (auto& x : stuck_)
-          if (x.lane == i && x.topic == ts.name && x.group == gs.name) st = &x;
-        if (st == nullptr) {
-          stuck_.push_back(StuckTrack{ts.name, gs.name, static_cast<std::uint32_t>(i), now.steady_ns, c.stuck, false});
-          st = &stuck_.back();
-        } else if (c.stuck != st->stuck_total) {
-          // Another call got stuck since the last sample (or the bus was reopened).
-          st->since_ns = now.steady_ns;
-          st->stuck_total = c.stuck;
-        }
-        st->seen = true;
-        StuckLane sl;
-        sl.topic = ts.name;
-        sl.group = gs.name;
-        sl.lane = static_cast<std::uint32_t>(i);
-        sl.calls = c.stuck_now;
-        sl.stuck_total = c.stuck;
-        sl.seen_seconds = static_cast<double>(now.steady_ns - st->since_ns) / 1e9;
-        stuck_lanes.push_back(std::move(sl));
-      }
-      gm.latency = gs.latency;
-      gm.window_latency = histogram_delta(gs.latency, bg ? &bg->latency : nullptr);
-      if (span <= 0) gm.window_latency = LatencyHistogram{};
-      gm.latency_p50_seconds = quantile_seconds(gm.window_latency, 0.50);
-      gm.latency_p99_seconds = quantile_seconds(gm.window_latency, 0.99);
-      gm.latency_p999_seconds = quantile_seconds(gm.window_latency, 0.999);
-
-      // The SLA evaluator.
-      SlaTrack* tr = track(ts.name, gs.name, options_.default_sla.has_value());
-      std::optional<SlaPolicy> policy;
-      if (tr != nullptr) {
-        tr->seen = true;
-        policy = tr->policy ? tr->policy : options_.default_sla;
-      }
-      if (policy) {
-        SlaReport r;
-        r.sla_seconds = seconds(policy->sla);
-        r.page_fraction = policy->page_fraction;
-        r.threshold_seconds = r.page_fraction * r.sla_seconds;
-        r.hold_seconds = policy->hold.count() > 0 ? seconds(policy->hold) : window_s;
-        const double age = gm.oldest_age_seconds.value_or(0.0);
-        if (gm.stalled) {
-          r.projected_seconds = std::numeric_limits<double>::infinity();
-        } else if (gm.drain_seconds) {
-          r.projected_seconds = age + *gm.drain_seconds;
-        }
-        // The instant verdict is classify_sla's (the one rule, also for tools); the hold
-        // turns an instant AtRisk into a page only once it has lasted. An unknown age
-        // (nullopt) is not a breach; an unknown projection is no risk yet.
-        const SlaState instant =
-            classify_sla(*policy, gm.oldest_age_seconds.value_or(0.0), r.projected_seconds.value_or(0.0));
-        r.risk_condition = r.projected_seconds && instant != SlaState::Ok;
-        if (r.risk_condition) {
-          if (!tr->risk_since_ns) tr->risk_since_ns = now.steady_ns;
-          r.risk_held_seconds = static_cast<double>(now.steady_ns - *tr->risk_since_ns) / 1e9;
-        } else {
-          tr->risk_since_ns.reset();
-        }
-        if (gm.oldest_age_seconds && instant == SlaState::Breached) {
-          r.state = SlaState::Breached;
-        } else if (!r.projected_seconds) {
-          r.state = SlaState::Unknown;
-        } else if (r.risk_condition && r.risk_held_seconds >= r.hold_seconds) {
-          r.state = SlaState::AtRisk;
-        } else {
-          r.state = SlaState::Ok;
-        }
-        r.stuck = std::move(stuck_lanes);
-        if (!r.stuck.empty() && (r.state == SlaState::Unknown || r.state == SlaState::Ok)) r.state = SlaState::AtRisk;
-        // The DLQ is per store: growing = its depth rose over the window.
-        if (snap.dlq.depth_change) r.dlq_growing = *snap.dlq.depth_change > 0;
-        gm.sla = r;
-      }
+      GroupMetrics gm = group_metrics(gs, find_group(bt, gs.name), now.wall_ns, per_s);
+      std::vector<StuckLane> stuck = track_stuck(ts.name, gs, now.steady_ns);
+      gm.sla = evaluate_sla(ts.name, gm, std::move(stuck), snap.dlq, now.steady_ns);
       tm.groups.push_back(std::move(gm));
     }
     snap.topics.push_back(std::move(tm));
@@ -556,14 +590,8 @@ void each_group(const MetricsSnapshot& s, F&& f) {
     for (const auto& g : t.groups) f(t, g);
 }
 
-}  // namespace
-
-std::string to_prometheus(const MetricsSnapshot& s) {
-  PromWriter w;
-  w.family("lanebus_metrics_window_seconds", "gauge", "Time span the rates are computed over (0 = one sample).");
-  w.sample("lanebus_metrics_window_seconds", {}, s.window_seconds);
-
-  // ---- dead-letter queue (per store)
+// Dead-letter queue (per store).
+void write_dlq(PromWriter& w, const MetricsSnapshot& s) {
   if (s.dlq.available) {
     w.family("lanebus_dlq_depth_messages", "gauge", "Dead-letter entries waiting for review or replay (store-wide).");
     w.sample_u64("lanebus_dlq_depth_messages", {}, s.dlq.depth.value_or(0));
@@ -581,8 +609,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       w.sample("lanebus_dlq_growing", {}, *s.dlq.depth_change > 0 ? 1.0 : 0.0);
     }
   }
+}
 
-  // ---- topics
+// Topics.
+void write_topics(PromWriter& w, const MetricsSnapshot& s) {
   w.family("lanebus_published_total", "counter", "Messages accepted by publish.");
   for (const auto& t : s.topics) w.sample_u64("lanebus_published_total", topic_labels(t), t.published);
   w.family("lanebus_publish_refused_total", "counter", "Publishes refused with WouldBlock or TimedOut.");
@@ -607,8 +637,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
     for (const auto& l : t.lane_load)
       w.sample_u64("lanebus_lane_hot", {{"topic", t.name}, {"lane", std::to_string(l.lane)}},
                    t.hot_lane && *t.hot_lane == l.lane ? 1 : 0);
+}
 
-  // ---- group lanes: lifetime counters and lag
+// Group lanes: lifetime counters and lag.
+void write_lane_counters(PromWriter& w, const MetricsSnapshot& s) {
   struct Counter {
     const char* name;
     const char* help;
@@ -658,8 +690,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       for (const auto& l : g.lanes) w.sample_u64(c.name, lane_labels(t, g, l.lane), l.counters.*(c.field));
     });
   }
+}
 
-  // ---- groups: derived gauges
+// Groups: derived gauges.
+void write_group_gauges(PromWriter& w, const MetricsSnapshot& s) {
   w.family("lanebus_consumers", "gauge", "Subscriptions attached to the group.");
   each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
     w.sample_u64("lanebus_consumers", group_labels(t, g), g.consumers);
@@ -689,8 +723,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       w.sample("lanebus_projected_drain_seconds", group_labels(t, g), *g.drain_seconds);
     }
   });
+}
 
-  // ---- latency
+// Latency.
+void write_latency(PromWriter& w, const MetricsSnapshot& s) {
   w.family("lanebus_e2e_latency_seconds", "histogram",
            "End-to-end latency: message created_at to handler done, since the bus opened.");
   each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
@@ -719,8 +755,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       w.sample("lanebus_e2e_latency_window_seconds", l, *v);
     }
   });
+}
 
-  // ---- SLA
+// SLA.
+void write_sla(PromWriter& w, const MetricsSnapshot& s) {
   w.family("lanebus_sla_seconds", "gauge", "The group's SLA: promised created_at to handled time.");
   each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
     if (g.sla) w.sample("lanebus_sla_seconds", group_labels(t, g), g.sla->sla_seconds);
@@ -741,8 +779,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
       w.sample_u64("lanebus_sla_state", l, g.sla->state == st ? 1 : 0);
     }
   });
+}
 
-  // ---- namespaces: usage and quotas (tenancy.hpp, doc/tenancy.md)
+// Namespaces: usage and quotas (tenancy.hpp, doc/tenancy.md).
+void write_namespaces(PromWriter& w, const MetricsSnapshot& s) {
   if (!s.namespaces.empty()) {
     struct NsCounter {
       const char* name;
@@ -780,8 +820,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
     for (const NamespaceInfo& n : s.namespaces)
       w.sample("lanebus_namespace_publish_quota_per_second", {{"namespace", n.name}}, n.policy.publish.msgs_per_s);
   }
+}
 
-  // ---- deprecated fields of typed topics and who still reads them (doc/schemas.md)
+// Deprecated fields of typed topics and who still reads them (doc/schemas.md).
+void write_deprecated_fields(PromWriter& w, const MetricsSnapshot& s) {
   if (!s.deprecated_fields.empty()) {
     w.family("lanebus_deprecated_field_window_end_seconds", "gauge",
              "When the deprecation window of the field ends (seconds since the epoch); removal is refused before.");
@@ -808,8 +850,10 @@ std::string to_prometheus(const MetricsSnapshot& s) {
         w.sample_u64("lanebus_deprecated_field_in_contract", {{"topic", f.topic}, {"field", f.field}, {"group", r.group}},
                      r.contract_declares ? 1 : 0);
   }
+}
 
-  // ---- bridges to NATS JetStream (bridge.hpp)
+// Bridges to NATS JetStream (bridge.hpp).
+void write_bridges(PromWriter& w, const MetricsSnapshot& s) {
   if (!s.bridges.empty()) {
     w.family("lanebus_bridge_state", "gauge",
              "Bridge connection state as a state set: 1 for the current state (connected, retrying, failed).");
@@ -867,6 +911,25 @@ std::string to_prometheus(const MetricsSnapshot& s) {
                        m.*c.field);
     }
   }
+}
+
+}  // namespace
+
+// The whole snapshot in the text exposition format, one section of families
+// after another, always in this order.
+std::string to_prometheus(const MetricsSnapshot& s) {
+  PromWriter w;
+  w.family("lanebus_metrics_window_seconds", "gauge", "Time span the rates are computed over (0 = one sample).");
+  w.sample("lanebus_metrics_window_seconds", {}, s.window_seconds);
+  write_dlq(w, s);
+  write_topics(w, s);
+  write_lane_counters(w, s);
+  write_group_gauges(w, s);
+  write_latency(w, s);
+  write_sla(w, s);
+  write_namespaces(w, s);
+  write_deprecated_fields(w, s);
+  write_bridges(w, s);
   return w.take();
 }
 
@@ -893,6 +956,214 @@ void counters_json(detail::JsonWriter& j, const LaneCounters& c) {
   j.end_object();
 }
 
+// The store-wide DLQ figures (a group's are fewer: group_json).
+void dlq_json(detail::JsonWriter& j, const DlqMetrics& d) {
+  j.begin_object();
+  j.key("available"); j.boolean(d.available);
+  j.key("depth");
+  if (d.depth) {
+    j.u64(*d.depth);
+  } else {
+    j.null();
+  }
+  j.key("oldest_age_seconds"); j.number(d.oldest_age_seconds);
+  j.key("arrival_rate"); j.number(d.arrival_rate);
+  j.key("arrivals");  // per class, since the store was created
+  j.begin_object();
+  j.key("transient"); j.u64(d.arrivals[0]);
+  j.key("permanent"); j.u64(d.arrivals[1]);
+  j.key("poison"); j.u64(d.arrivals[2]);
+  j.end_object();
+  j.key("growing");
+  if (d.depth_change) {
+    j.boolean(*d.depth_change > 0);
+  } else {
+    j.null();
+  }
+  j.end_object();
+}
+
+// A group's SLA verdict and the lanes it found stuck.
+void sla_json(detail::JsonWriter& j, const SlaReport& r) {
+  j.begin_object();
+  j.key("state"); j.string(to_string(r.state));
+  j.key("sla_seconds"); j.number(r.sla_seconds);
+  j.key("page_fraction"); j.number(r.page_fraction);
+  j.key("threshold_seconds"); j.number(r.threshold_seconds);
+  j.key("hold_seconds"); j.number(r.hold_seconds);
+  j.key("projected_seconds"); j.number(r.projected_seconds);
+  j.key("risk_condition"); j.boolean(r.risk_condition);
+  j.key("risk_held_seconds"); j.number(r.risk_held_seconds);
+  j.key("dlq_growing");
+  if (r.dlq_growing) {
+    j.boolean(*r.dlq_growing);
+  } else {
+    j.null();
+  }
+  j.key("stuck");
+  j.begin_array();
+  for (const StuckLane& st : r.stuck) {
+    j.begin_object();
+    j.key("topic"); j.string(st.topic);
+    j.key("group"); j.string(st.group);
+    j.key("lane"); j.u64(st.lane);
+    j.key("calls"); j.u64(st.calls);
+    j.key("stuck_total"); j.u64(st.stuck_total);
+    j.key("seen_seconds"); j.number(st.seen_seconds);
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+}
+
+// One group of a topic: its figures, latency, DLQ, SLA and lanes.
+void group_json(detail::JsonWriter& j, const GroupMetrics& g) {
+  j.begin_object();
+  j.key("name"); j.string(g.name);
+  j.key("consumers"); j.u64(g.consumers);
+  j.key("lag"); j.u64(g.lag);
+  j.key("consume_rate"); j.number(g.consume_rate);
+  j.key("error_rate"); j.number(g.error_rate);
+  j.key("failure_rate"); j.number(g.failure_rate);
+  j.key("drop_rate"); j.number(g.drop_rate);
+  j.key("oldest_age_seconds"); j.number(g.oldest_age_seconds);
+  j.key("drain_seconds"); j.number(g.drain_seconds);
+  j.key("stalled"); j.boolean(g.stalled);
+  j.key("totals"); counters_json(j, g.total);
+  j.key("latency");
+  j.begin_object();
+  j.key("count"); j.u64(g.latency.count);
+  j.key("sum_seconds"); j.number(static_cast<double>(g.latency.sum_ns) / 1e9);
+  j.key("window_count"); j.u64(g.window_latency.count);
+  j.key("p50_seconds"); j.number(g.latency_p50_seconds);
+  j.key("p99_seconds"); j.number(g.latency_p99_seconds);
+  j.key("p999_seconds"); j.number(g.latency_p999_seconds);
+  j.end_object();
+  j.key("dlq");
+  j.begin_object();
+  j.key("available"); j.boolean(g.dlq.available);
+  j.key("depth");
+  if (g.dlq.depth) {
+    j.u64(*g.dlq.depth);
+  } else {
+    j.null();
+  }
+  j.key("oldest_age_seconds"); j.number(g.dlq.oldest_age_seconds);
+  j.key("arrival_rate"); j.number(g.dlq.arrival_rate);
+  j.end_object();
+  j.key("sla");
+  if (g.sla) {
+    sla_json(j, *g.sla);
+  } else {
+    j.null();
+  }
+  j.key("lanes");
+  j.begin_array();
+  for (const auto& l : g.lanes) {
+    j.begin_object();
+    j.key("lane"); j.u64(l.lane);
+    j.key("lag"); j.u64(l.lag);
+    j.key("consume_rate"); j.number(l.consume_rate);
+    j.key("error_rate"); j.number(l.error_rate);
+    j.key("drain_seconds"); j.number(l.drain_seconds);
+    j.key("counters"); counters_json(j, l.counters);
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+}
+
+// One topic: its figures, lane load and groups.
+void topic_json(detail::JsonWriter& j, const TopicMetrics& t) {
+  j.begin_object();
+  j.key("name"); j.string(t.name);
+  j.key("kind"); j.string(t.is_queue ? "queue" : "topic");
+  j.key("durable"); j.boolean(t.durable);
+  j.key("lanes"); j.u64(t.lanes);
+  j.key("published"); j.u64(t.published);
+  j.key("publish_refused"); j.u64(t.publish_refused);
+  j.key("unrouted"); j.u64(t.unrouted);
+  j.key("publish_rate"); j.number(t.publish_rate);
+  j.key("load_skew"); j.number(t.load_skew);
+  j.key("hot_lane");
+  if (t.hot_lane) {
+    j.u64(*t.hot_lane);
+  } else {
+    j.null();
+}
+j.key("lane_load");
+j.begin_array();
+for (const auto& l : t.lane_load) {
+  j.begin_object();
+  j.key("lane"); j.u64(l.lane);
+  j.key("published"); j.u64(l.published);
+  j.key("publish_rate"); j.number(l.publish_rate);
+  j.key("load_share"); j.number(l.load_share);
+  j.end_object();
+}
+j.end_array();
+j.key("groups");
+j.begin_array();
+  for (const auto& g : t.groups) group_json(j, g);
+j.end_array();
+j.end_object();
+}
+
+// Usage, quotas and weight per namespace (tenancy.hpp).
+void namespaces_json(detail::JsonWriter& j, const std::vector<NamespaceInfo>& namespaces) {
+  j.key("namespaces");
+  j.begin_array();
+  for (const NamespaceInfo& n : namespaces) {
+    j.begin_object();
+    j.key("name"); j.string(n.name);
+    j.key("declared"); j.boolean(n.declared);
+    j.key("msgs_in"); j.u64(n.usage.msgs_in);
+    j.key("bytes_in"); j.u64(n.usage.bytes_in);
+    j.key("msgs_out"); j.u64(n.usage.msgs_out);
+    j.key("bytes_out"); j.u64(n.usage.bytes_out);
+    j.key("throttled"); j.u64(n.usage.throttled);
+    j.key("refused"); j.u64(n.usage.refused);
+    j.key("seconds_at_ceiling"); j.u64(n.usage.seconds_at_ceiling);
+    j.key("stored_bytes"); j.u64(n.usage.stored_bytes);
+    j.key("peak_in_per_s"); j.number(n.usage.peak_in_per_s);
+    j.key("avg_in_per_s"); j.number(n.usage.avg_in_per_s);
+    j.key("publish_quota_msgs_per_s"); j.number(n.policy.publish.msgs_per_s);
+    j.key("publish_quota_bytes_per_s"); j.number(n.policy.publish.bytes_per_s);
+    j.key("consume_quota_msgs_per_s"); j.number(n.policy.consume.msgs_per_s);
+    j.key("consume_quota_bytes_per_s"); j.number(n.policy.consume.bytes_per_s);
+    j.key("weight"); j.u64(n.policy.weight);
+    j.end_object();
+  }
+  j.end_array();
+}
+
+// Deprecated fields and their readers (doc/schemas.md).
+void deprecated_fields_json(detail::JsonWriter& j, const std::vector<DeprecatedField>& fields) {
+  j.key("deprecated_fields");
+  j.begin_array();
+  for (const DeprecatedField& f : fields) {
+    j.begin_object();
+    j.key("topic"); j.string(f.topic);
+    j.key("field"); j.string(f.field);
+    j.key("replacement"); j.string(f.replacement);
+    j.key("since_ns"); j.i64(f.since_ns);
+    j.key("window_ends_ns"); j.i64(f.window_ends_ns);
+    j.key("readers");
+    j.begin_array();
+    for (const DeprecatedFieldReader& r : f.readers) {
+      j.begin_object();
+      j.key("group"); j.string(r.group);
+      j.key("reads"); j.u64(r.reads);
+      j.key("last_read_ns"); j.i64(r.last_read_ns);
+      j.key("contract_declares"); j.boolean(r.contract_declares);
+      j.end_object();
+    }
+    j.end_array();
+    j.end_object();
+  }
+  j.end_array();
+}
+
 }  // namespace
 
 std::string to_json(const MetricsSnapshot& s) {
@@ -904,200 +1175,13 @@ std::string to_json(const MetricsSnapshot& s) {
   j.key("window_seconds"); j.number(s.window_seconds);
   j.key("samples"); j.u64(s.samples);
   j.key("dlq");
-  j.begin_object();
-  j.key("available"); j.boolean(s.dlq.available);
-  j.key("depth");
-  if (s.dlq.depth) {
-    j.u64(*s.dlq.depth);
-  } else {
-    j.null();
-  }
-  j.key("oldest_age_seconds"); j.number(s.dlq.oldest_age_seconds);
-  j.key("arrival_rate"); j.number(s.dlq.arrival_rate);
-  j.key("arrivals");  // per class, since the store was created
-  j.begin_object();
-  j.key("transient"); j.u64(s.dlq.arrivals[0]);
-  j.key("permanent"); j.u64(s.dlq.arrivals[1]);
-  j.key("poison"); j.u64(s.dlq.arrivals[2]);
-  j.end_object();
-  j.key("growing");
-  if (s.dlq.depth_change) {
-    j.boolean(*s.dlq.depth_change > 0);
-  } else {
-    j.null();
-  }
-  j.end_object();
+  dlq_json(j, s.dlq);
   j.key("topics");
   j.begin_array();
-  for (const auto& t : s.topics) {
-    j.begin_object();
-    j.key("name"); j.string(t.name);
-    j.key("kind"); j.string(t.is_queue ? "queue" : "topic");
-    j.key("durable"); j.boolean(t.durable);
-    j.key("lanes"); j.u64(t.lanes);
-    j.key("published"); j.u64(t.published);
-    j.key("publish_refused"); j.u64(t.publish_refused);
-    j.key("unrouted"); j.u64(t.unrouted);
-    j.key("publish_rate"); j.number(t.publish_rate);
-    j.key("load_skew"); j.number(t.load_skew);
-    j.key("hot_lane");
-    if (t.hot_lane) {
-      j.u64(*t.hot_lane);
-    } else {
-      j.null();
-    }
-    j.key("lane_load");
-    j.begin_array();
-    for (const auto& l : t.lane_load) {
-      j.begin_object();
-      j.key("lane"); j.u64(l.lane);
-      j.key("published"); j.u64(l.published);
-      j.key("publish_rate"); j.number(l.publish_rate);
-      j.key("load_share"); j.number(l.load_share);
-      j.end_object();
-    }
-    j.end_array();
-    j.key("groups");
-    j.begin_array();
-    for (const auto& g : t.groups) {
-      j.begin_object();
-      j.key("name"); j.string(g.name);
-      j.key("consumers"); j.u64(g.consumers);
-      j.key("lag"); j.u64(g.lag);
-      j.key("consume_rate"); j.number(g.consume_rate);
-      j.key("error_rate"); j.number(g.error_rate);
-      j.key("failure_rate"); j.number(g.failure_rate);
-      j.key("drop_rate"); j.number(g.drop_rate);
-      j.key("oldest_age_seconds"); j.number(g.oldest_age_seconds);
-      j.key("drain_seconds"); j.number(g.drain_seconds);
-      j.key("stalled"); j.boolean(g.stalled);
-      j.key("totals"); counters_json(j, g.total);
-      j.key("latency");
-      j.begin_object();
-      j.key("count"); j.u64(g.latency.count);
-      j.key("sum_seconds"); j.number(static_cast<double>(g.latency.sum_ns) / 1e9);
-      j.key("window_count"); j.u64(g.window_latency.count);
-      j.key("p50_seconds"); j.number(g.latency_p50_seconds);
-      j.key("p99_seconds"); j.number(g.latency_p99_seconds);
-      j.key("p999_seconds"); j.number(g.latency_p999_seconds);
-      j.end_object();
-      j.key("dlq");
-      j.begin_object();
-      j.key("available"); j.boolean(g.dlq.available);
-      j.key("depth");
-      if (g.dlq.depth) {
-        j.u64(*g.dlq.depth);
-      } else {
-        j.null();
-      }
-      j.key("oldest_age_seconds"); j.number(g.dlq.oldest_age_seconds);
-      j.key("arrival_rate"); j.number(g.dlq.arrival_rate);
-      j.end_object();
-      j.key("sla");
-      if (g.sla) {
-        const SlaReport& r = *g.sla;
-        j.begin_object();
-        j.key("state"); j.string(to_string(r.state));
-        j.key("sla_seconds"); j.number(r.sla_seconds);
-        j.key("page_fraction"); j.number(r.page_fraction);
-        j.key("threshold_seconds"); j.number(r.threshold_seconds);
-        j.key("hold_seconds"); j.number(r.hold_seconds);
-        j.key("projected_seconds"); j.number(r.projected_seconds);
-        j.key("risk_condition"); j.boolean(r.risk_condition);
-        j.key("risk_held_seconds"); j.number(r.risk_held_seconds);
-        j.key("dlq_growing");
-        if (r.dlq_growing) {
-          j.boolean(*r.dlq_growing);
-        } else {
-          j.null();
-        }
-        j.key("stuck");
-        j.begin_array();
-        for (const StuckLane& st : r.stuck) {
-          j.begin_object();
-          j.key("topic"); j.string(st.topic);
-          j.key("group"); j.string(st.group);
-          j.key("lane"); j.u64(st.lane);
-          j.key("calls"); j.u64(st.calls);
-          j.key("stuck_total"); j.u64(st.stuck_total);
-          j.key("seen_seconds"); j.number(st.seen_seconds);
-          j.end_object();
-        }
-        j.end_array();
-        j.end_object();
-      } else {
-        j.null();
-      }
-      j.key("lanes");
-      j.begin_array();
-      for (const auto& l : g.lanes) {
-        j.begin_object();
-        j.key("lane"); j.u64(l.lane);
-        j.key("lag"); j.u64(l.lag);
-        j.key("consume_rate"); j.number(l.consume_rate);
-        j.key("error_rate"); j.number(l.error_rate);
-        j.key("drain_seconds"); j.number(l.drain_seconds);
-        j.key("counters"); counters_json(j, l.counters);
-        j.end_object();
-      }
-      j.end_array();
-      j.end_object();
-    }
-    j.end_array();
-    j.end_object();
-  }
+  for (const auto& t : s.topics) topic_json(j, t);
   j.end_array();
-  if (!s.namespaces.empty()) {  // tenancy.hpp
-    j.key("namespaces");
-    j.begin_array();
-    for (const NamespaceInfo& n : s.namespaces) {
-      j.begin_object();
-      j.key("name"); j.string(n.name);
-      j.key("declared"); j.boolean(n.declared);
-      j.key("msgs_in"); j.u64(n.usage.msgs_in);
-      j.key("bytes_in"); j.u64(n.usage.bytes_in);
-      j.key("msgs_out"); j.u64(n.usage.msgs_out);
-      j.key("bytes_out"); j.u64(n.usage.bytes_out);
-      j.key("throttled"); j.u64(n.usage.throttled);
-      j.key("refused"); j.u64(n.usage.refused);
-      j.key("seconds_at_ceiling"); j.u64(n.usage.seconds_at_ceiling);
-      j.key("stored_bytes"); j.u64(n.usage.stored_bytes);
-      j.key("peak_in_per_s"); j.number(n.usage.peak_in_per_s);
-      j.key("avg_in_per_s"); j.number(n.usage.avg_in_per_s);
-      j.key("publish_quota_msgs_per_s"); j.number(n.policy.publish.msgs_per_s);
-      j.key("publish_quota_bytes_per_s"); j.number(n.policy.publish.bytes_per_s);
-      j.key("consume_quota_msgs_per_s"); j.number(n.policy.consume.msgs_per_s);
-      j.key("consume_quota_bytes_per_s"); j.number(n.policy.consume.bytes_per_s);
-      j.key("weight"); j.u64(n.policy.weight);
-      j.end_object();
-    }
-    j.end_array();
-  }
-  if (!s.deprecated_fields.empty()) {  // absent without deprecations (doc/schemas.md)
-    j.key("deprecated_fields");
-    j.begin_array();
-    for (const DeprecatedField& f : s.deprecated_fields) {
-      j.begin_object();
-      j.key("topic"); j.string(f.topic);
-      j.key("field"); j.string(f.field);
-      j.key("replacement"); j.string(f.replacement);
-      j.key("since_ns"); j.i64(f.since_ns);
-      j.key("window_ends_ns"); j.i64(f.window_ends_ns);
-      j.key("readers");
-      j.begin_array();
-      for (const DeprecatedFieldReader& r : f.readers) {
-        j.begin_object();
-        j.key("group"); j.string(r.group);
-        j.key("reads"); j.u64(r.reads);
-        j.key("last_read_ns"); j.i64(r.last_read_ns);
-        j.key("contract_declares"); j.boolean(r.contract_declares);
-        j.end_object();
-      }
-      j.end_array();
-      j.end_object();
-    }
-    j.end_array();
-  }
+  if (!s.namespaces.empty()) namespaces_json(j, s.namespaces);  // tenancy.hpp
+  if (!s.deprecated_fields.empty()) deprecated_fields_json(j, s.deprecated_fields);  // absent without deprecations
   if (!s.bridges.empty()) {  // absent without bridges: the output of a bus without one is unchanged
     j.key("bridges");
     j.raw(detail::bridges_json(s.bridges, std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "coding.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "exposition.hpp"
@@ -119,39 +120,8 @@ namespace {
 constexpr std::uint8_t kBridgeStatusFormat = 1;
 constexpr std::size_t kMaxStatusString = 1000;
 
-void put_int(std::string& out, std::uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_str(std::string& out, std::string_view v) {
-  v = v.substr(0, kMaxStatusString);
-  put_int(out, v.size(), 2);
-  out.append(v);
-}
-
-struct Reader {
-  std::string_view in;
-  bool ok = true;
-  std::uint64_t get(int bytes) {
-    if (in.size() < static_cast<std::size_t>(bytes)) {
-      ok = false;
-      return 0;
-    }
-    std::uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[static_cast<std::size_t>(i)])) << (8 * i);
-    in.remove_prefix(static_cast<std::size_t>(bytes));
-    return v;
-  }
-  std::string str() {
-    const std::size_t n = get(2);
-    if (!ok || in.size() < n) {
-      ok = false;
-      return {};
-    }
-    std::string v(in.substr(0, n));
-    in.remove_prefix(n);
-    return v;
-  }
-};
+// The record: ByteWriter / ByteReader (coding.hpp); strings after a u16 count,
+// cut to kMaxStatusString bytes.
 
 constexpr std::uint64_t BridgeMirrorStats::*kMirrorCounters[] = {
     &BridgeMirrorStats::published, &BridgeMirrorStats::acked,         &BridgeMirrorStats::duplicates,
@@ -176,58 +146,59 @@ std::string bridge_status_key(std::string_view bridge_name) {
 
 std::string encode_bridge_status(const BridgeStats& s, std::uint32_t pid, std::int64_t interval_ms,
                                  std::int64_t written_ns, bool stopped) {
-  std::string out;
-  put_int(out, kBridgeStatusFormat, 1);
-  put_int(out, static_cast<std::uint8_t>(s.state), 1);
-  put_int(out, stopped ? 1 : 0, 1);
-  put_int(out, 0, 1);
-  put_int(out, pid, 4);
-  put_int(out, static_cast<std::uint64_t>(interval_ms), 8);
-  put_int(out, static_cast<std::uint64_t>(written_ns), 8);
-  put_int(out, static_cast<std::uint64_t>(s.last_error_ns), 8);
-  put_int(out, s.reconnects, 8);
-  put_str(out, s.name);
-  put_str(out, s.last_error);
+  ByteWriter w;
+  auto str = [&w](std::string_view v) { w.str16(v.substr(0, kMaxStatusString)); };
+  w.u8(kBridgeStatusFormat);
+  w.u8(static_cast<std::uint8_t>(s.state));
+  w.u8(stopped ? 1 : 0);
+  w.u8(0);
+  w.u32(pid);
+  w.i64(interval_ms);
+  w.i64(written_ns);
+  w.i64(s.last_error_ns);
+  w.u64(s.reconnects);
+  str(s.name);
+  str(s.last_error);
   const std::size_t n = std::min<std::size_t>(s.mirrors.size(), 1000);
-  put_int(out, n, 2);
+  w.u16(static_cast<std::uint16_t>(n));
   for (std::size_t i = 0; i < n; ++i) {
     const BridgeMirrorStats& m = s.mirrors[i];
-    put_str(out, m.direction);
-    put_str(out, m.topic);
-    put_str(out, m.stream);
-    put_str(out, m.via);
-    for (auto f : kMirrorCounters) put_int(out, m.*f, 8);
+    str(m.direction);
+    str(m.topic);
+    str(m.stream);
+    str(m.via);
+    for (auto f : kMirrorCounters) w.u64(m.*f);
   }
-  return out;
+  return w.take();
 }
 
 Result<BridgeStats> decode_bridge_status(std::string_view value, std::int64_t now_ns) {
-  Reader r{value};
+  ByteReader r(value);
   BridgeStats b;
-  const auto format = r.get(1);
-  if (r.ok && format != kBridgeStatusFormat)
+  const auto format = r.u8();
+  if (r.ok() && format != kBridgeStatusFormat)
     return Status(Code::Corruption, "bridge status record: unknown format " + std::to_string(format));
-  const auto state = r.get(1);
-  if (r.ok && state > static_cast<std::uint8_t>(BridgeState::Failed))
+  const auto state = r.u8();
+  if (r.ok() && state > static_cast<std::uint8_t>(BridgeState::Failed))
     return Status(Code::Corruption, "bridge status record: unknown state " + std::to_string(state));
   b.state = static_cast<BridgeState>(state);
-  b.stopped = (r.get(1) & 1) != 0;
-  (void)r.get(1);
-  b.status_pid = static_cast<std::uint32_t>(r.get(4));
-  b.status_interval_ms = static_cast<std::int64_t>(r.get(8));
-  b.status_written_ns = static_cast<std::int64_t>(r.get(8));
-  b.last_error_ns = static_cast<std::int64_t>(r.get(8));
-  b.reconnects = r.get(8);
-  b.name = r.str();
-  b.last_error = r.str();
-  const std::size_t n = r.get(2);
-  for (std::size_t i = 0; r.ok && i < n; ++i) {
+  b.stopped = (r.u8() & 1) != 0;
+  (void)r.u8();
+  b.status_pid = static_cast<std::uint32_t>(r.u32());
+  b.status_interval_ms = static_cast<std::int64_t>(r.u64());
+  b.status_written_ns = static_cast<std::int64_t>(r.u64());
+  b.last_error_ns = static_cast<std::int64_t>(r.u64());
+  b.reconnects = r.u64();
+  b.name = r.str16();
+  b.last_error = r.str16();
+  const std::size_t n = r.u16();
+  for (std::size_t i = 0; r.ok() && i < n; ++i) {
     BridgeMirrorStats m;
-    m.direction = r.str();
-    m.topic = r.str();
-    m.stream = r.str();
-    m.via = r.str();
-    for (auto f : kMirrorCounters) m.*f = r.get(8);
+    m.direction = r.str16();
+    m.topic = r.str16();
+    m.stream = r.str16();
+    m.via = r.str16();
+    for (auto f : kMirrorCounters) m.*f = r.u64();
     b.total.published += m.published;
     b.total.acked += m.acked;
     b.total.duplicates += m.duplicates;
@@ -238,7 +209,7 @@ Result<BridgeStats> decode_bridge_status(std::string_view value, std::int64_t no
     b.total.rewinds += m.rewinds;
     b.mirrors.push_back(std::move(m));
   }
-  if (!r.ok) return Status(Code::Corruption, "bridge status record: truncated (" + std::to_string(value.size()) + " bytes)");
+  if (!r.ok()) return Status(Code::Corruption, "bridge status record: truncated (" + std::to_string(value.size()) + " bytes)");
   const std::int64_t limit = std::max<std::int64_t>(3 * b.status_interval_ms, 5000) * 1'000'000;
   b.stale = !b.stopped && now_ns - b.status_written_ns > limit;
   return b;

@@ -441,57 +441,53 @@ Result<VerifyReport> verify_store(const std::string& directory, const VerifyOpti
   return report;
 }
 
-Result<VerifyReport> verify_store_in_child(const std::string& directory, const VerifyOptions& options) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Status(Code::IOError, "verify " + quoted(directory) + ": pipe: " + std::strerror(errno));
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int e = errno;
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return Status(Code::IOError, "verify " + quoted(directory) + ": fork: " + std::strerror(e));
+namespace {
+
+// The child's side: walk the store and write the walk's lines to `out` ("P"
+// progress and problems, then "S" the summary, or "E" an error), then exit:
+// 0 clean, 1 problems found, 3 an error, 4 the parent is gone.
+[[noreturn]] void run_verify_child(const std::string& directory, const VerifyOptions& options, pid_t parent,
+                                   int out) {
+  // Die by the signal itself (no handler inherited from the application or a
+  // sanitizer turns a crash into an exit code).
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) std::signal(sig, SIG_DFL);
+  // A walk looping on a damaged page must not outlive a caller that died.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(4);
+  std::signal(SIGPIPE, SIG_IGN);
+  VerifyOptions child = options;
+  // Only the problems the caller keeps cross the pipe (the summary counts
+  // them all): a badly damaged file can report one per page, and a write per
+  // line made such a walk cost ~50 ms (store_open_fuzz ran at ~20 inputs/s).
+  std::size_t problems_sent = 0;
+  const std::size_t keep = options.max_problems_listed;
+  child.progress = [out, &problems_sent, keep](std::string_view line) {
+    if (line.substr(0, 9) == "problem: " && problems_sent++ >= keep) return;
+    write_all(out, "P " + one_line(line) + "\n");
+  };
+  auto r = verify_store(directory, child);
+  if (!r.ok()) {
+    write_all(out, "E " + std::to_string(static_cast<int>(r.code())) + " " + one_line(r.status().message()) + "\n");
+    ::_exit(3);
   }
-  if (pid == 0) {
-    // The child: die by the signal itself (no handler inherited from the
-    // application or a sanitizer turns a crash into an exit code).
-    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) std::signal(sig, SIG_DFL);
-    // A walk looping on a damaged page must not outlive a caller that died.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(4);
-    std::signal(SIGPIPE, SIG_IGN);
-    ::close(fds[0]);
-    const int out = fds[1];
-    VerifyOptions child = options;
-    // Only the problems the caller keeps cross the pipe (the summary counts
-    // them all): a badly damaged file can report one per page, and a write per
-    // line made such a walk cost ~50 ms (store_open_fuzz ran at ~20 inputs/s).
-    std::size_t problems_sent = 0;
-    const std::size_t keep = options.max_problems_listed;
-    child.progress = [out, &problems_sent, keep](std::string_view line) {
-      if (line.substr(0, 9) == "problem: " && problems_sent++ >= keep) return;
-      write_all(out, "P " + one_line(line) + "\n");
-    };
-    auto r = verify_store(directory, child);
-    if (!r.ok()) {
-      write_all(out, "E " + std::to_string(static_cast<int>(r.code())) + " " + one_line(r.status().message()) + "\n");
-      ::_exit(3);
-    }
-    char b[256];
-    std::snprintf(b, sizeof b, "S %llu %llu %llu %llu %llu %llu %llu %llu\n",
-                  static_cast<unsigned long long>(r->databases), static_cast<unsigned long long>(r->records),
-                  static_cast<unsigned long long>(r->log_records), static_cast<unsigned long long>(r->pages),
-                  static_cast<unsigned long long>(r->free_pages), static_cast<unsigned long long>(r->file_pages),
-                  static_cast<unsigned long long>(r->page_size), static_cast<unsigned long long>(r->problem_count));
-    write_all(out, b);
-    ::_exit(r->ok() ? 0 : 1);
-  }
-  ::close(fds[1]);
+  char b[256];
+  std::snprintf(b, sizeof b, "S %llu %llu %llu %llu %llu %llu %llu %llu\n",
+                static_cast<unsigned long long>(r->databases), static_cast<unsigned long long>(r->records),
+                static_cast<unsigned long long>(r->log_records), static_cast<unsigned long long>(r->pages),
+                static_cast<unsigned long long>(r->free_pages), static_cast<unsigned long long>(r->file_pages),
+                static_cast<unsigned long long>(r->page_size), static_cast<unsigned long long>(r->problem_count));
+  write_all(out, b);
+  ::_exit(r->ok() ? 0 : 1);
+}
+
+// The parent's side: what the child's lines said.
+struct ChildLines {
   VerifyReport report;
-  std::string buf, last_progress, error_line;
+  std::string last_progress, error_line;
   bool have_summary = false;
   std::uint64_t problems_seen = 0;
-  auto line = [&](std::string_view l) {
+
+  void take(std::string_view l, const VerifyOptions& options) {
     if (l.size() < 2) return;
     const std::string_view body = l.substr(2);
     if (l[0] == 'P') {
@@ -519,9 +515,15 @@ Result<VerifyReport> verify_store_in_child(const std::string& directory, const V
     } else if (l[0] == 'E') {
       error_line = std::string(body);
     }
-  };
+  }
+};
+
+// Read the child's lines from `fd` until it closes the pipe; kill the child
+// when no line comes for stall_timeout or the time limit passes. Returns true
+// when the child was killed for that.
+bool read_child(int fd, pid_t pid, const VerifyOptions& options, ChildLines* lines) {
+  std::string buf;
   char chunk[4096];
-  bool stalled = false;
   const auto started = std::chrono::steady_clock::now();
   for (;;) {
     if (options.stall_timeout.count() > 0 || options.time_limit.count() > 0) {
@@ -532,49 +534,79 @@ Result<VerifyReport> verify_store_in_child(const std::string& directory, const V
                               .count();
         wait_ms = wait_ms < 0 ? std::max<long>(0, left) : std::min<long>(wait_ms, std::max<long>(0, left));
       }
-      pollfd pfd{fds[0], POLLIN, 0};
+      pollfd pfd{fd, POLLIN, 0};
       const int pr = ::poll(&pfd, 1, static_cast<int>(wait_ms));
       if (pr < 0 && errno == EINTR) continue;
       if (pr == 0) {  // no line for stall_timeout: the walk loops on a damaged page
-        stalled = true;
         ::kill(pid, SIGKILL);
-        break;
+        return true;
       }
     }
-    ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+    ssize_t n = ::read(fd, chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n <= 0) return false;
     buf.append(chunk, static_cast<std::size_t>(n));
     std::size_t pos;
     while ((pos = buf.find('\n')) != std::string::npos) {
-      line(std::string_view(buf).substr(0, pos));
+      lines->take(std::string_view(buf).substr(0, pos), options);
       buf.erase(0, pos + 1);
     }
   }
-  ::close(fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return Status(Code::IOError, "verify " + quoted(directory) + ": waitpid: " + std::strerror(errno));
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 3 && !error_line.empty()) {
-    const int code = std::atoi(error_line.c_str());
-    const auto sp = error_line.find(' ');
-    return Status(static_cast<Code>(code), sp == std::string::npos ? std::string() : error_line.substr(sp + 1));
-  }
-  if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 1) && have_summary) return report;
+}
+
+// The report of a child that did not finish its walk: one more problem, naming how it ended.
+VerifyReport died_report(ChildLines& lines, int status, bool stalled, const VerifyOptions& options) {
+  VerifyReport& report = lines.report;
   // The child died: a page LMDB could not read (or a sanitizer stopped it).
   report.walk_died = true;
-  report.problem_count = problems_seen + 1;
+  report.problem_count = lines.problems_seen + 1;
   std::string why = stalled ? "was killed: no end after its time limit or no line for its stall timeout ("
                                   + std::to_string(options.stall_timeout.count()) + " ms)"
                    : WIFSIGNALED(status) ? std::string("died with ") + signal_name(WTERMSIG(status)) + " (" +
                                               std::to_string(WTERMSIG(status)) + ")"
                                         : "exited with status " + std::to_string(WEXITSTATUS(status));
   std::string p = "the verify walk " + why + ": LMDB could not read a damaged page";
-  if (!last_progress.empty()) p += " (last progress: " + last_progress + ")";
+  if (!lines.last_progress.empty()) p += " (last progress: " + lines.last_progress + ")";
   if (report.problems.size() < options.max_problems_listed) report.problems.push_back(p);
   if (options.progress) options.progress("problem: " + p);
   return report;
+}
+
+}  // namespace
+
+Result<VerifyReport> verify_store_in_child(const std::string& directory, const VerifyOptions& options) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status(Code::IOError, "verify " + quoted(directory) + ": pipe: " + std::strerror(errno));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Status(Code::IOError, "verify " + quoted(directory) + ": fork: " + std::strerror(e));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    run_verify_child(directory, options, parent, fds[1]);
+  }
+  ::close(fds[1]);
+  ChildLines lines;
+  const bool stalled = read_child(fds[0], pid, options, &lines);
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return Status(Code::IOError, "verify " + quoted(directory) + ": waitpid: " + std::strerror(errno));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3 && !lines.error_line.empty()) {
+    const std::string& error_line = lines.error_line;
+    const int code = std::atoi(error_line.c_str());
+    const auto sp = error_line.find(' ');
+    return Status(static_cast<Code>(code), sp == std::string::npos ? std::string() : error_line.substr(sp + 1));
+  }
+  if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 1) && lines.have_summary) {
+    return lines.report;
+  }
+  return died_report(lines, status, stalled, options);
 }
 
 }  // namespace lanebus::detail

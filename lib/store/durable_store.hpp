@@ -524,6 +524,14 @@ class DurableStore {
   Status apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* more);
   Status check_open() const;
   Status check_writable() const;
+  // What every read call starts with: life_mutex_ held shared for the call
+  // (close() waits for it), the store checked open, one read transaction.
+  // Members end in reverse order: the transaction, then the lock.
+  struct ReadView {
+    std::shared_lock<std::shared_mutex> life;
+    LmdbTxn txn;
+  };
+  Result<ReadView> begin_read() const;
   Result<TopicRef> topic_by_id(std::uint32_t id) const EXCLUDES(topics_mutex_);
   void remember_topic(const TopicRef& t) EXCLUDES(topics_mutex_);
 

@@ -436,34 +436,37 @@ LmdbEnv::~LmdbEnv() {
   registry().erase({dev_, ino_});
 }
 
-Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
+namespace {
+
+// The store directory of `config`, created when missing (unless read-only):
+// a local directory this process may use. `data` is its data.mdb, when
+// `*have_data`.
+Status check_store_dir(const LmdbEnv::Config& config, struct stat* st, struct stat* data, bool* have_data) {
   const std::string& path = config.path;
   if (path.empty()) return Status(Code::InvalidArgument, "open store: StoreOptions::directory is empty");
   if (config.map_size_max < config.map_size_initial) {
     return Status(Code::InvalidArgument,
                   "open " + quoted(path) + ": map_size_max is smaller than map_size_initial");
   }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
+  if (::stat(path.c_str(), st) != 0) {
     int e = errno;
     if (e == ENOENT && config.read_only) {
       return Status(Code::NotFound, "open " + quoted(path) + ": ENOENT: no such directory; not a lanebus store");
     }
     if (e != ENOENT) return lmdb_error(e, "open", path);
     if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return lmdb_error(errno, "create directory", path);
-    if (::stat(path.c_str(), &st) != 0) return lmdb_error(errno, "open", path);
+    if (::stat(path.c_str(), st) != 0) return lmdb_error(errno, "open", path);
   }
-  if (!S_ISDIR(st.st_mode)) {
+  if (!S_ISDIR(st->st_mode)) {
     return Status(Code::InvalidArgument,
                   "open " + quoted(path) + ": ENOTDIR: a file exists where the store directory should be");
   }
   const std::string data_file = path + "/data.mdb";
-  struct stat dst {};
-  bool have_data = ::stat(data_file.c_str(), &dst) == 0;
-  if (config.read_only && !have_data) {
+  *have_data = ::stat(data_file.c_str(), data) == 0;
+  if (config.read_only && !*have_data) {
     return Status(Code::NotFound, "open " + quoted(path) + ": no data.mdb: not a lanebus store");
   }
-  if (have_data && !S_ISREG(dst.st_mode)) {
+  if (*have_data && !S_ISREG(data->st_mode)) {
     return Status(Code::Corruption, "open " + quoted(path) + ": data.mdb is not a regular file");
   }
   if (::access(path.c_str(), config.read_only ? (R_OK | X_OK) : (R_OK | W_OK | X_OK)) != 0) {
@@ -479,38 +482,31 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
                     "open " + quoted(path) + ": network file system: LMDB needs a local file system");
     }
   }
+  return Status();
+}
 
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    if (!registry().insert({st.st_dev, st.st_ino}).second) {
-      return Status(Code::Busy, "open " + quoted(path) +
-                                    ": the store is already open in this process (one LMDB environment per "
-                                    "process; share the open store)");
-    }
+// Start at least as large as the data file so reopening a grown store does
+// not shrink its map below what is used.
+std::uint64_t initial_map_size(const LmdbEnv::Config& config, bool have_data, const struct stat& data) {
+  std::uint64_t map = config.map_size_initial;
+  if (have_data && static_cast<std::uint64_t>(data.st_size) > map) {
+    map = std::min<std::uint64_t>(static_cast<std::uint64_t>(data.st_size) * 2, config.map_size_max);
+    if (map < static_cast<std::uint64_t>(data.st_size)) map = static_cast<std::uint64_t>(data.st_size);
   }
-  auto unregister = [&] {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    registry().erase({st.st_dev, st.st_ino});
-  };
+  return map;
+}
 
+// An environment handle for `config`, configured and opened with a map of
+// `map` bytes.
+Result<MDB_env*> open_env_handle(const LmdbEnv::Config& config, std::uint64_t map) {
+  const std::string& path = config.path;
   MDB_env* env = nullptr;
   int rc = mdb_env_create(&env);
-  if (rc != 0) {
-    unregister();
-    return lmdb_error(rc, "create environment for", path);
-  }
-  // Start at least as large as the data file so reopening a grown store does
-  // not shrink its map below what is used.
-  std::uint64_t map = config.map_size_initial;
-  if (have_data && static_cast<std::uint64_t>(dst.st_size) > map) {
-    map = std::min<std::uint64_t>(static_cast<std::uint64_t>(dst.st_size) * 2, config.map_size_max);
-    if (map < static_cast<std::uint64_t>(dst.st_size)) map = static_cast<std::uint64_t>(dst.st_size);
-  }
+  if (rc != 0) return lmdb_error(rc, "create environment for", path);
   if ((rc = mdb_env_set_maxreaders(env, config.max_readers)) != 0 ||
       (rc = mdb_env_set_maxdbs(env, config.max_dbs)) != 0 ||
       (rc = mdb_env_set_mapsize(env, static_cast<std::size_t>(map))) != 0) {
     mdb_env_close(env);
-    unregister();
     return lmdb_error(rc, "configure", path);
   }
   unsigned flags = MDB_NOTLS;
@@ -520,7 +516,7 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
   // same environment (an LMDB caveat): bounded retry.
   for (int attempt = 0;; ++attempt) {
     rc = mdb_env_open(env, path.c_str(), flags, 0600);
-    if (rc == 0) break;
+    if (rc == 0) return env;
     if ((rc == EAGAIN || rc == EBUSY) && attempt < 20) {
       mdb_env_close(env);
       env = nullptr;
@@ -528,24 +524,46 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
       if (mdb_env_create(&env) != 0 || mdb_env_set_maxreaders(env, config.max_readers) != 0 ||
           mdb_env_set_maxdbs(env, config.max_dbs) != 0 || mdb_env_set_mapsize(env, map) != 0) {
         if (env != nullptr) mdb_env_close(env);
-        unregister();
         return Status(Code::IOError, "open " + quoted(path) + ": could not recreate environment handle");
       }
       continue;
     }
     mdb_env_close(env);
-    unregister();
     if (rc == ENOMEM) return open_enomem("open", path);
     if (rc == EINVAL) return open_einval("open", path);
     return lmdb_error(rc, "open", path);
   }
-  auto out = std::unique_ptr<LmdbEnv>(new LmdbEnv(config, env, st.st_dev, st.st_ino));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
+  const std::string& path = config.path;
+  struct stat st {};
+  struct stat dst {};
+  bool have_data = false;
+  if (Status s = check_store_dir(config, &st, &dst, &have_data); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    if (!registry().insert({st.st_dev, st.st_ino}).second) {
+      return Status(Code::Busy, "open " + quoted(path) +
+                                    ": the store is already open in this process (one LMDB environment per "
+                                    "process; share the open store)");
+    }
+  }
+  auto env = open_env_handle(config, initial_map_size(config, have_data, dst));
+  if (!env.ok()) {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().erase({st.st_dev, st.st_ino});
+    return env.status();
+  }
+  auto out = std::unique_ptr<LmdbEnv>(new LmdbEnv(config, *env, st.st_dev, st.st_ino));
   MDB_envinfo info{};
-  mdb_env_info(env, &info);
+  mdb_env_info(*env, &info);
   out->map_size_.store(info.me_mapsize, std::memory_order_relaxed);
   // Stale slots of dead processes pin old pages, which makes the file grow.
   int dead = 0;
-  mdb_reader_check(env, &dead);
+  mdb_reader_check(*env, &dead);
   if (!config.read_only) {
     // The cross-process writer queue (see the class comment). Without it
     // (EACCES, EROFS) writers still exclude each other through LMDB's mutex.

@@ -8,12 +8,16 @@
 //   put_le32(char* p, v)         writes 4 bytes at p
 //   put_le32(std::string& s, v)  appends 4 bytes to s
 //   get_le32(const char* p)      reads 4 bytes at p
-// and the same for le16, le64, be32, be64.
+// and the same for le16, le64, be32, be64. ByteWriter and ByteReader build
+// and parse records of little-endian fields and length-prefixed strings (the
+// DLQ's entries and audit, the schema registry's records, the bridge status
+// record); the reader never reads past its input.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace lanebus::detail {
 
@@ -82,5 +86,78 @@ inline void put_le64(std::string& s, std::uint64_t v) { append_fixed<8>(s, v, pu
 inline void put_be16(std::string& s, std::uint16_t v) { append_fixed<2>(s, v, put_be16); }
 inline void put_be32(std::string& s, std::uint32_t v) { append_fixed<4>(s, v, put_be32); }
 inline void put_be64(std::string& s, std::uint64_t v) { append_fixed<8>(s, v, put_be64); }
+
+/// The first min(8, s.size()) bytes of `s` as a little-endian number (missing
+/// high bytes read as 0): for values that may have been stored shorter.
+inline std::uint64_t get_le64_prefix(std::string_view s) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8 && i < s.size(); ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i])) << (8 * i);
+  return v;
+}
+
+// ---- records: little-endian fields and length-prefixed strings
+
+/// Appends fields to a string: integers little-endian, strings after a u32
+/// (str32) or u16 (str16) byte count. REQUIRES: str16's string is at most
+/// 65535 bytes, str32's at most 2^32 - 1.
+/// Thread safety: one thread at a time.
+class ByteWriter {
+ public:
+  void u8(std::uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void u16(std::uint16_t v) { append_fixed<2>(out_, v, put_le16); }
+  void u32(std::uint32_t v) { put_le32(out_, v); }
+  void u64(std::uint64_t v) { put_le64(out_, v); }
+  void i64(std::int64_t v) { put_le64(out_, static_cast<std::uint64_t>(v)); }
+  void str32(std::string_view s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    out_.append(s);
+  }
+  void str16(std::string_view s) {
+    u16(static_cast<std::uint16_t>(s.size()));
+    out_.append(s);
+  }
+  void reserve(std::size_t n) { out_.reserve(n); }
+  const std::string& bytes() const noexcept { return out_; }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+/// Reads what ByteWriter wrote, bounds-checked: a read that would go past
+/// the end returns 0 (or "") and turns ok() false for good, so a caller may
+/// read a whole record and check ok() once (and done() for trailing bytes).
+/// The view must outlive the reader. Thread safety: one thread at a time.
+class ByteReader {
+ public:
+  explicit ByteReader(std::string_view in) noexcept : in_(in) {}
+  bool ok() const noexcept { return ok_; }
+  /// ok() and every byte read.
+  bool done() const noexcept { return ok_ && pos_ == in_.size(); }
+  std::uint8_t u8() noexcept { return take(1) ? static_cast<std::uint8_t>(in_[pos_ - 1]) : 0; }
+  std::uint16_t u16() noexcept { return take(2) ? get_le16(in_.data() + pos_ - 2) : 0; }
+  std::uint32_t u32() noexcept { return take(4) ? get_le32(in_.data() + pos_ - 4) : 0; }
+  std::uint64_t u64() noexcept { return take(8) ? get_le64(in_.data() + pos_ - 8) : 0; }
+  std::int64_t i64() noexcept { return static_cast<std::int64_t>(u64()); }
+  std::string str32() { return bytes(u32()); }
+  std::string str16() { return bytes(u16()); }
+
+ private:
+  bool take(std::size_t n) noexcept {
+    if (!ok_ || in_.size() - pos_ < n) {
+      ok_ = false;
+      return false;
+    }
+    pos_ += n;
+    return true;
+  }
+  std::string bytes(std::size_t n) {
+    if (!take(n)) return {};
+    return std::string(in_.substr(pos_ - n, n));
+  }
+  std::string_view in_;
+  std::size_t pos_ = 0;
+  bool ok_ = true;
+};
 
 }  // namespace lanebus::detail

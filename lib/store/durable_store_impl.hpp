@@ -1,0 +1,319 @@
+// lanebus — MIT License.
+// The durable store's private internals, shared by its files in lib/store/
+// (durable_*.cpp, store_codec.cpp, store_txn.cpp): key layout, record structs
+// and codecs, the state of one write transaction, the waiter of a blocking
+// call. Include it only from those files.
+#pragma once
+
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "coding.hpp"
+#include "durable_store.hpp"
+#include "wall_clock.hpp"  // WallClock::realtime_ns: the clock of claim deadlines and timestamps
+
+// Design notes
+//
+// Invariants (checked by tests/durable_store_test.cpp and the crash tests):
+//  1. For every (topic, lane), the `log` keys present are exactly the offsets
+//     [LaneState.first, LaneState.next): appends add at `next`, retention
+//     deletes at `first`, both in the same transaction as the LaneState update.
+//  2. LaneState.count == next - first and LaneState.bytes == sum of record sizes.
+//  3. `meta/id_next` is greater than every id assigned by the store; it is
+//     written in the same transaction as the messages that used the ids, so a
+//     crash never hands out an id twice (and two processes serialise on LMDB's
+//     writer lock, so their id ranges are disjoint).
+//  4. A queue group's cursor `committed` is the lowest offset not yet acked;
+//     `inflight` holds claims for offsets >= committed only.
+//  5. Nothing is reported complete before the transaction holding it committed
+//     (Sync: fsynced). No completion runs inside a transaction.
+//
+// Where each concern lives:
+//   durable_store.cpp      open (layout, tables), close, counters, health
+//   durable_writer.cpp     the writer thread and group commit, sync
+//   durable_topics.cpp     the topic catalogue and appends
+//   durable_reads.cpp      reads, lane bounds, seek by time
+//   durable_groups.cpp     consumer groups and their offsets
+//   durable_queues.cpp     queue claims, acks and releases
+//   durable_retention.cpp  retention
+//   store_codec.cpp        the record codecs (doc/storage-format.md)
+//   store_txn.cpp          StoreTxn and the write/read extension calls
+
+namespace lanebus::detail {
+
+constexpr char kLayoutMagic[8] = {'L', 'A', 'N', 'E', 'B', 'U', 'S', '\0'};
+constexpr std::size_t kRecordHeader = 64;  // fixed part before key/idem/payload
+constexpr std::size_t kRecordOverhead = kRecordHeader + 4;  // + crc32c trailer
+constexpr std::uint32_t kMaxLanes = 4096;
+constexpr std::uint64_t kMaxPayload = 1ull << 30;
+constexpr std::uint32_t kInflightClaimed = 0;
+constexpr std::uint32_t kInflightAcked = 1;
+
+// Fixed-width coding: coding.hpp (LE for values, BE for keys so they sort).
+
+// A small fixed-capacity key buffer (no allocation for keys).
+struct Key {
+  char b[24];
+  std::size_t n = 0;
+  std::string_view sv() const { return {b, n}; }
+};
+inline Key lane_key(std::uint32_t tid, std::uint32_t lane) {
+  Key k;
+  put_be32(k.b, tid);
+  put_be32(k.b + 4, lane);
+  k.n = 8;
+  return k;
+}
+inline Key log_key(std::uint32_t tid, std::uint32_t lane, std::uint64_t off) {
+  Key k = lane_key(tid, lane);
+  put_be64(k.b + 8, off);
+  k.n = 16;
+  return k;
+}
+inline Key cursor_key(std::uint32_t tid, std::uint32_t gid, std::uint32_t lane) {
+  Key k;
+  put_be32(k.b, tid);
+  put_be32(k.b + 4, gid);
+  put_be32(k.b + 8, lane);
+  k.n = 12;
+  return k;
+}
+inline Key inflight_key(std::uint32_t tid, std::uint32_t gid, std::uint32_t lane, std::uint64_t off) {
+  Key k = cursor_key(tid, gid, lane);
+  put_be64(k.b + 12, off);
+  k.n = 20;
+  return k;
+}
+inline std::string group_key(std::uint32_t tid, std::string_view name) {
+  std::string k(4, '\0');
+  put_be32(k.data(), tid);
+  k.append(name);
+  return k;
+}
+
+// ---- per-lane bounds ----
+struct LaneState {
+  std::uint64_t first = 0;
+  std::uint64_t next = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t count = 0;
+  std::int64_t last_ts = 0;
+};
+constexpr std::size_t kLaneStateBytes = 40;
+void encode_lane(const LaneState& s, char* p);
+bool decode_lane(std::string_view v, LaneState* s);
+
+// ---- topic record (store_codec.cpp) ----
+std::string encode_topic(const TopicRef& t, std::int64_t created_ns);
+bool decode_topic(std::string_view name, std::string_view v, TopicRef* t);
+
+// ---- cursor / inflight records ----
+struct CursorRec {
+  std::uint64_t committed = 0;
+  std::uint64_t skipped = 0;
+};
+struct InflightRec {
+  std::uint32_t attempt = 0;
+  std::uint32_t state = kInflightClaimed;
+  std::int64_t deadline_ns = 0;
+  std::int64_t first_claim_ns = 0;
+};
+
+// ---- log record (store_codec.cpp; see doc/storage-format.md) ----
+std::size_t record_size(const AppendRequest& r);
+void encode_record(char* p, std::size_t size, const AppendRequest& r, const MessageHeader& h,
+                   std::int64_t index_ts);
+Status decode_record(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
+                     StoredMessage* m);
+
+// ---- lane bounds and the time index (durable_reads.cpp) ----
+// The first offset in [ls.first, ls.next) whose index timestamp is >= ts:
+// binary search (offsets are contiguous and index timestamps monotonic).
+Result<std::uint64_t> search_time(LmdbTxn& txn, LmdbDbi log, std::uint32_t tid, std::uint32_t lane,
+                                  const LaneState& ls, std::int64_t ts);
+Result<LaneState> read_lane(LmdbTxn& txn, LmdbDbi dbi, std::uint32_t tid, std::uint32_t lane);
+
+// ======================================================================
+// WriteCtx: the state of one write transaction of the writer thread.
+
+struct DurableStore::WriteCtx {
+  DurableStore* store;
+  LmdbTxn* txn;
+  std::int64_t now_ns;
+  // Any LMDB failure through ctx makes the whole transaction unusable (LMDB
+  // may have marked it failed): the batch is aborted.
+  Status dead;
+  std::map<std::uint64_t, LaneState> lanes;      // loaded lane states
+  std::map<std::uint64_t, bool> dirty;           // key -> got appends
+  bool ids_loaded = false;
+  std::uint64_t id_next = 0;
+  bool ids_dirty = false;
+  std::uint64_t retention_deleted = 0;
+  std::uint64_t claims = 0, redeliveries = 0, acks = 0;
+
+  static std::uint64_t lk(std::uint32_t tid, std::uint32_t lane) {
+    return (static_cast<std::uint64_t>(tid) << 32) | lane;
+  }
+  Status fail(Status s) {
+    if (dead.ok()) dead = s;
+    return s;
+  }
+  Result<std::string_view> get(LmdbDbi dbi, std::string_view key) {
+    auto r = txn->get(dbi, key);
+    if (!r.ok() && r.code() != Code::NotFound) (void)fail(r.status());
+    return r;
+  }
+  Status put(LmdbDbi dbi, std::string_view key, std::string_view value) {
+    Status s = txn->put(dbi, key, value);
+    if (!s.ok()) return fail(std::move(s));
+    return s;
+  }
+  Status del(LmdbDbi dbi, std::string_view key) {
+    Status s = txn->del(dbi, key);
+    if (!s.ok() && s.code() != Code::NotFound) return fail(std::move(s));
+    return s;
+  }
+  Result<LaneState*> lane(std::uint32_t tid, std::uint32_t lane_no) {
+    auto k = lk(tid, lane_no);
+    auto it = lanes.find(k);
+    if (it != lanes.end()) return &it->second;
+    auto s = read_lane(*txn, store->dbi_lanes_, tid, lane_no);
+    if (!s.ok()) return fail(s.status());
+    return &lanes.emplace(k, *s).first->second;
+  }
+  void mark(std::uint32_t tid, std::uint32_t lane_no, bool appended) {
+    auto& d = dirty[lk(tid, lane_no)];
+    d = d || appended;
+  }
+  Result<std::uint64_t> meta_u64(std::string_view key, std::uint64_t dflt) {
+    auto v = get(store->dbi_meta_, key);
+    if (!v.ok()) {
+      if (v.code() == Code::NotFound) return dflt;
+      return v.status();
+    }
+    if (v->size() != 8) return fail(Status(Code::Corruption, "meta record " + std::string(key) + " is malformed"));
+    return get_le64(v->data());
+  }
+  Status put_meta_u64(std::string_view key, std::uint64_t value) {
+    char b[8];
+    put_le64(b, value);
+    return put(store->dbi_meta_, key, std::string_view(b, 8));
+  }
+  Result<std::uint64_t> take_ids(std::uint64_t n) {
+    if (!ids_loaded) {
+      auto v = meta_u64("id_next", 1);
+      if (!v.ok()) return v.status();
+      id_next = *v;
+      ids_loaded = true;
+    }
+    std::uint64_t first = id_next;
+    id_next += n;
+    ids_dirty = true;
+    return first;
+  }
+  Result<CursorRec> cursor(std::uint32_t tid, std::uint32_t gid, std::uint32_t lane_no) {
+    CursorRec c;
+    auto v = get(store->dbi_cursors_, cursor_key(tid, gid, lane_no).sv());
+    if (!v.ok()) {
+      if (v.code() == Code::NotFound) return c;
+      return v.status();
+    }
+    if (v->size() != 16) return fail(Status(Code::Corruption, "group cursor record is malformed"));
+    c.committed = get_le64(v->data());
+    c.skipped = get_le64(v->data() + 8);
+    return c;
+  }
+  Status put_cursor(std::uint32_t tid, std::uint32_t gid, std::uint32_t lane_no, const CursorRec& c) {
+    char b[16];
+    put_le64(b, c.committed);
+    put_le64(b + 8, c.skipped);
+    return put(store->dbi_cursors_, cursor_key(tid, gid, lane_no).sv(), std::string_view(b, 16));
+  }
+  Result<std::optional<InflightRec>> inflight(const Key& k) {
+    auto v = get(store->dbi_inflight_, k.sv());
+    if (!v.ok()) {
+      if (v.code() == Code::NotFound) return std::optional<InflightRec>();
+      return v.status();
+    }
+    if (v->size() != 24) return fail(Status(Code::Corruption, "in-flight record is malformed"));
+    InflightRec r;
+    r.attempt = get_le32(v->data());
+    r.state = get_le32(v->data() + 4);
+    r.deadline_ns = static_cast<std::int64_t>(get_le64(v->data() + 8));
+    r.first_claim_ns = static_cast<std::int64_t>(get_le64(v->data() + 16));
+    return std::optional<InflightRec>(r);
+  }
+  Status put_inflight(const Key& k, const InflightRec& r) {
+    char b[24];
+    put_le32(b, r.attempt);
+    put_le32(b + 4, r.state);
+    put_le64(b + 8, static_cast<std::uint64_t>(r.deadline_ns));
+    put_le64(b + 16, static_cast<std::uint64_t>(r.first_claim_ns));
+    return put(store->dbi_inflight_, k.sv(), std::string_view(b, 24));
+  }
+  // Delete in-flight records of (tid, gid, lane) with offset < below.
+  Status drop_inflight_below(std::uint32_t tid, std::uint32_t gid, std::uint32_t lane_no, std::uint64_t below) {
+    std::vector<Key> keys;
+    {
+      auto c = LmdbCursor::open(*txn, store->dbi_inflight_, store->options_.directory);
+      if (!c.ok()) return fail(c.status());
+      Key prefix = cursor_key(tid, gid, lane_no);
+      auto r = c->seek(prefix.sv());
+      while (r.ok() && *r) {
+        auto k = c->key();
+        if (k.size() != 20 || k.substr(0, 12) != prefix.sv() || get_be64(k.data() + 12) >= below) break;
+        Key copy;
+        std::memcpy(copy.b, k.data(), 20);
+        copy.n = 20;
+        keys.push_back(copy);
+        r = c->next();
+      }
+      if (!r.ok()) return fail(r.status());
+    }
+    for (const Key& k : keys) {
+      Status s = del(store->dbi_inflight_, k.sv());
+      if (!s.ok() && s.code() != Code::NotFound) return s;
+    }
+    return Status();
+  }
+  // Write back every loaded lane state that changed, and the id high-water.
+  Status flush() {
+    for (auto& [k, appended] : dirty) {
+      (void)appended;
+      char b[kLaneStateBytes];
+      encode_lane(lanes[k], b);
+      Key key = lane_key(static_cast<std::uint32_t>(k >> 32), static_cast<std::uint32_t>(k));
+      Status s = put(store->dbi_lanes_, key.sv(), std::string_view(b, kLaneStateBytes));
+      if (!s.ok()) return s;
+    }
+    if (ids_dirty) return put_meta_u64("id_next", id_next);
+    return Status();
+  }
+};
+
+struct DurableStore::Waiter {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  AppendResult result;
+  void finish(const Status& s, const AppendResult& r) {
+    std::lock_guard<std::mutex> l(m);
+    status = s;
+    result = r;
+    done = true;
+    cv.notify_one();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> l(m);
+    cv.wait(l, [&] { return done; });
+  }
+};
+
+}  // namespace lanebus::detail

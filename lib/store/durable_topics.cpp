@@ -1,0 +1,253 @@
+// lanebus — MIT License.
+// DurableStore: the topic catalogue, appends and id reservation.
+#include "durable_store.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "durable_store_impl.hpp"
+#include "names.hpp"
+#include "quote.hpp"
+
+namespace lanebus::detail {
+
+// ======================================================================
+// topics
+
+Result<TopicRef> DurableStore::topic_by_id(std::uint32_t id) const {
+  MutexLock l(&topics_mutex_);
+  auto it = topics_.find(id);
+  if (it == topics_.end()) {
+    return Status(Code::InvalidArgument, "topic id " + std::to_string(id) + " is not open in this store");
+  }
+  return it->second;
+}
+
+void DurableStore::remember_topic(const TopicRef& t) {
+  MutexLock l(&topics_mutex_);
+  topics_[t.id] = t;
+}
+
+Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec& spec) {
+  Status s = check_name(name, "topic");
+  if (!s.ok()) return s;
+  if (spec.lanes == 0 || spec.lanes > kMaxLanes) {
+    return Status(Code::InvalidArgument, "topic " + quoted(name) + ": lanes must be 1..4096, got " +
+                                             std::to_string(spec.lanes));
+  }
+  if (spec.retention.max_age.count() < 0) {
+    return Status(Code::InvalidArgument, "topic " + quoted(name) + ": retention max_age is negative");
+  }
+  if (!spec.fence.empty()) {
+    if (Status fs = validate_topic_fence(name, spec.fence, spec.fence_per_lane, spec.lanes); !fs.ok()) return fs;
+  }
+  TopicRef out;
+  s = run_write(
+      [&](WriteCtx& ctx) -> Status {
+        auto v = ctx.get(dbi_topics_, name);
+        if (v.ok()) {
+          TopicRef t;
+          if (!decode_topic(name, *v, &t)) {
+            return Status(Code::Corruption, "topic " + quoted(name) + ": stored record is malformed");
+          }
+          if (t.lanes != spec.lanes) {
+            return Status(Code::Conflict, "topic " + quoted(name) + " exists with " + std::to_string(t.lanes) +
+                                              " lanes, not " + std::to_string(spec.lanes) +
+                                              " (the lane count is fixed: changing it would break per-key order)");
+          }
+          if (t.is_queue != spec.is_queue) {
+            return Status(Code::Conflict, "topic " + quoted(name) + " exists as a " + (t.is_queue ? "queue" : "topic") +
+                                              ", not a " + (spec.is_queue ? "queue" : "topic"));
+          }
+          if (t.fence != spec.fence || (!t.fence.empty() && t.fence_per_lane != spec.fence_per_lane)) {
+            auto show = [](const std::string& f, bool per_lane) {
+              return f.empty() ? std::string("no fence") : "fence " + quoted(f) + (per_lane ? " per lane" : " per topic");
+            };
+            return Status(Code::Conflict, "topic " + quoted(name) + " exists with " + show(t.fence, t.fence_per_lane) +
+                                              ", not " + show(spec.fence, spec.fence_per_lane) +
+                                              " (the fence is fixed at creation)");
+          }
+          if (t.retention.max_age != spec.retention.max_age || t.retention.max_bytes != spec.retention.max_bytes ||
+              t.retention.max_count != spec.retention.max_count) {
+            t.retention = spec.retention;
+            Status ps = ctx.put(dbi_topics_, name, encode_topic(t, ctx.now_ns));
+            if (!ps.ok()) return ps;
+          }
+          out = t;
+          return Status();
+        }
+        if (v.code() != Code::NotFound) return v.status();
+        auto next = ctx.meta_u64("next_topic_id", 1);
+        if (!next.ok()) return next.status();
+        TopicRef t;
+        t.id = static_cast<std::uint32_t>(*next);
+        t.name = std::string(name);
+        t.lanes = spec.lanes;
+        t.is_queue = spec.is_queue;
+        t.retention = spec.retention;
+        t.fence = spec.fence;
+        t.fence_per_lane = !spec.fence.empty() && spec.fence_per_lane;
+        Status ps = ctx.put_meta_u64("next_topic_id", *next + 1);
+        if (ps.ok()) ps = ctx.put(dbi_topics_, name, encode_topic(t, ctx.now_ns));
+        if (!ps.ok()) return ps;
+        out = t;
+        return Status();
+      },
+      true);
+  if (!s.ok()) return s;
+  remember_topic(out);
+  return out;
+}
+
+Result<TopicRef> DurableStore::find_topic(std::string_view name) {
+  Status s = check_name(name, "topic");
+  if (!s.ok()) return s;
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
+  auto v = txn->get(dbi_topics_, name);
+  if (!v.ok()) {
+    if (v.code() == Code::NotFound) return Status(Code::NotFound, "topic " + quoted(name) + " not found in store " + quoted(options_.directory));
+    return v.status();
+  }
+  TopicRef t;
+  if (!decode_topic(name, *v, &t)) return Status(Code::Corruption, "topic " + quoted(name) + ": stored record is malformed");
+  remember_topic(t);
+  return t;
+}
+
+Result<std::vector<TopicRef>> DurableStore::list_topics() {
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  LmdbTxn* txn = &view->txn;
+  auto c = LmdbCursor::open(*txn, dbi_topics_, options_.directory);
+  if (!c.ok()) return c.status();
+  std::vector<TopicRef> out;
+  auto r = c->first();
+  while (r.ok() && *r) {
+    TopicRef t;
+    if (!decode_topic(c->key(), c->value(), &t)) {
+      return Status(Code::Corruption, "topic " + quoted(c->key()) + ": stored record is malformed");
+    }
+    // Names were checked when the topic was created: an invalid one in the
+    // catalogue is a damaged key (LMDB does not checksum keys).
+    if (Status ns = check_name(c->key(), "stored topic"); !ns.ok()) {
+      return Status(Code::Corruption, "the topic catalogue of " + quoted(options_.directory) + " is damaged: " +
+                                          std::string(ns.message()));
+    }
+    out.push_back(t);
+    r = c->next();
+  }
+  if (!r.ok()) return r.status();
+  for (const TopicRef& t : out) remember_topic(t);
+  return out;
+}
+
+// ======================================================================
+// append
+
+Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
+  Status s = check_writable();
+  if (!s.ok()) return s;
+  auto topic = topic_by_id(request.topic_id);
+  if (!topic.ok()) return topic.status();
+  if (request.lane >= topic->lanes) {
+    return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": lane " + std::to_string(request.lane) +
+                                             " out of range (lanes = " + std::to_string(topic->lanes) + ")");
+  }
+  if (request.payload.empty()) {
+    return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": empty payload");
+  }
+  if (request.key.size() > 0xFFFF || request.idempotency_key.size() > 0xFFFF || request.payload.size() > kMaxPayload) {
+    return Status(Code::PayloadTooLarge, "append to " + quoted(topic->name) +
+                                             ": key and idempotency key are limited to 65535 bytes, payload to 1 GiB");
+  }
+  WriteOp op;
+  if (!topic->fence.empty() && fences_.check_enabled()) {
+    if (request.header.fencing_token == 0) {
+      return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": the topic is fenced by lease " +
+                                               quoted(topic->fence) + " and the message has no fencing token");
+    }
+    // Ask the lease table now, on the caller's thread, so the writer never
+    // waits on it while holding LMDB's writer lock (lib/features/fence.cpp).
+    op.fence = fences_.preconfirm(*topic, request.lane, request.header.fencing_token);
+  }
+  op.is_append = true;
+  op.request = std::move(request);
+  op.append_done = std::move(done);
+  return enqueue(std::move(op), true);
+}
+
+Result<AppendResult> DurableStore::append(AppendRequest request) {
+  if (std::this_thread::get_id() == writer_id_) {
+    return Status(Code::Busy, "blocking append from a completion callback (writer thread)");
+  }
+  Waiter w;
+  Status s = append_async(std::move(request), [&w](const Status& st, const AppendResult& r) { w.finish(st, r); });
+  if (!s.ok()) return s;
+  w.wait();
+  if (!w.status.ok()) return w.status;
+  return w.result;
+}
+
+Result<std::uint64_t> DurableStore::reserve_ids(std::uint64_t count) {
+  if (count == 0) return Status(Code::InvalidArgument, "reserve_ids: count is 0");
+  std::uint64_t first = 0;
+  Status s = run_write(
+      [&](WriteCtx& ctx) -> Status {
+        auto r = ctx.take_ids(count);
+        if (!r.ok()) return r.status();
+        first = *r;
+        return Status();
+      },
+      true);
+  if (!s.ok()) return s;
+  return first;
+}
+
+Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
+  AppendRequest& r = op.request;
+  auto topic = topic_by_id(r.topic_id);
+  if (!topic.ok()) return topic.status();
+  auto ls = ctx.lane(r.topic_id, r.lane);
+  if (!ls.ok()) return ls.status();
+  // Fenced topics (doc/leases.md, lib/features/fence.cpp): decided here, in the transaction,
+  // against the high-water as left by earlier ops of this batch, before
+  // anything of this op is written. A duplicate writes nothing.
+  FencePlan fence;
+  if (!topic->fence.empty()) {
+    StoreTxn ft(this, &ctx, ctx.txn, ctx.now_ns);
+    Status fs = fences_.check(ft, *topic, r, op.fence, &fence);
+    if (!fs.ok()) return fs;
+    if (fence.duplicate) {
+      op.result = AppendResult{fence.dup_offset, fence.dup_id, true};
+      return Status();
+    }
+  }
+  MessageHeader h = r.header;
+  if (h.id == 0) {
+    auto id = ctx.take_ids(1);
+    if (!id.ok()) return id.status();
+    h.id = *id;
+  }
+  if (h.created_at_ns == 0) h.created_at_ns = ctx.now_ns;
+  LaneState& s = **ls;
+  std::int64_t index_ts = std::max(s.last_ts, h.created_at_ns);
+  std::size_t size = record_size(r);
+  auto p = ctx.txn->reserve(dbi_log_, log_key(r.topic_id, r.lane, s.next).sv(), size);
+  if (!p.ok()) return ctx.fail(p.status());
+  encode_record(*p, size, r, h, index_ts);
+  op.result = AppendResult{s.next, h.id};
+  s.next += 1;
+  s.count += 1;
+  s.bytes += size;
+  s.last_ts = index_ts;
+  ctx.mark(r.topic_id, r.lane, true);
+  if (fence.fenced) {
+    StoreTxn ft(this, &ctx, ctx.txn, ctx.now_ns);
+    return fences_.record(ft, fence, r, op.result);
+  }
+  return Status();
+}
+
+}  // namespace lanebus::detail

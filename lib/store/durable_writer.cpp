@@ -1,0 +1,220 @@
+// lanebus — MIT License.
+// DurableStore: the writer thread, its queue and group commit, and sync.
+#include "durable_store.hpp"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "durable_store_impl.hpp"
+#include "quote.hpp"
+
+namespace lanebus::detail {
+
+Status DurableStore::enqueue(WriteOp op, bool may_block) {
+  {
+    MutexLock l(&queue_mutex_);
+    while (!stopping_ && queue_.size() >= options_.max_pending) {
+      if (!may_block) return Status(Code::WouldBlock);
+      space_cv_.wait(queue_mutex_);
+    }
+    if (stopping_) return Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closing");
+    queue_.push_back(std::move(op));
+  }
+  queue_cv_.notify_one();
+  return Status();
+}
+
+Status DurableStore::run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping) {
+  Status s = check_writable();
+  if (!s.ok()) return s;
+  if (std::this_thread::get_id() == writer_id_) {
+    return Status(Code::Busy, "blocking store call from a completion callback (writer thread)");
+  }
+  Waiter w;
+  WriteOp op;
+  op.apply = std::move(apply);
+  op.bookkeeping = bookkeeping;
+  op.done = [&w](const Status& st) { w.finish(st, {}); };
+  s = enqueue(std::move(op), true);
+  if (!s.ok()) return s;
+  w.wait();
+  return w.status;
+}
+
+void DurableStore::writer_main() {
+  using clock = std::chrono::steady_clock;
+  auto next_maint = clock::now() + options_.maintenance_interval;
+  auto next_flush = clock::now() + options_.async_flush_interval;
+  const bool async = options_.durability == Durability::Async;
+  bool retention_more = false;
+  std::vector<WriteOp> batch;
+  std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> listener;
+  for (;;) {
+    bool stop = false, force = false;
+    batch.clear();
+    {
+      MutexLock l(&queue_mutex_);
+      for (;;) {
+        auto now = clock::now();
+        if (!queue_.empty() || stopping_ || force_retention_ || retention_more || now >= next_maint ||
+            (async && now >= next_flush)) {
+          break;
+        }
+        auto until = async ? std::min(next_maint, next_flush) : next_maint;
+        queue_cv_.wait_until(queue_mutex_, until);
+      }
+      while (!queue_.empty() && batch.size() < options_.max_batch) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      stop = stopping_ && queue_.empty();
+      force = force_retention_;
+      force_retention_ = false;
+      listener = append_listener_;
+    }
+    space_cv_.notify_all();
+    if (!batch.empty()) process_batch(batch);
+    if (batch.size() > 0) {
+      // Completions and the listener run here: after the commit, outside any txn and lock.
+      for (WriteOp& op : batch) {
+        if (op.is_append) {
+          // Relaxed: a statistic.
+          if (!op.status.ok()) counters_.append_failures.fetch_add(1, std::memory_order_relaxed);
+          if (op.append_done) op.append_done(op.status, op.result);
+        } else if (op.done) {
+          op.done(op.status);
+        }
+      }
+      if (listener) {
+        std::map<std::uint64_t, std::uint64_t> ends;
+        for (const WriteOp& op : batch) {
+          if (op.is_append && op.status.ok() && !op.result.duplicate) {
+            auto k = (static_cast<std::uint64_t>(op.request.topic_id) << 32) | op.request.lane;
+            ends[k] = std::max(ends[k], op.result.offset + 1);
+          }
+        }
+        for (auto& [k, end] : ends) listener(static_cast<std::uint32_t>(k >> 32), static_cast<std::uint32_t>(k), end);
+      }
+    }
+    if (stop) break;
+    auto now = clock::now();
+    if (now >= next_maint || force) {
+      auto dead = env_->reader_check();
+      if (dead.ok() && *dead > 0) {
+        counters_.stale_readers_cleared.fetch_add(static_cast<std::uint64_t>(*dead), std::memory_order_relaxed);
+      }
+      retention_more = true;
+      next_maint = now + options_.maintenance_interval;
+    }
+    if (retention_more && !env_->fatal()) {
+      // One bounded step; queued operations get their turn before the next.
+      std::vector<WriteOp> step(1);
+      bool more = false;
+      step[0].apply = [this, &more](WriteCtx& ctx) {
+        return apply_retention(ctx, options_.retention_batch, &more);
+      };
+      step[0].bookkeeping = true;
+      process_batch(step);
+      retention_more = step[0].status.ok() && more;
+    } else {
+      retention_more = false;
+    }
+    if (async && clock::now() >= next_flush) {
+      if (!env_->fatal() && env_->sync().ok()) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
+      next_flush = clock::now() + options_.async_flush_interval;
+    }
+  }
+}
+
+void DurableStore::process_batch(std::vector<WriteOp>& ops) {
+  bool bookkeeping_only = false;  // the map is at its maximum: retry small writes alone
+  for (WriteOp& op : ops) op.excluded = false;
+  for (;;) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto txn = env_->begin_write();
+    auto waited = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    // Relaxed: a statistic (watchdog of the LMDB writer-lock wait).
+    std::uint64_t prev = counters_.max_write_lock_wait_ns.load(std::memory_order_relaxed);
+    while (waited > prev &&
+           !counters_.max_write_lock_wait_ns.compare_exchange_weak(prev, waited, std::memory_order_relaxed)) {
+    }
+    if (!txn.ok()) {
+      for (WriteOp& op : ops) {
+        if (!op.excluded) op.status = txn.status();
+      }
+      break;
+    }
+    WriteCtx ctx{this, &*txn, WallClock::realtime_ns(), Status(), {}, {}, false, 0, false, 0, 0, 0, 0};
+    std::size_t applied = 0;
+    for (WriteOp& op : ops) {
+      if (op.excluded) continue;
+      op.status = op.is_append ? apply_append(ctx, op) : op.apply(ctx);
+      ++applied;
+      if (!ctx.dead.ok()) break;
+    }
+    Status batch = ctx.dead;
+    if (batch.ok()) batch = ctx.flush();
+    if (batch.ok()) batch = txn->commit();
+    if (batch.ok()) {
+      std::uint64_t appends = 0;
+      for (const WriteOp& op : ops) {
+        if (op.is_append && !op.excluded && op.status.ok() && !op.result.duplicate) appends += 1;
+      }
+      // Relaxed: independent statistics.
+      counters_.appends.fetch_add(appends, std::memory_order_relaxed);
+      counters_.commits.fetch_add(1, std::memory_order_relaxed);
+      if (options_.durability == Durability::Sync) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
+      counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
+      std::uint64_t mb = counters_.max_batch.load(std::memory_order_relaxed);
+      while (applied > mb && !counters_.max_batch.compare_exchange_weak(mb, applied, std::memory_order_relaxed)) {
+      }
+      counters_.retention_deleted.fetch_add(ctx.retention_deleted, std::memory_order_relaxed);
+      counters_.claims.fetch_add(ctx.claims, std::memory_order_relaxed);
+      counters_.redeliveries.fetch_add(ctx.redeliveries, std::memory_order_relaxed);
+      counters_.acks.fetch_add(ctx.acks, std::memory_order_relaxed);
+      break;
+    }
+    txn->abort();
+    if (batch.code() == Code::MapFull && !env_->fatal()) {
+      Status grown = env_->grow_map();
+      if (grown.ok()) continue;  // retry the whole batch in the bigger map
+      if (!bookkeeping_only) {
+        // At the maximum: fail the appends (nothing of them was committed) and
+        // give acks / offset commits / retention, which are small and free
+        // space, one more try alone (headroom for acks).
+        bool any = false;
+        for (WriteOp& op : ops) {
+          if (op.excluded) continue;
+          if (op.bookkeeping) {
+            any = true;
+          } else {
+            op.status = grown;
+            op.excluded = true;
+          }
+        }
+        bookkeeping_only = true;
+        if (any) continue;
+        break;
+      }
+      batch = grown;
+    }
+    for (WriteOp& op : ops) {
+      if (!op.excluded) op.status = batch;
+    }
+    break;
+  }
+}
+
+Status DurableStore::sync() {
+  std::shared_lock<std::shared_mutex> life(life_mutex_);
+  Status s = check_writable();
+  if (!s.ok()) return s;
+  if (options_.durability == Durability::Sync) return Status();
+  s = env_->sync();
+  if (s.ok()) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistic
+  return s;
+}
+
+}  // namespace lanebus::detail

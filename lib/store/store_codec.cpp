@@ -1,0 +1,202 @@
+// lanebus — MIT License.
+// The durable store's record codecs (doc/storage-format.md): lane bounds,
+// topics, log records, the layout record, and the decoders store_codec.hpp
+// exposes to the verify walk and the fuzz targets.
+#include "store_codec.hpp"
+
+#include <cstring>
+
+#include "coding.hpp"
+#include "crc32c.hpp"
+#include "durable_store_impl.hpp"
+#include "quote.hpp"
+
+namespace lanebus::detail {
+
+// ---- per-lane bounds ----
+void encode_lane(const LaneState& s, char* p) {
+  put_le64(p, s.first);
+  put_le64(p + 8, s.next);
+  put_le64(p + 16, s.bytes);
+  put_le64(p + 24, s.count);
+  put_le64(p + 32, static_cast<std::uint64_t>(s.last_ts));
+}
+bool decode_lane(std::string_view v, LaneState* s) {
+  if (v.size() != kLaneStateBytes) return false;
+  s->first = get_le64(v.data());
+  s->next = get_le64(v.data() + 8);
+  s->bytes = get_le64(v.data() + 16);
+  s->count = get_le64(v.data() + 24);
+  s->last_ts = static_cast<std::int64_t>(get_le64(v.data() + 32));
+  return s->first <= s->next && s->count == s->next - s->first;
+}
+
+// ---- topic record ----
+constexpr std::size_t kTopicBytes = 48;
+// Version 2 (fenced topics only) appends: u8 per-lane, u8 0, le16 length, the
+// fence name. Unfenced topics stay version 1; an older lanebus refuses a
+// version-2 record instead of appending unfenced to a fenced topic.
+std::string encode_topic(const TopicRef& t, std::int64_t created_ns) {
+  std::string v(kTopicBytes, '\0');
+  put_le32(v.data(), t.fence.empty() ? 1 : 2);
+  put_le32(v.data() + 4, t.id);
+  put_le32(v.data() + 8, t.lanes);
+  v[12] = t.is_queue ? 1 : 0;
+  put_le64(v.data() + 16, static_cast<std::uint64_t>(t.retention.max_age.count()));
+  put_le64(v.data() + 24, t.retention.max_bytes);
+  put_le64(v.data() + 32, t.retention.max_count);
+  put_le64(v.data() + 40, static_cast<std::uint64_t>(created_ns));
+  if (!t.fence.empty()) {
+    char f[4] = {static_cast<char>(t.fence_per_lane ? 1 : 0), 0, 0, 0};
+    put_le16(f + 2, static_cast<std::uint16_t>(t.fence.size()));
+    v.append(f, 4);
+    v.append(t.fence);
+  }
+  return v;
+}
+bool decode_topic(std::string_view name, std::string_view v, TopicRef* t) {
+  const std::uint32_t format = v.size() >= kTopicBytes ? get_le32(v.data()) : 0;
+  if (format != 1 && format != 2) return false;
+  t->name = std::string(name);
+  t->id = get_le32(v.data() + 4);
+  t->lanes = get_le32(v.data() + 8);
+  t->is_queue = v[12] != 0;
+  t->retention.max_age = std::chrono::milliseconds(static_cast<std::int64_t>(get_le64(v.data() + 16)));
+  t->retention.max_bytes = get_le64(v.data() + 24);
+  t->retention.max_count = get_le64(v.data() + 32);
+  t->fence.clear();
+  t->fence_per_lane = false;
+  if (format == 2) {
+    if (v.size() < kTopicBytes + 4 || v.size() != kTopicBytes + 4 + get_le16(v.data() + kTopicBytes + 2)) return false;
+    t->fence_per_lane = v[kTopicBytes] != 0;
+    t->fence.assign(v.data() + kTopicBytes + 4, v.size() - kTopicBytes - 4);
+    if (t->fence.empty()) return false;
+  }
+  return t->id != 0 && t->lanes >= 1 && t->lanes <= kMaxLanes;
+}
+
+// ---- log record (see doc/storage-format.md) ----
+std::size_t record_size(const AppendRequest& r) {
+  return kRecordOverhead + r.key.size() + r.idempotency_key.size() + r.payload.size();
+}
+void encode_record(char* p, std::size_t size, const AppendRequest& r, const MessageHeader& h,
+                   std::int64_t index_ts) {
+  std::memset(p, 0, kRecordHeader);
+  p[0] = 1;  // record format
+  put_le16(p + 2, static_cast<std::uint16_t>(r.key.size()));
+  put_le16(p + 4, static_cast<std::uint16_t>(r.idempotency_key.size()));
+  put_le32(p + 8, static_cast<std::uint32_t>(r.payload.size()));
+  put_le64(p + 16, static_cast<std::uint64_t>(index_ts));
+  put_le64(p + 24, h.id);
+  put_le64(p + 32, static_cast<std::uint64_t>(h.created_at_ns));
+  put_le64(p + 40, h.correlation_id);
+  put_le64(p + 48, h.fencing_token);
+  put_le32(p + 56, h.attempt);
+  put_le16(p + 60, h.content_type);
+  put_le16(p + 62, h.schema_version);
+  char* d = p + kRecordHeader;
+  std::memcpy(d, r.key.data(), r.key.size());
+  d += r.key.size();
+  std::memcpy(d, r.idempotency_key.data(), r.idempotency_key.size());
+  d += r.idempotency_key.size();
+  std::memcpy(d, r.payload.data(), r.payload.size());
+  put_le32(p + size - 4, crc32c(p, size - 4));
+}
+
+Status decode_record(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
+                     StoredMessage* m) {
+  auto bad = [&](const char* why) {
+    return Status(Code::Corruption, "read topic " + quoted(topic) + " lane " + std::to_string(lane) + " offset " +
+                                        std::to_string(off) + ": " + why);
+  };
+  if (v.size() < kRecordOverhead) return bad("record shorter than its header");
+  const char* p = v.data();
+  if (p[0] != 1) return bad("unknown record format");
+  std::size_t klen = get_le16(p + 2), ilen = get_le16(p + 4), plen = get_le32(p + 8);
+  if (kRecordOverhead + klen + ilen + plen != v.size()) return bad("record lengths do not add up");
+  if (crc32c(p, v.size() - 4) != get_le32(p + v.size() - 4)) return bad("record checksum mismatch");
+  m->lane = lane;
+  m->offset = off;
+  m->index_ts_ns = static_cast<std::int64_t>(get_le64(p + 16));
+  m->header.id = get_le64(p + 24);
+  m->header.created_at_ns = static_cast<std::int64_t>(get_le64(p + 32));
+  m->header.correlation_id = get_le64(p + 40);
+  m->header.fencing_token = get_le64(p + 48);
+  m->header.attempt = get_le32(p + 56);
+  m->header.content_type = get_le16(p + 60);
+  m->header.schema_version = get_le16(p + 62);
+  const char* d = p + kRecordHeader;
+  m->key.assign(d, klen);
+  m->idempotency_key.assign(d + klen, ilen);
+  m->payload.assign(d + klen + ilen, plen);
+  return Status();
+}
+
+// ---- exposed decoders (lib/store/store_codec.hpp: the verify walk and fuzz targets) ----
+
+Status decode_log_record(std::string_view value, std::string_view topic, std::uint32_t lane, std::uint64_t offset,
+                         StoredMessage* out) {
+  return decode_record(value, topic, lane, offset, out);
+}
+
+std::string encode_log_record(const AppendRequest& request, std::int64_t index_ts) {
+  std::string v(record_size(request), '\0');
+  encode_record(v.data(), v.size(), request, request.header, index_ts);
+  return v;
+}
+
+bool decode_topic_record(std::string_view name, std::string_view value, TopicRef* out) {
+  return decode_topic(name, value, out);
+}
+
+bool decode_lane_record(std::string_view value, LaneRecord* out) {
+  LaneState s;
+  if (!decode_lane(value, &s)) return false;
+  *out = LaneRecord{s.first, s.next, s.bytes, s.count, s.last_ts};
+  return true;
+}
+
+bool decode_group_record(std::string_view value, GroupRecord* out) {
+  if (value.size() != 16) return false;
+  out->format = get_le32(value.data());
+  out->group_id = get_le32(value.data() + 4);
+  out->created_ns = static_cast<std::int64_t>(get_le64(value.data() + 8));
+  return out->format == 1 && out->group_id != 0;
+}
+
+bool decode_cursor_record(std::string_view value, CursorRecord* out) {
+  if (value.size() != 16) return false;
+  out->committed = get_le64(value.data());
+  out->skipped = get_le64(value.data() + 8);
+  return true;
+}
+
+bool decode_inflight_record(std::string_view value, InflightRecord* out) {
+  if (value.size() != 24) return false;
+  out->attempt = get_le32(value.data());
+  out->state = get_le32(value.data() + 4);
+  out->deadline_ns = static_cast<std::int64_t>(get_le64(value.data() + 8));
+  out->first_claim_ns = static_cast<std::int64_t>(get_le64(value.data() + 16));
+  return out->attempt >= 1 && (out->state == kInflightClaimed || out->state == kInflightAcked);
+}
+
+Status check_layout_record(std::string_view value) {
+  if (value.size() != 12 || std::memcmp(value.data(), kLayoutMagic, 8) != 0) {
+    return Status(Code::Corruption, "the layout record is not lanebus's (foreign data)");
+  }
+  const std::uint32_t version = get_le32(value.data() + 8);
+  if (version > kLayoutVersion) {
+    return Status(Code::VersionTooNew, "layout version " + std::to_string(version) + " was written by a newer lanebus");
+  }
+  if (version == 0) return Status(Code::Corruption, "layout version 0 is invalid");
+  return Status();
+}
+
+std::string encode_layout_record(std::uint32_t version) {
+  std::string v(kLayoutMagic, sizeof kLayoutMagic);
+  v.resize(12);
+  put_le32(v.data() + 8, version);
+  return v;
+}
+
+}  // namespace lanebus::detail
