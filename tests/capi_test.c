@@ -378,6 +378,49 @@ static void bad_inputs(void) {
   printf("ok: bad inputs give a code and a message, never a crash\n");
 }
 
+/* A handler that closes its own subscription and its bus: both BUSY, nothing freed. */
+typedef struct self_closer {
+  lanebus_bus* bus;
+  lanebus_subscription* _Atomic sub;
+  atomic_int unsubscribe_rc;
+  atomic_int close_rc;
+  atomic_int calls;
+} self_closer;
+
+static lanebus_outcome close_self(lanebus_message* m, void* user) {
+  (void)m;
+  self_closer* c = user;
+  lanebus_subscription* sub = NULL;
+  for (int i = 0; i < 10000 && (sub = atomic_load(&c->sub)) == NULL; ++i) sleep_ms(1);
+  lanebus_error e;
+  atomic_store(&c->unsubscribe_rc, (int)lanebus_unsubscribe(sub, &e));
+  atomic_store(&c->close_rc, (int)lanebus_close(c->bus, NULL));
+  atomic_fetch_add(&c->calls, 1);
+  return LANEBUS_ACK;
+}
+
+static void closing_from_a_handler_is_busy(void) {
+  static self_closer c;
+  memset(&c, 0, sizeof c);
+  atomic_init(&c.sub, NULL);
+  atomic_init(&c.unsubscribe_rc, -1);
+  atomic_init(&c.close_rc, -1);
+  atomic_init(&c.calls, 0);
+  MUST(lanebus_open("capi-busy", NULL, 1, &c.bus, &err));
+  lanebus_topic* topic = NULL;
+  MUST(lanebus_create_topic(c.bus, "capi.busy", 1, 0, &topic, &err));
+  lanebus_subscription* sub = NULL;
+  MUST(lanebus_subscribe(c.bus, topic, "g", close_self, &c, 0, &sub, &err));
+  atomic_store(&c.sub, sub);
+  MUST(lanebus_publish(topic, NULL, 0, "x", 1, &err));
+  CHECK(wait_count(&c.calls, 1));
+  CHECK(atomic_load(&c.unsubscribe_rc) == LANEBUS_BUSY);
+  CHECK(atomic_load(&c.close_rc) == LANEBUS_BUSY);
+  MUST(lanebus_unsubscribe(sub, &err)); /* from this thread: frees the detached handle */
+  MUST(lanebus_close(c.bus, &err));
+  printf("ok: unsubscribe and close from inside a handler return BUSY and free nothing\n");
+}
+
 static void names_and_version(void) {
   CHECK(strcmp(lanebus_code_name(LANEBUS_OK), "OK") == 0);
   CHECK(strcmp(lanebus_code_name(LANEBUS_WOULD_BLOCK), "WouldBlock") == 0);
@@ -400,6 +443,7 @@ int main(void) {
   reject_to_dlq_then_replay(root);
   durable_queue_survives_reopen(root);
   bad_inputs();
+  closing_from_a_handler_is_busy();
   if (failures == 0) {
     remove_tree(root);
     printf("capi_test: all checks passed\n");
