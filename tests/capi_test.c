@@ -201,13 +201,19 @@ static void retry_then_ack(void) {
   printf("ok: RETRY then ACK: 2 calls, acked on attempt 2\n");
 }
 
-static void reject_to_dlq_then_replay(const char* root) {
+/* A bus on the store root/<sub> with the durable queue `name` (2 lanes). */
+static void open_durable_queue(const char* root, const char* sub, const char* name, lanebus_bus** bus,
+                               lanebus_topic** queue) {
   char dir[512];
-  snprintf(dir, sizeof dir, "%s/dlq-store", root);
+  snprintf(dir, sizeof dir, "%s/%s", root, sub);
+  MUST(lanebus_open(sub, dir, 2, bus, &err));
+  MUST(lanebus_create_queue(*bus, name, 2, LANEBUS_DURABLE, queue, &err));
+}
+
+static void reject_to_dlq_then_replay(const char* root) {
   lanebus_bus* bus = NULL;
-  MUST(lanebus_open("capi-dlq", dir, 2, &bus, &err));
   lanebus_topic* queue = NULL;
-  MUST(lanebus_create_queue(bus, "capi.payments", 2, LANEBUS_DURABLE, &queue, &err));
+  open_durable_queue(root, "dlq-store", "capi.payments", &bus, &queue);
   static recorder r;
   recorder_init(&r);
   atomic_store(&r.reject_bad, 1);
@@ -276,12 +282,9 @@ static void reject_to_dlq_then_replay(const char* root) {
 }
 
 static void durable_queue_survives_reopen(const char* root) {
-  char dir[512];
-  snprintf(dir, sizeof dir, "%s/jobs-store", root);
   lanebus_bus* bus = NULL;
-  MUST(lanebus_open("capi-jobs", dir, 2, &bus, &err));
   lanebus_topic* queue = NULL;
-  MUST(lanebus_create_queue(bus, "capi.durable_jobs", 2, LANEBUS_DURABLE, &queue, &err));
+  open_durable_queue(root, "jobs-store", "capi.durable_jobs", &bus, &queue);
   for (int i = 0; i < 5; ++i) {
     char payload[16];
     int n = snprintf(payload, sizeof payload, "job-%d", i);
@@ -289,8 +292,7 @@ static void durable_queue_survives_reopen(const char* root) {
   }
   MUST(lanebus_close(bus, &err)); /* nobody consumed them */
 
-  MUST(lanebus_open("capi-jobs", dir, 2, &bus, &err));
-  MUST(lanebus_create_queue(bus, "capi.durable_jobs", 2, LANEBUS_DURABLE, &queue, &err));
+  open_durable_queue(root, "jobs-store", "capi.durable_jobs", &bus, &queue);
   static recorder r;
   recorder_init(&r);
   lanebus_subscription* sub = NULL;
