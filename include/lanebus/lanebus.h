@@ -139,9 +139,10 @@ LANEBUS_C_API lanebus_code lanebus_create_topic(lanebus_bus* bus, const char* na
 LANEBUS_C_API lanebus_code lanebus_create_queue(lanebus_bus* bus, const char* name, uint32_t lanes, uint32_t flags,
                                                 lanebus_topic** queue, lanebus_error* error);
 
-/** Look up a topic or queue created earlier on this bus (or, for a durable
- *  one, by an earlier lanebus_create_* of this bus). Errors: INVALID_ARGUMENT,
- *  INVALID_NAME, NOT_FOUND. */
+/** Look up a topic or queue created earlier on this bus (a durable one is
+ *  known after its lanebus_create_* on this bus, not merely by being in the
+ *  store). Returns the same handle as the create call. Errors:
+ *  INVALID_ARGUMENT, INVALID_NAME, NOT_FOUND. */
 LANEBUS_C_API lanebus_code lanebus_find(lanebus_bus* bus, const char* name, lanebus_topic** topic,
                                         lanebus_error* error);
 
@@ -160,9 +161,11 @@ LANEBUS_C_API lanebus_code lanebus_publish(lanebus_topic* topic, const void* key
 /** What a handler returns. */
 typedef enum lanebus_outcome {
   LANEBUS_ACK = 0,    /**< Done: the message is settled. */
-  LANEBUS_RETRY = 1,  /**< Transient failure: deliver it again (same lane, after the group's backoff);
-                           after max_attempts calls it goes to the DLQ (class transient). */
+  LANEBUS_RETRY = 1,  /**< Transient failure: deliver it again (same lane, at once); after
+                           max_attempts calls it goes to the DLQ (class transient). */
   LANEBUS_REJECT = 2  /**< Permanent failure: to the DLQ (class permanent) at once, no retry. */
+  /* The DLQ exists on a bus with a store; an in-memory bus counts such a
+   * message as failed (stats) and drops it. */
 } lanebus_outcome;
 
 /** The message a handler receives. Every pointer is valid only until the
