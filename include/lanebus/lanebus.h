@@ -165,7 +165,8 @@ typedef enum lanebus_outcome {
                            max_attempts calls it goes to the DLQ (class transient). */
   LANEBUS_REJECT = 2  /**< Permanent failure: to the DLQ (class permanent) at once, no retry. */
   /* The DLQ exists on a bus with a store; an in-memory bus counts such a
-   * message as failed (stats) and drops it. */
+   * message in its stats ("failed" after the last retry, "rejected") and
+   * drops it. */
 } lanebus_outcome;
 
 /** The message a handler receives. Every pointer is valid only until the
