@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Consumer test (fmt's find-package-test): install the build into a temporary
-# prefix (meson install --destdir) and use it as a program outside the tree would,
-# through the generated lanebus.pc only:
-#   1. every installed public header compiles on its own (-Werror), and no
-#      public declaration outside a private section names a detail:: type;
-#   2. every example in examples/ builds against the installed package;
-#   3. every example runs (payments_dlq with the installed `lanebus` CLI).
+# prefix (meson install --destdir) and use it as a program outside the tree would:
+#   1. every installed public header compiles on its own (-Werror; lanebus.h
+#      as C11 and as C++), and no public declaration outside a private
+#      section names a detail:: type;
+#   2. every example in examples/ (C++ and C) builds against the installed
+#      package through the generated lanebus.pc, and runs (payments_dlq with
+#      the installed `lanebus` CLI);
+#   3. the same through CMake: find_package(lanebus CONFIG REQUIRED) and
+#      lanebus::lanebus from the installed lanebusConfig.cmake;
+#   4. the same as a Meson subproject of a scratch project: a copy of this
+#      tree under subprojects/ found through contrib/meson/lanebus.wrap and
+#      dependency('lanebus') (meson.override_dependency).
+# Ways 3 and 4 compile at -O0 with two jobs (way 2 keeps the warnings and
+# -O1): they check the packaging, not the code again. Each way prints its
+# seconds. LANEBUS_CONSUMER_WAYS=pkgconfig,cmake,subproject picks ways.
 #   scripts/consumer_check.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,36 +102,149 @@ if bad:
     print("\n".join(bad), file=sys.stderr)
     sys.exit(1)
 PY
-echo "consumer_check: ${#headers[@]} installed headers compile on their own; no detail:: type in a public declaration"
+# The C API header: C11 (strict, no extensions) and C++.
+cc=${CC:-cc}
+printf '#include <lanebus/lanebus.h>\n#include <lanebus/lanebus.h>\nint main(void) { return lanebus_version() == 0; }\n' >"$out/h_lanebus_h.c"
+"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only "${cflags[@]}" "$out/h_lanebus_h.c" ||
+  { echo "consumer_check: installed header lanebus/lanebus.h does not compile as C11" >&2; exit 1; }
+cp "$out/h_lanebus_h.c" "$out/h_lanebus_h.cpp"
+"$cxx" "${warn[@]}" -fsyntax-only "${cflags[@]}" "$out/h_lanebus_h.cpp" ||
+  { echo "consumer_check: installed header lanebus/lanebus.h does not compile as C++" >&2; exit 1; }
+echo "consumer_check: ${#headers[@]} installed C++ headers and lanebus.h (C11, C++) compile on their own; no detail:: type in a public declaration"
 
-# 2. and 3. Every example, built against the installed package, then run.
+ways=",${LANEBUS_CONSUMER_WAYS:-pkgconfig,cmake,subproject},"
 tool="$root/bin/lanebus"
-built=0
-ran=()
-for src in examples/*.cpp; do
-  name=$(basename "$src" .cpp)
-  extra=()
-  if [ "$name" = edge_to_cloud ]; then
-    # Built only when the library has the bridge (nats); it starts its own
-    # nats-server through the tests' helper header.
-    [ -f "$incdir/lanebus/bridge.hpp" ] || continue
-    extra=(-Itests/support)
-  fi
-  "$cxx" "${warn[@]}" -O1 "$src" "${extra[@]}" "${cflags[@]}" "${libs[@]}" -Wl,-rpath,"$libdir" -o "$out/$name" ||
-    { echo "consumer_check: examples/$name.cpp does not build against the installed lanebus.pc" >&2; exit 1; }
-  built=$((built + 1))
-  args=()
-  if [ "$name" = payments_dlq ]; then
-    [ -x "$tool" ] || continue  # built with -Dtools=false: nothing to drive
-    args=("$tool")
-  fi
-  "$out/$name" "${args[@]}" >"$out/$name.log" 2>&1 ||
-    { echo "consumer_check: examples/$name failed against the installed library:" >&2; cat "$out/$name.log" >&2; exit 1; }
-  ran+=("$name")
+have_bridge=0
+[ -f "$incdir/lanebus/bridge.hpp" ] && have_bridge=1
+examples=()
+for src in examples/*.cpp examples/*.c; do
+  name=$(basename "$src"); name=${name%.*}
+  # edge_to_cloud needs the bridge (nats); it starts its own nats-server
+  # through the tests' helper header.
+  [ "$name" = edge_to_cloud ] && [ "$have_bridge" = 0 ] && continue
+  examples+=("$src")
 done
-# The examples must have used the installed library, not the build tree's.
-if ! ldd "$out/tour" | grep liblanebus | grep -q "$stage"; then
-  echo "consumer_check: examples/tour did not resolve liblanebus from the installed prefix:" >&2
-  ldd "$out/tour" >&2; exit 1
+
+# run_examples WAY DIR: run every example DIR/<name> built by WAY.
+run_examples() {
+  local way=$1 dir=$2 src name args ran=0
+  for src in "${examples[@]}"; do
+    name=$(basename "$src"); name=${name%.*}
+    args=()
+    if [ "$name" = payments_dlq ]; then
+      [ -x "$tool" ] || continue  # built with -Dtools=false: nothing to drive
+      args=("$tool")
+    fi
+    "$dir/$name" "${args[@]}" >"$dir/$name.log" 2>&1 ||
+      { echo "consumer_check ($way): examples/$name failed:" >&2; cat "$dir/$name.log" >&2; exit 1; }
+    ran=$((ran + 1))
+  done
+  echo "$ran"
+}
+# from_stage WAY EXE: the example must have used the installed library, not the build tree's.
+from_stage() {
+  if ! ldd "$2" | grep liblanebus | grep -q "$stage"; then
+    echo "consumer_check ($1): $2 did not resolve liblanebus from the installed prefix:" >&2
+    ldd "$2" >&2; exit 1
+  fi
+}
+
+# 2. pkg-config: every example built with the compiler and lanebus.pc alone.
+if [[ $ways == *,pkgconfig,* ]]; then
+  t0=$SECONDS
+  dir="$out/pkgconfig"; mkdir -p "$dir"
+  for src in "${examples[@]}"; do
+    name=$(basename "$src"); name=${name%.*}
+    extra=()
+    [ "$name" = edge_to_cloud ] && extra=(-Itests/support)
+    if [[ $src == *.c ]]; then
+      # A C program links the C++ library's shared object like any other.
+      "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O1 "$src" "${cflags[@]}" "${libs[@]}" \
+        -Wl,-rpath,"$libdir" -o "$dir/$name"
+    else
+      "$cxx" "${warn[@]}" -O1 "$src" "${extra[@]}" "${cflags[@]}" "${libs[@]}" -Wl,-rpath,"$libdir" -o "$dir/$name"
+    fi || { echo "consumer_check: examples/$(basename "$src") does not build against the installed lanebus.pc" >&2; exit 1; }
+  done
+  ran=$(run_examples pkg-config "$dir")
+  from_stage pkg-config "$dir/tour"
+  from_stage pkg-config "$dir/c_consumer"
+  echo "consumer_check: pkg-config: ${#examples[@]} examples built against the installed lanebus.pc ($(pc --modversion)), ran $ran ($((SECONDS - t0)) s)"
 fi
-echo "consumer_check: $built examples built against the installed lanebus.pc ($(pc --modversion)); ran ${#ran[@]}: ${ran[*]}"
+
+# 3. CMake: a scratch project that knows only find_package(lanebus CONFIG REQUIRED).
+if [[ $ways == *,cmake,* ]]; then
+  t0=$SECONDS
+  command -v cmake >/dev/null || { echo "consumer_check: cmake not found (scripts/deps.sh installs it)" >&2; exit 1; }
+  [ -n "$(find "$root" -name lanebusConfig.cmake)" ] ||
+    { echo "consumer_check: lanebusConfig.cmake was not installed (was cmake missing at meson setup?)" >&2; exit 1; }
+  proj="$stage/cmake-consumer"; mkdir -p "$proj"
+  {
+    echo 'cmake_minimum_required(VERSION 3.16)'
+    echo 'project(lanebus_cmake_consumer C CXX)'
+    echo 'find_package(lanebus CONFIG REQUIRED)'
+    echo 'message(STATUS "lanebus ${lanebus_VERSION} from ${lanebus_DIR}")'
+    for src in "${examples[@]}"; do
+      name=$(basename "$src"); name=${name%.*}
+      echo "add_executable($name \"$PWD/$src\")"
+      echo "target_link_libraries($name PRIVATE lanebus::lanebus)"
+      [[ $src == *.c ]] && echo "set_target_properties($name PROPERTIES C_STANDARD 11 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)"
+      [ "$name" = edge_to_cloud ] && echo "target_include_directories($name PRIVATE \"$PWD/tests/support\")"
+    done
+  } >"$proj/CMakeLists.txt"
+  generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  cmake -S "$proj" -B "$proj/build" "${generator[@]}" -DCMAKE_PREFIX_PATH="$root" -DCMAKE_BUILD_TYPE= \
+    -DCMAKE_C_FLAGS=-O0 -DCMAKE_CXX_FLAGS=-O0 >"$proj/configure.log" 2>&1 ||
+    { echo "consumer_check (cmake): find_package(lanebus) failed:" >&2; cat "$proj/configure.log" >&2; exit 1; }
+  cmake --build "$proj/build" -j 2 >"$proj/build.log" 2>&1 ||
+    { echo "consumer_check (cmake): the examples do not build with lanebus::lanebus:" >&2; tail -n 40 "$proj/build.log" >&2; exit 1; }
+  ran=$(run_examples cmake "$proj/build")
+  from_stage cmake "$proj/build/tour"
+  echo "consumer_check: cmake: ${#examples[@]} examples built with find_package(lanebus CONFIG REQUIRED) and lanebus::lanebus, ran $ran ($((SECONDS - t0)) s)"
+fi
+
+# 4. Meson subproject: a scratch project with this tree under subprojects/,
+# found through the wrap file users copy (its [provide] names the dependency
+# that lanebus's meson.override_dependency registers; the directory is
+# there, so nothing is downloaded).
+if [[ $ways == *,subproject,* ]]; then
+  t0=$SECONDS
+  proj="$stage/meson-consumer"; mkdir -p "$proj/subprojects/lanebus"
+  cp contrib/meson/lanebus.wrap "$proj/subprojects/lanebus.wrap"
+  # The working tree as git sees it (tracked and new files; no build dirs),
+  # or, outside a git checkout, the tree without build*/ directories.
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$proj/subprojects/lanebus"
+  else
+    tar --exclude='./build*' --exclude='./tests/browser/node_modules' -cf - . | tar -xf - -C "$proj/subprojects/lanebus"
+  fi
+  {
+    echo "project('lanebus_meson_consumer', 'cpp', 'c', default_options: ['cpp_std=c++20', 'c_std=c11'])"
+    echo "lanebus_dep = dependency('lanebus')"
+    echo "bridge_dep = dependency('libnats', required: false)"
+    for src in "${examples[@]}"; do
+      name=$(basename "$src"); name=${name%.*}
+      cp "$src" "$proj/"
+      if [ "$name" = edge_to_cloud ]; then
+        cp -r tests/support "$proj/support"
+        echo "executable('$name', '$(basename "$src")', dependencies: [lanebus_dep], include_directories: 'support')"
+      else
+        echo "executable('$name', '$(basename "$src")', dependencies: lanebus_dep)"
+      fi
+    done
+  } >"$proj/meson.build"
+  # --force-fallback-for: a lanebus installed on the machine must not stand in
+  # for the subproject. Static and without the tool: the check is the
+  # packaging, and that is the least to compile.
+  meson setup "$proj/build" "$proj" --buildtype=plain --force-fallback-for=lanebus \
+    -Dlanebus:default_library=static -Dlanebus:tools=false >"$proj/setup.log" 2>&1 ||
+    { echo "consumer_check (subproject): meson setup failed:" >&2; cat "$proj/setup.log" >&2; exit 1; }
+  # "(overridden)": the dependency is the one lanebus's meson.override_dependency registered.
+  grep -Eq "^Dependency lanebus found: YES .*\(overridden\)" "$proj/setup.log" ||
+    { echo "consumer_check (subproject): dependency('lanebus') did not come from the subproject's override_dependency:" >&2
+      cat "$proj/setup.log" >&2; exit 1; }
+  meson compile -C "$proj/build" -j 2 >"$proj/build.log" 2>&1 ||
+    { echo "consumer_check (subproject): the examples do not build:" >&2; tail -n 40 "$proj/build.log" >&2; exit 1; }
+  ran=$(run_examples subproject "$proj/build")
+  echo "consumer_check: subproject: ${#examples[@]} examples built with lanebus as a Meson subproject (static, -O0), ran $ran ($((SECONDS - t0)) s)"
+fi

@@ -5,7 +5,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS=(
-  g++ meson ninja-build pkg-config cmake      # toolchain; cmake lets Meson find doctest
+  g++ meson ninja-build pkg-config cmake      # toolchain; cmake: Meson finds doctest with it, the CMake package (consumer check)
   libconcurrentqueue-dev                      # moodycamel ConcurrentQueue
   libboost-dev                                # Boost.Intrusive (header-only)
   liblmdb-dev lmdb-utils                      # LMDB (durable layer) and mdb_stat for debugging

@@ -44,7 +44,7 @@ rc=0
 meson test -C "$dir" --print-errorlogs --num-processes 2 || rc=$?
 if [ "$mode" = plain ] && [ "$rc" -eq 0 ]; then
   # Consumer test: install to a temporary prefix; every public header alone, every example
-  # built against lanebus.pc and run.
+  # built against lanebus.pc, through CMake's find_package and as a Meson subproject, and run.
   scripts/consumer_check.sh "$dir" || rc=$?
 fi
 # One plain closing line for readers (and CI): N passed, N failed.
