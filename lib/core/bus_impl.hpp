@@ -468,7 +468,8 @@ struct WorkerLocal {
   std::uint32_t next = 0;        // round robin over held lanes
   std::int32_t run_slot = -1;    // held-array index of the lane running now, if it came from there
   GroupLane* candidate = nullptr;  // steal: a lane of another worker seen ready ...
-  std::uint64_t candidate_head = 0;  // ... at this ring position
+  std::uint64_t candidate_head = 0;  // ... at this ring position ...
+  std::uint32_t candidate_tag = 0;   // ... held by this worker
   FreeChain frees;               // slots freed by this worker's runs, returned a chain at a time
 };
 extern thread_local WorkerLocal* tl_worker;

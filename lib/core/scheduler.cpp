@@ -248,11 +248,6 @@ thread_local WorkerLocal* tl_worker = nullptr;
 bool BusCore::hold(GroupLane* gl) noexcept {
   WorkerLocal* me = tl_worker;
   if (me == nullptr || runq_.contended() || abandon_.load(std::memory_order_relaxed) || closing()) return false;
-  // Only a bus of one worker holds lanes for now: with more, the held-lanes
-  // test saw a stream's message wait out another lane's 600 ms call about
-  // once in eight runs despite stealing (not yet understood); the stealing
-  // and timed looks below stay for when that is found.
-  if (worker_count_ != 1) return false;
   HeldLanes& h = *me->held;
   std::uint32_t n = h.count.load(std::memory_order_relaxed);
   bool listed = me->run_slot >= 0 && h.lane[me->run_slot].load(std::memory_order_relaxed) == gl;
@@ -311,26 +306,31 @@ GroupLane* BusCore::take_held(WorkerLocal& me) noexcept {
 }
 
 GroupLane* BusCore::steal_held(WorkerLocal& me) noexcept {
+  // Second look: the lane seen last time still waits at the same message.
+  if (GroupLane* gl = me.candidate) {
+    me.candidate = nullptr;
+    std::uint32_t tag = me.candidate_tag;
+    if (gl->holder.load(std::memory_order_relaxed) == tag && gl->ring.ready() &&
+        gl->ring.head_position() == me.candidate_head &&
+        gl->holder.compare_exchange_strong(tag, 0, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      me.run_slot = -1;
+      return gl;
+    }
+  }
+  // First look: remember one held lane that has a message (one at a time,
+  // so two waiting lanes cannot keep replacing each other as the candidate).
   for (std::size_t w = 0; w < worker_count_; ++w) {
     if (w == me.index) continue;
     HeldLanes& h = held_[w];
     const std::uint32_t n = std::min(h.count.load(std::memory_order_acquire), HeldLanes::kMax);
+    const auto tag = static_cast<std::uint32_t>(w + 1);
     for (std::uint32_t i = 0; i < n; ++i) {
       GroupLane* gl = h.lane[i].load(std::memory_order_relaxed);
-      if (gl == nullptr) continue;
-      std::uint32_t tag = static_cast<std::uint32_t>(w + 1);
-      if (gl->holder.load(std::memory_order_relaxed) != tag || !gl->ring.ready()) continue;
-      const std::uint64_t head = gl->ring.head_position();
-      if (me.candidate != gl || me.candidate_head != head) {
-        me.candidate = gl;  // seen once: steal it if it is still there next look
-        me.candidate_head = head;
-        continue;
-      }
-      me.candidate = nullptr;
-      if (gl->holder.compare_exchange_strong(tag, 0, std::memory_order_acq_rel, std::memory_order_relaxed)) {
-        me.run_slot = -1;
-        return gl;
-      }
+      if (gl == nullptr || gl->holder.load(std::memory_order_relaxed) != tag || !gl->ring.ready()) continue;
+      me.candidate = gl;
+      me.candidate_tag = tag;
+      me.candidate_head = gl->ring.head_position();
+      return nullptr;
     }
   }
   return nullptr;
