@@ -136,13 +136,20 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   tl_running_lane = gl;
   // No budget, no watchdog: the run is marked as running (shutdown's report).
   gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
-  auto take = [&](std::uint32_t& idx) { return single ? ring.try_dequeue_single(idx) : ring.try_dequeue(idx); };
+  // One dequeuer: the cells are freed a line at a time (LaneRing::take_deferred).
+  // Its rules: a slot another group still holds frees its cell at once (that
+  // group may return the slot to the pool), the chain of freed slots frees
+  // the cells before it returns slots, and the run frees the rest before it
+  // ends (and before a failure is settled).
+  auto take = [&](std::uint32_t& idx) { return single ? ring.take_deferred(idx) : ring.try_dequeue(idx); };
+  if (single) frees.defer_cells_of(&ring);
   while (handled < batch) {
     std::uint32_t idx;
     if (!take(idx)) {
       if (!linger(frees, [&] { return take(idx); })) break;
     }
     Slot* s = pool.at(idx);
+    if (single && s->refs.load(std::memory_order_relaxed) != 1) ring.release_taken();
     // The next message's slot, fetched while this one's handler runs.
     if (std::uint32_t next; single && ring.peek_single(0, next)) __builtin_prefetch(pool.at(next));
     const std::int64_t created_at = s->header.created_at_ns;
@@ -176,7 +183,12 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
       continue;
     }
     // Not acked: the delivery core decides, as in the general loop.
+    if (single) ring.release_taken();
     if (settle_plain_failure(gl, s, *failure, frees, &hold_ns)) break;
+  }
+  if (single) {
+    ring.release_taken();
+    frees.defer_cells_of(nullptr);
   }
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;

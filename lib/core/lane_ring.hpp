@@ -16,7 +16,10 @@
 // 1. cell[p & mask].seq == p      : free, may be written for position p.
 // 2. cell[p & mask].seq == p + 1  : holds the value for position p.
 // 3. A dequeuer of p stores seq = p + capacity, freeing the cell for p + capacity.
-// 4. push_solo / enqueue_bulk_solo may be used only by the one publisher that
+// 4. released_ <= every position whose cell is not yet freed: positions below
+//    released_ + capacity are free for writing (the solo publisher's
+//    free_until_ caches that bound).
+// 5. push_solo / enqueue_bulk_solo may be used only by the one publisher that
 //    holds its topic's solo ownership (bus_impl.hpp, "Solo publishers"): no
 //    other enqueuer runs meanwhile, so tail_ needs no read-modify-write and a
 //    cell needs no seq_cst store (the caller fences once before it reads the
@@ -27,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <thread>
 
 namespace lanebus::detail {
@@ -34,7 +38,7 @@ namespace lanebus::detail {
 class LaneRing {
  public:
   explicit LaneRing(std::uint32_t capacity_pow2)
-      : mask_(capacity_pow2 - 1), cells_(new Cell[capacity_pow2]) {
+      : mask_(capacity_pow2 - 1), cells_(new_cells(capacity_pow2)) {
     for (std::uint64_t i = 0; i < capacity_pow2; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
   }
 
@@ -64,14 +68,13 @@ class LaneRing {
     return true;
   }
 
-  /// try_enqueue for the topic's solo publisher (invariant 4): plain loads
+  /// try_enqueue for the topic's solo publisher (invariant 5): plain loads
   /// and stores, no locked instruction. Spins while the cell's previous
   /// dequeuer finishes its store (the ring cannot be full: see enqueue_bulk).
   void push_solo(std::uint32_t value) noexcept {
     const std::uint64_t pos = tail_.load(std::memory_order_relaxed);
     Cell* cell = &cells_[pos & mask_];
-    // acquire: pairs with the dequeuer's release that freed the cell.
-    while (cell->seq.load(std::memory_order_acquire) != pos) std::this_thread::yield();
+    wait_free(pos, cell);
     cell->value = value;
     cell->seq.store(pos + 1, std::memory_order_release);
     tail_.store(pos + 1, std::memory_order_relaxed);
@@ -79,13 +82,13 @@ class LaneRing {
     __builtin_prefetch(&cells_[(pos + 1) & mask_], 1);
   }
 
-  /// enqueue_bulk for the topic's solo publisher (invariant 4), without the
+  /// enqueue_bulk for the topic's solo publisher (invariant 5), without the
   /// closing fence (the caller fences before it reads the flag).
   void enqueue_bulk_solo(const std::uint32_t* values, std::uint32_t count) noexcept {
     const std::uint64_t pos = tail_.load(std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < count; ++i) {
       Cell* cell = &cells_[(pos + i) & mask_];
-      while (cell->seq.load(std::memory_order_acquire) != pos + i) std::this_thread::yield();
+      wait_free(pos + i, cell);
       cell->value = values[i];
       cell->seq.store(pos + i + 1, std::memory_order_release);
     }
@@ -146,7 +149,37 @@ class LaneRing {
     // through the run queue, which orders them.
     head_.store(pos + 1, std::memory_order_relaxed);
     cell->seq.store(pos + mask_ + 1, std::memory_order_release);
+    released_.store(pos + 1, std::memory_order_release);
     return true;
+  }
+
+  /// try_dequeue_single that leaves the cell taken but not yet free: the
+  /// worker frees the cells it took a line at a time (four cells), or all of
+  /// them at once in release_taken. A worker that frees each cell as it
+  /// takes it writes the line the publisher is filling, so in a stream each
+  /// message moves that line twice between the cores; freed a line at a
+  /// time, once (doc/performance.md "The slot in two lines").
+  /// REQUIRES (the caller's rules, ephemeral_lane.cpp run_plain): call
+  /// release_taken before the run ends and before a taken entry's slot can
+  /// go back to the pool; only for an entry whose slot no other group holds.
+  bool take_deferred(std::uint32_t& value) noexcept {
+    const std::uint64_t pos = head_.load(std::memory_order_relaxed);
+    Cell* cell = &cells_[pos & mask_];
+    if (cell->seq.load(std::memory_order_acquire) != pos + 1) return false;
+    value = cell->value;
+    head_.store(pos + 1, std::memory_order_relaxed);
+    ++taken_;
+    if (((pos + 1) & (kCellsPerLine - 1)) == 0) release_taken();
+    return true;
+  }
+
+  /// Free the cells take_deferred took and left taken.
+  void release_taken() noexcept {
+    const std::uint64_t end = head_.load(std::memory_order_relaxed);
+    // release: the values read happen before an enqueuer reuses the cells.
+    for (std::uint64_t p = end - taken_; p < end; ++p) cells_[p & mask_].seq.store(p + mask_ + 1, std::memory_order_release);
+    taken_ = 0;
+    released_.store(end, std::memory_order_release);
   }
 
   /// The value `i` positions past the oldest, if it is there (a ring with one
@@ -166,6 +199,7 @@ class LaneRing {
     // release: the values read above happen before an enqueuer reuses the cells.
     for (std::uint32_t i = 0; i < n; ++i)
       cells_[(pos + i) & mask_].seq.store(pos + i + mask_ + 1, std::memory_order_release);
+    released_.store(pos + n, std::memory_order_release);
   }
 
   /// True if the oldest position holds a value. seq_cst load: the worker's
@@ -188,15 +222,51 @@ class LaneRing {
   std::uint32_t capacity() const noexcept { return mask_ + 1; }
 
  private:
-  struct Cell {
+  // 16 bytes: four cells to a line; the array starts on a line.
+  struct alignas(16) Cell {
     std::atomic<std::uint64_t> seq{0};
     std::uint32_t value = 0;
   };
+  static constexpr std::uint64_t kCellsPerLine = 64 / sizeof(Cell);
+  struct CellsDelete {
+    void operator()(Cell* c) const noexcept { ::operator delete[](c, std::align_val_t(64)); }
+  };
+  static Cell* new_cells(std::uint64_t n) {
+    Cell* c = static_cast<Cell*>(::operator new[](n * sizeof(Cell), std::align_val_t(64)));
+    for (std::uint64_t i = 0; i < n; ++i) new (&c[i]) Cell();
+    return c;
+  }
+  /// The solo publisher's wait for the cell of `pos` to be free. Known
+  /// free below free_until_ (released_ + capacity when last read), so in a
+  /// stream the publisher writes the cell without reading it: a read would
+  /// wait for the line the worker last wrote (73 % of route's samples in
+  /// 1to1 before), a write goes through the store buffer. released_ is
+  /// read once per about `capacity` appends; past it, the cell's seq
+  /// decides, as for every other enqueuer.
+  void wait_free(std::uint64_t pos, Cell* cell) noexcept {
+    if (pos < free_until_.load(std::memory_order_relaxed)) return;
+    // acquire: pairs with the dequeuer's release of released_; the cells
+    // below it were freed, and their values read, before.
+    const std::uint64_t until = released_.load(std::memory_order_acquire) + mask_ + 1;
+    free_until_.store(until, std::memory_order_relaxed);
+    if (pos < until) return;
+    // acquire: pairs with the dequeuer's release that freed the cell.
+    while (cell->seq.load(std::memory_order_acquire) != pos) std::this_thread::yield();
+  }
+
   const std::uint64_t mask_;
-  std::unique_ptr<Cell[]> cells_;
+  std::unique_ptr<Cell[], CellsDelete> cells_;
   alignas(64) std::atomic<std::uint64_t> tail_{0};  // written by publishers
+  // Positions below it are known free (wait_free); the solo publisher's.
+  std::atomic<std::uint64_t> free_until_{mask_ + 1};
   alignas(64) std::atomic<std::uint64_t> head_{0};  // written by the lane's worker (and droppers)
-  char pad_[64 - sizeof(std::atomic<std::uint64_t>)];
+  std::uint64_t taken_ = 0;                         // owner-only: take_deferred's cells not yet freed
+  // Every position below it was dequeued and its cell freed, by a ring's
+  // one dequeuer (try_dequeue_single, take_deferred's release_taken,
+  // advance_single); a ring with several dequeuers (try_dequeue, DropOldest)
+  // leaves it behind, which only sends the publisher to the cells' seq.
+  std::atomic<std::uint64_t> released_{0};
+  char pad_[64 - 3 * sizeof(std::uint64_t)];
 };
 
 }  // namespace lanebus::detail

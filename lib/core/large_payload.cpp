@@ -18,7 +18,7 @@ Status TopicImpl::check_large(const OutgoingMessage& m, const PayloadFill* fill)
                                 "TopicOptions::max_payload; in-memory payloads up to 16 MiB)");
   if (keys + (fill ? kObjectRef : kExternalRef) > options.slot_bytes)
     return Status::from_literal(Code::PayloadTooLarge,
-                                "publish: key + idempotency key + the payload's block reference (8 bytes; 16 for a "
+                                "publish: key + idempotency key + the payload's block reference (12 bytes; 20 for a "
                                 "typed object) exceed the topic's slot_bytes (raise TopicOptions::slot_bytes)");
   if (size > bus->payloads()->largest())
     return Status::from_literal(Code::PayloadTooLarge,

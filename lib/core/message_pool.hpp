@@ -46,24 +46,33 @@
 #include <mutex>
 #include <new>
 
+#include "lane_ring.hpp"
 #include "lanebus/message.hpp"
 
 namespace lanebus::detail {
 
 /// The header that starts every slot; key, idempotency key and payload follow it.
 ///
-/// Layout (one 64-byte line): refs, index, lane, kind, key_len, idem_len,
-/// payload_len, ext, then the MessageHeader (40 bytes). Key and idempotency
-/// key are stored in the slot (each at most kMaxKeyBytes); the payload lives
-/// where `kind` says:
+/// Layout: refs, lane, kind, key_len, idem_len, payload_len (16 bytes),
+/// then the MessageHeader (40 bytes): 56 bytes, so the keys and payload
+/// start in the slot's first cache line (slots start on a line: the pool's
+/// memory and stride are multiples of 64). A message of a 6-byte key and a
+/// 64-byte payload spans two lines, not three: one line fewer crosses from
+/// the publishing core to the worker's and back per message
+/// (doc/performance.md "The slot in two lines"). Nothing else lives in the
+/// header: the slot's index is computed from its address
+/// (MessagePool::index_of) and a block id is stored after the keys. Key and
+/// idempotency key are stored in the slot (each at most kMaxKeyBytes); the
+/// payload lives where `kind` says:
 /// - kInline: right after the keys, in the slot;
 /// - kExternal: in a size-classed block of the bus's PayloadPool
-///   (payload_pool.hpp); `ext` names the block (class in the high bits, index
-///   in the low bits) and the block's address is stored after the keys;
+///   (payload_pool.hpp); the block's address and its id (class in the high
+///   bits, index in the low bits) are stored after the keys;
 /// - kObject: a constructed C++ object (typed topics, typed.hpp), in the slot
-///   or in an external block (`ext` then names it), its address stored after
-///   the keys; destroyed when the slot is finally freed (MessagePool::recycle).
-struct alignas(64) Slot {
+///   or in an external block, its address, destroy function and block id
+///   (kNone: in the slot) stored after the keys; destroyed when the slot is
+///   finally freed (MessagePool::recycle).
+struct Slot {
   static constexpr std::uint16_t kInline = 0;
   static constexpr std::uint16_t kExternal = 1;
   static constexpr std::uint16_t kObject = 2;
@@ -71,13 +80,11 @@ struct alignas(64) Slot {
   static constexpr std::size_t kMaxKeyBytes = 0xffff;
 
   std::atomic<std::uint32_t> refs{0};
-  std::uint32_t index = 0;  // position in the pool, fixed at construction (index_of without a division)
   std::uint16_t lane = 0;
   std::uint16_t kind = kInline;
   std::uint16_t key_len = 0;
   std::uint16_t idem_len = 0;
   std::uint32_t payload_len = 0;
-  std::uint32_t ext = kNone;  // external block id (PayloadPool), kNone when none
   MessageHeader header;
 
   char* data() noexcept { return reinterpret_cast<char*>(this + 1); }
@@ -92,7 +99,8 @@ struct alignas(64) Slot {
   }
 };
 
-static_assert(sizeof(Slot) == 64, "the slot header is one cache line");
+static_assert(sizeof(Slot) == 56 && alignof(Slot) <= 8,
+              "the slot header leaves 8 bytes of its first line to the keys and payload");
 
 /// A publisher's private cache of free slots of one pool (invariant 2).
 /// Owned by one thread at a time; registered with its pool while attached.
@@ -117,10 +125,12 @@ class MessagePool {
       : capacity_(capacity),
         slot_bytes_(slot_bytes),
         stride_((sizeof(Slot) + slot_bytes + 63) / 64 * 64),
+        // ceil(2^64 / stride_); stride_ >= 64, so it fits 64 bits.
+        stride_reciprocal_(~std::uint64_t{0} / stride_ + 1),
         memory_(static_cast<char*>(::operator new(stride_ * capacity, std::align_val_t(64)))),
         next_(new std::atomic<std::uint32_t>[capacity]) {
     for (std::uint32_t i = 0; i < capacity_; ++i) {
-      (new (memory_ + stride_ * i) Slot())->index = i;
+      new (memory_ + stride_ * i) Slot();
       next_[i].store(i + 1 < capacity_ ? i + 1 : kNil, std::memory_order_relaxed);
     }
     head_.store(0, std::memory_order_relaxed);  // tag 0, index 0
@@ -140,10 +150,16 @@ class MessagePool {
   Slot* at(std::uint32_t index) const noexcept {
     return reinterpret_cast<Slot*>(memory_ + stride_ * static_cast<std::size_t>(index));
   }
-  /// The slot's index: stored in it (the slot's first line, which every
-  /// caller touches anyway) rather than computed by dividing by the stride —
-  /// a 64-bit division is 15-40 cycles and the hot path needed 3-4 a message.
-  std::uint32_t index_of(const Slot* s) const noexcept { return s->index; }
+  /// The slot's index: its offset divided by the stride, as a multiply by
+  /// the stride's reciprocal (a 64-bit division is 15-40 cycles and the hot
+  /// path needs 1-2 a message). Exact: the offset is index × stride, and
+  /// with r = ceil(2^64 / stride) = (2^64 + e) / stride, 0 <= e < stride,
+  /// offset × r = index × 2^64 + index × e, where index × e < index ×
+  /// stride = offset < 2^64: the high half is the index.
+  std::uint32_t index_of(const Slot* s) const noexcept {
+    const auto offset = static_cast<std::uint64_t>(reinterpret_cast<const char*>(s) - memory_);
+    return static_cast<std::uint32_t>((static_cast<unsigned __int128>(offset) * stride_reciprocal_) >> 64);
+  }
 
   /// A free slot, or nullptr when every slot is in use. Lock-free, no allocation.
   /// seq_cst on allocated_: shutdown's Dekker check (publish increments
@@ -212,8 +228,11 @@ class MessagePool {
     Slot* head = slots[0];
     char* d = head->data();
     std::memcpy(d, &n, sizeof n);
-    for (std::uint32_t i = 1; i < n; ++i) std::memcpy(d + 4 * i, &slots[i]->index, 4);
-    const std::uint32_t idx = head->index;
+    for (std::uint32_t i = 1; i < n; ++i) {
+      const std::uint32_t member = index_of(slots[i]);
+      std::memcpy(d + 4 * i, &member, 4);
+    }
+    const std::uint32_t idx = index_of(head);
     std::uint64_t h = chains_.load(std::memory_order_relaxed);
     for (;;) {
       next_[idx].store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
@@ -335,14 +354,20 @@ class MessagePool {
       m.count = got;
       // release, after allocated_ grew: a reader that sees this held sees the refill.
       m.held.store(got, std::memory_order_release);
+      if (got > 1) {
+        __builtin_prefetch(m.slots[got - 2], 1);
+        __builtin_prefetch(reinterpret_cast<const char*>(m.slots[got - 2]) + 64, 1);
+      }
     }
     --m.count;
     m.held.store(m.count, std::memory_order_relaxed);
-    // The next publish's slot, for writing: its lines were last read by a
-    // worker, so taking them back costs a round trip this hides.
-    if (m.count != 0) {
-      __builtin_prefetch(m.slots[m.count - 1], 1);
-      __builtin_prefetch(reinterpret_cast<const char*>(m.slots[m.count - 1]) + 64, 1);
+    // The slot of the publish after next, for writing: its lines were last
+    // read by a worker, so taking them back costs a round trip, longer than
+    // one publish where the cores sit far apart. (The next one's lines were
+    // asked for by the publish before; after a refill, both.)
+    if (m.count > 1) {
+      __builtin_prefetch(m.slots[m.count - 2], 1);
+      __builtin_prefetch(reinterpret_cast<const char*>(m.slots[m.count - 2]) + 64, 1);
     }
     return m.slots[m.count];
   }
@@ -375,7 +400,8 @@ class MessagePool {
   const std::uint32_t capacity_;
   const std::uint32_t slot_bytes_;
   const std::size_t stride_;
-  // A chain's count and indices fit the head slot's data (stride_ - 64 bytes).
+  const std::uint64_t stride_reciprocal_;  // index_of
+  // A chain's count and indices fit the head slot's data (stride_ - sizeof(Slot) bytes).
   const std::uint32_t chain_max_ = static_cast<std::uint32_t>(
       std::min<std::size_t>(Magazine::kMax, (stride_ - sizeof(Slot)) / 4));
   const std::uint32_t magazine_size_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(Magazine::kMax, capacity_ / 32));
@@ -419,12 +445,18 @@ class FreeChain {
   }
   void flush() noexcept {
     if (count_ == 0) return;
+    if (ring_ != nullptr) ring_->release_taken();
     pool_->free_run(slots_, count_);
     count_ = 0;
   }
   bool empty() const noexcept { return count_ == 0; }
+  /// While set, a flush frees the cells `ring` took and left taken
+  /// (LaneRing::take_deferred) before it returns slots: no slot goes back
+  /// to the pool while its ring cell is still taken.
+  void defer_cells_of(LaneRing* ring) noexcept { ring_ = ring; }
 
  private:
+  LaneRing* ring_ = nullptr;
   MessagePool* pool_ = nullptr;
   std::uint32_t max_ = 1;
   std::uint32_t count_ = 0;

@@ -7,17 +7,20 @@ namespace lanebus::detail {
 
 // Invariant 3 of payload_pool.hpp: runs once per finally-freed slot.
 void recycle_payload(Slot* s, PayloadPool* blocks) noexcept {
+  const char* ref = s->data() + s->key_len + s->idem_len;
+  std::uint32_t block;
   if (s->kind == Slot::kObject) {
-    const char* ref = s->data() + s->key_len + s->idem_len;
     char* obj;
     void (*destroy)(void*) noexcept;
     std::memcpy(&obj, ref, sizeof obj);
     std::memcpy(&destroy, ref + sizeof obj, sizeof destroy);
+    std::memcpy(&block, ref + sizeof obj + sizeof destroy, sizeof block);
     if (destroy) destroy(obj);
+  } else {
+    std::memcpy(&block, ref + sizeof(char*), sizeof block);  // kExternal
   }
-  if (s->ext != Slot::kNone) blocks->free(s->ext);
+  if (block != Slot::kNone) blocks->free(block);
   s->kind = Slot::kInline;
-  s->ext = Slot::kNone;
 }
 
 }  // namespace lanebus::detail

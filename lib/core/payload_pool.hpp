@@ -14,16 +14,17 @@
 //   "Payload sizes" has the arithmetic.
 // - Each class is a Treiber stack of block indices like MessagePool's free
 //   list: the head packs {tag:32, index:32}, the tag defeats ABA.
-// - A block id (Slot::ext) packs the class in the top kClassBits bits and the
-//   block index in the rest.
+// - A block id packs the class in the top kClassBits bits and the block
+//   index in the rest. It is stored after the keys, next to the payload's
+//   address (the slot's header has no room left: message_pool.hpp).
 //
 // Invariants
 // 1. A block is either on its class's free list or named by exactly one
-//    slot's `ext` (the slot that holds its payload).
+//    slot's stored block id (the slot that holds its payload).
 // 2. The slot's payload address (stored after its keys) points into that
 //    block, or into the slot itself for an object placed inline.
 // 3. recycle() runs exactly once per finally-freed slot, before the slot goes
-//    back to its free list, and leaves the slot kInline with ext == kNone.
+//    back to its free list, and leaves the slot kInline.
 #pragma once
 
 #include <atomic>
@@ -158,16 +159,20 @@ class PayloadPool {
 /// (typed.hpp). `construct` returns false if the constructor threw.
 using PayloadFill = ObjectFill;
 
-/// Bytes after the keys that hold the payload's address (kExternal) or the
-/// object's address and destroy function (kObject).
-inline constexpr std::size_t kExternalRef = sizeof(char*);
-inline constexpr std::size_t kObjectRef = sizeof(char*) + sizeof(void (*)(void*));
+/// Bytes after the keys that hold the payload's address and block id
+/// (kExternal) or the object's address, destroy function and block id
+/// (kObject; Slot::kNone when the object is in the slot).
+inline constexpr std::size_t kExternalRef = sizeof(char*) + sizeof(std::uint32_t);
+inline constexpr std::size_t kObjectRef = sizeof(char*) + sizeof(void (*)(void*)) + sizeof(std::uint32_t);
 
 /// Where an object of `fill` goes in a slot with keys of `keys` bytes: its
 /// offset in the slot's data area, or 0 when it does not fit there (it
-/// then needs a block).
+/// then needs a block). The data area starts sizeof(Slot) bytes into a
+/// slot that starts on a 64-byte line, so the offset aligns the object's
+/// address, not the offset (alignof(T) <= 64, typed.hpp).
 inline std::size_t inline_object_offset(std::size_t keys, const PayloadFill& fill, std::size_t slot_bytes) noexcept {
-  std::size_t off = (keys + kObjectRef + fill.align - 1) / fill.align * fill.align;
+  const std::size_t start = sizeof(Slot) + keys + kObjectRef;  // from the slot's (aligned) start
+  const std::size_t off = (start + fill.align - 1) / fill.align * fill.align - sizeof(Slot);
   return off + fill.size <= slot_bytes ? off : 0;
 }
 
@@ -183,8 +188,8 @@ inline bool place_payload(Slot* s, PayloadPool* blocks, std::uint32_t block, std
     char* dst = blocks->at(block);
     std::memcpy(dst, bytes.data(), bytes.size());
     std::memcpy(ref, &dst, sizeof dst);
+    std::memcpy(ref + sizeof dst, &block, sizeof block);
     s->payload_len = static_cast<std::uint32_t>(bytes.size());
-    s->ext = block;
     s->kind = Slot::kExternal;
     return true;
   }
@@ -193,8 +198,9 @@ inline bool place_payload(Slot* s, PayloadPool* blocks, std::uint32_t block, std
   if (!fill->construct(dst, fill->ctx)) return false;
   std::memcpy(ref, &dst, sizeof dst);
   std::memcpy(ref + sizeof dst, &fill->destroy, sizeof fill->destroy);
+  const std::uint32_t id = block == PayloadPool::kNil ? Slot::kNone : block;
+  std::memcpy(ref + sizeof dst + sizeof fill->destroy, &id, sizeof id);
   s->payload_len = static_cast<std::uint32_t>(fill->size);
-  s->ext = block;
   s->kind = Slot::kObject;
   return true;
 }

@@ -143,7 +143,8 @@ PublisherState::~PublisherState() {
 Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
   std::uint32_t n = g->consumers_hw.load(std::memory_order_acquire);
   if (n == 0) return nullptr;
-  std::uint32_t start = g->rr.fetch_add(1, std::memory_order_relaxed);
+  // One consumer (a topic's subscription, the common case): nothing to rotate.
+  std::uint32_t start = n == 1 ? 0 : g->rr.fetch_add(1, std::memory_order_relaxed);
   for (std::uint32_t i = 0; i < n; ++i) {
     Consumer* c = &g->consumers[(start + i) % n];
     if (!c->enabled.load(std::memory_order_acquire)) continue;
