@@ -49,7 +49,7 @@ struct TopicOptions {
   /// sizes"). In-memory topics keep a message whose key + idempotency key +
   /// payload fit slot_bytes in its slot and take a larger payload from a
   /// size-classed block of the bus's payload pool (BusOptions::memory_budget;
-  /// the slot then holds the keys and an 8-byte block reference); no block
+  /// the slot then holds the keys and a 12-byte block reference); no block
   /// free means the topic's backpressure applies, as for a full topic.
   /// Durable topics store the payload in LMDB. Past it: PayloadTooLarge,
   /// naming this option. 1..16 MiB for in-memory topics, 1..64 MiB for
