@@ -564,13 +564,41 @@ void TenancyImpl::ticker_main() {
 }
 
 void TenancyImpl::tick() noexcept {
-  MutexLock l(&mu_);
-  for (auto& [name, ns] : namespaces_) {
-    const std::uint64_t in = ns->msgs_in();
-    const std::uint64_t d = in - ns->ticker_last_in;
-    ns->ticker_last_in = in;
-    if (d > ns->peak_per_s.load(std::memory_order_relaxed)) ns->peak_per_s.store(d, std::memory_order_relaxed);
+  // Namespaces that hit their publish quota since the last tick, logged after
+  // mu_ is released (the hook runs with no lanebus lock held).
+  struct Ceiling {
+    const NamespaceState* ns;
+    std::uint64_t refused, throttled;
+  };
+  std::vector<Ceiling> ceilings;
+  const bool logging = logger_ != nullptr && logger_->enabled();
+  {
+    MutexLock l(&mu_);
+    for (auto& [name, ns] : namespaces_) {
+      const std::uint64_t in = ns->msgs_in();
+      const std::uint64_t d = in - ns->ticker_last_in;
+      ns->ticker_last_in = in;
+      if (d > ns->peak_per_s.load(std::memory_order_relaxed)) ns->peak_per_s.store(d, std::memory_order_relaxed);
+      const std::uint64_t refused = ns->live.refused.load(std::memory_order_relaxed);
+      const std::uint64_t throttled = ns->live.throttled.load(std::memory_order_relaxed);
+      if (logging && (refused != ns->ticker_last_refused || throttled != ns->ticker_last_throttled)) {
+        try {
+          ceilings.push_back({ns.get(), refused - ns->ticker_last_refused, throttled - ns->ticker_last_throttled});
+        } catch (...) {
+          // Out of memory: this tick's line is lost, the counters still tell.
+        }
+      }
+      ns->ticker_last_refused = refused;
+      ns->ticker_last_throttled = throttled;
+    }
   }
+  // A namespace is never removed once created, so its name outlives the lock.
+  for (const Ceiling& c : ceilings)
+    logger_->log(LogLevel::Warn,
+                 "namespace \"%s\" is at its publish quota ceiling (NamespacePolicy::publish): %llu publishes "
+                 "refused with QuotaExceeded, %llu throttled since the last report",
+                 c.ns->name.c_str(), static_cast<unsigned long long>(c.refused),
+                 static_cast<unsigned long long>(c.throttled));
 }
 
 Status TenancyImpl::flush_usage() {
