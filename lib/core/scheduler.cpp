@@ -196,7 +196,7 @@ void BusCore::watchdog_main() {
         gl->stuck.fetch_add(1, std::memory_order_relaxed);
         if (logger.enabled())
           logger.limited(g->stuck_log, LogLevel::Warn,
-                         "handler of group \"%s\" on \"%s\" lane %u has run %lld ms, past attempt_timeout (%lld ms)%s",
+                         "handler of group \"%s\" on \"%s\" lane %u still running after %lld ms, past attempt_timeout (%lld ms)%s",
                          g->name.c_str(), g->topic->name.c_str(), gl->lane,
                          static_cast<long long>((now - since) / 1'000'000), static_cast<long long>(budget.count()),
                          g->topic->durable && g->topic->is_queue ? "; its claim is ended" : "");
