@@ -557,3 +557,88 @@ TEST_CASE("in-direction: deliveries a dead bridge left unacked are not overtaken
   MESSAGE("dead fetcher held " << dead.fetched << " deliveries; the new bridge rewound " << in_stats(**in).rewinds
                                << " time(s)");
 }
+
+TEST_CASE("the log hook hears the bridge connect, lose its server, reconnect and rewind a consumer") {
+  if (!have_server()) return;
+  TempDir tmp;
+  NatsServer server(tmp.file("nats"));
+  REQUIRE(server.start());
+  std::mutex mu;
+  std::vector<std::string> lines;  // "<level>: <text>"
+  auto seen = [&](std::initializer_list<std::string_view> parts) {
+    return wait_until([&] {
+      std::lock_guard<std::mutex> l(mu);
+      for (const auto& line : lines) {
+        bool all = true;
+        for (std::string_view p : parts) all = all && line.find(p) != std::string::npos;
+        if (all) return true;
+      }
+      return false;
+    }, std::chrono::seconds(30));
+  };
+  auto dump = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    std::string out;
+    for (const auto& line : lines) out += line + "\n";
+    return out;
+  };
+  auto hooked_bus = [&](const std::string& dir) {
+    BusOptions o;
+    o.store.directory = dir;
+    o.workers = 4;
+    o.durable_poll = std::chrono::milliseconds(10);
+    o.name = "edge";
+    o.log = [&](LogLevel level, std::string_view text) {
+      std::lock_guard<std::mutex> l(mu);
+      lines.push_back(std::string(to_string(level)) + ": " + std::string(text));
+    };
+    auto b = Bus::open(o);
+    REQUIRE_MESSAGE(b.ok(), b.status().to_string());
+    return std::move(*b);
+  };
+  constexpr std::uint64_t kFirst = 200, kSecond = 200;
+  auto src = hooked_bus(tmp.file("src"));
+  Topic orders = durable_topic(*src, "orders", 4);
+  auto out = Bridge::open(*src, bridge_options(server.url()));
+  REQUIRE(out.ok());
+  REQUIRE((*out)->mirror_out(orders, "orders.{key}", "ORDERS").ok());
+  CHECK_MESSAGE(seen({"info: bus \"edge\": bridge: connected to the NATS server nats://127.0.0.1:"}), dump());
+  publish_many(orders, kFirst, 8);
+  REQUIRE(wait_until([&] { return stream_messages(server.url(), "ORDERS") == static_cast<std::int64_t>(kFirst); },
+                     std::chrono::seconds(60)));
+
+  // The server dies and comes back on the same storage.
+  server.kill9();
+  CHECK_MESSAGE(seen({"warn: bus \"edge\": bridge: disconnected from the NATS server; reconnecting"}), dump());
+  REQUIRE(server.start());
+  CHECK_MESSAGE(seen({"info: bus \"edge\": bridge: reconnected to the NATS server"}), dump());
+
+  // A consumer left with unacked deliveries by a dead bridge is rewound (the
+  // scenario of the in-direction test above, with the hook listening).
+  const std::string dst_dir = tmp.file("dst");
+  BridgeOptions bo = bridge_options(server.url());
+  bo.fetch_batch = 64;
+  {
+    auto dst = hooked_bus(dst_dir);
+    Topic back = durable_topic(*dst, "orders-back", 4);
+    auto in = Bridge::open(*dst, bo);
+    REQUIRE(in.ok());
+    REQUIRE((*in)->mirror_in("ORDERS", "back", back).ok());
+    REQUIRE(wait_until([&] { return (*in)->stats().total.stored == kFirst; }, std::chrono::seconds(60)));
+    REQUIRE((*in)->close().ok());
+  }
+  publish_many(orders, kSecond, 8, kFirst);
+  REQUIRE(wait_until([&] { return stream_messages(server.url(), "ORDERS") == static_cast<std::int64_t>(kFirst + kSecond); },
+                     std::chrono::seconds(60)));
+  DeadFetcher dead(server.url(), "ORDERS", "back", 20);
+  REQUIRE(dead.fetched > 0);
+  auto dst = hooked_bus(dst_dir);
+  Topic back = durable_topic(*dst, "orders-back", 4);
+  auto in = Bridge::open(*dst, bo);
+  REQUIRE(in.ok());
+  REQUIRE((*in)->mirror_in("ORDERS", "back", back).ok());
+  CHECK_MESSAGE(seen({"warn: bus \"edge\": bridge: rewound consumer \"back\" of stream \"ORDERS\" to sequence "}),
+                dump());
+  REQUIRE(wait_until([&] { return (*in)->stats().total.stored == kSecond; }, std::chrono::seconds(30)));
+  MESSAGE(dump());
+}

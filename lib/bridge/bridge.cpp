@@ -312,6 +312,7 @@ class BridgeImpl {
   static void on_disconnected(natsConnection*, void* self) {
     auto* b = static_cast<BridgeImpl*>(self);
     b->note_error("disconnected from the server; reconnecting", false);
+    if (b->closing_.load(std::memory_order_acquire)) return;  // close() ends the connection: no news
     b->core_->logger.log(LogLevel::Warn, "bridge: disconnected from the NATS server; reconnecting every %lld ms",
                          static_cast<long long>(b->options_.reconnect_wait.count()));
   }
