@@ -1,7 +1,7 @@
 // lanebus — MIT License.
 // Bridge to NATS JetStream against a real nats-server started by each test:
 // round trip with per-key order, bad input, kill -9 of the server, server
-// down at start. Sizes: LANEBUS_BRIDGE_MESSAGES (round trip, default 50,000;
+// down at start, the log hook's lines. Sizes: LANEBUS_BRIDGE_MESSAGES (round trip, default 50,000;
 // 5,000 under sanitizers).
 #include <nats/nats.h>
 
