@@ -29,17 +29,21 @@ LANEBUS_API const char* to_string(LogLevel level) noexcept;
 
 /// The log hook: called with the level and one line of text (no trailing
 /// newline) naming the bus, what happened and to what, e.g.
-/// `bus "orders": handler of group "billing" on "orders.created" lane 3 runs past attempt_timeout (250 ms)`.
+/// `bus "orders": handler of group "billing" on "orders.created" lane 3 still running after 251 ms, past attempt_timeout (250 ms)`.
 ///
 /// Contract (BusOptions::log):
-/// - Threads: called on the lanebus thread where the event is noticed — the
-///   store's writer thread, the watchdog, the tenancy ticker, a worker, a
-///   bridge thread — never on a thread that is publishing, and never for a
-///   message that is merely published or handled (not on the hot path). Calls
-///   may come from several threads at once: the hook must be thread-safe.
-/// - No lanebus lock is held, but the calling thread may be one the bus
-///   needs (a slow hook on the writer thread delays commits): return quickly;
-///   hand the line to an asynchronous logger if writing it may block.
+/// - Threads: called on the thread that notices the event — a lanebus thread
+///   (the store's writer thread, the watchdog, the tenancy ticker, the
+///   durable poller, nats.c's and the bridge's threads) or the thread in
+///   Bridge::open / Bridge::mirror_in (a connect, a rewind at bind) —
+///   never inside publish, and never for a message that is merely published
+///   or handled (not on the hot path). Calls may come from several threads
+///   at once: the hook must be thread-safe.
+/// - No lanebus mutex is held (a claim taken over is logged inside the
+///   store's write transaction that takes it), but the calling thread may be
+///   one the bus needs (a slow hook on the writer thread delays commits):
+///   return quickly; hand the line to an asynchronous logger if writing it
+///   may block.
 /// - The hook must not call into the Bus, its Topics, Publishers, Clients or
 ///   a Bridge (it may run on the thread those calls wait for).
 /// - `message` is valid only during the call: copy it to keep it.

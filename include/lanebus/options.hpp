@@ -253,7 +253,9 @@ struct BusOptions {
   /// namespace at its publish quota ceiling. Called only on those rare events,
   /// never on the publish or delivery path; see LogHook (lanebus/log.hpp) for
   /// the threads it runs on and what it may do. Inner buses of
-  /// namespace_stores use the same hook. Default empty: silent.
+  /// namespace_stores use the same hook (their lines name the bus
+  /// "<name>/<namespace>"). Must stay callable until the Bus is destroyed.
+  /// Default empty: silent.
   LogHook log{};
 };
 

@@ -261,7 +261,6 @@ struct GroupImpl {
   std::atomic<bool> active{false};
   const bool persistent;  // queue or durable group: keep messages while no consumer is attached
   LogLimiter stuck_log;   // the watchdog's "stuck" lines, one a second per group
-  LogLimiter dlq_log;     // DLQ refusals of the group's failures, one a second
 
   IdempotencyImpl* idempotency = nullptr;  // GroupOptions::idempotency_scope, or none
 
