@@ -19,6 +19,7 @@ PKGS=(
   chromium                                    # dashboard browser test (tests/browser, playwright-core)
   python3-matplotlib                          # scripts/bench_plot.py
   libssl-dev                                  # libcrypto: PBKDF2 hashes of credential secrets (doc/tenancy.md)
+  prometheus                                  # promtool check metrics on a live bus's exposition (promtool_test; ~19 MB, installs in ~7 s)
 )
 # Node.js runs the browser test. The machine's own Node.js (NodeSource, with npm)
 # is used when there is one: Debian's npm conflicts with it, so apt installs

@@ -1,7 +1,7 @@
 // lanebus — MIT License.
 // Bridge to NATS JetStream against a real nats-server started by each test:
 // round trip with per-key order, bad input, kill -9 of the server, server
-// down at start. Sizes: LANEBUS_BRIDGE_MESSAGES (round trip, default 50,000;
+// down at start; the log hook hears connect, loss, reconnect and rewind. Sizes: LANEBUS_BRIDGE_MESSAGES (round trip, default 50,000;
 // 5,000 under sanitizers).
 #include <nats/nats.h>
 
@@ -49,11 +49,39 @@ bool have_server() {
   std::exit(77);
 }
 
-std::unique_ptr<Bus> open_bus(const std::string& dir, std::size_t workers = 8) {
+/// The lines a bus's log hook (BusOptions::log) was given, as "<level>: <text>".
+struct LogLines {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  LogHook hook() {
+    return [this](LogLevel level, std::string_view text) {
+      std::lock_guard<std::mutex> l(mu);
+      lines.push_back(std::string(to_string(level)) + ": " + std::string(text));
+    };
+  }
+  /// Waits (up to 30 s) for a line that contains `part`.
+  bool seen(std::string_view part) {
+    return wait_until([&] {
+      std::lock_guard<std::mutex> l(mu);
+      for (const auto& line : lines)
+        if (line.find(part) != std::string::npos) return true;
+      return false;
+    }, std::chrono::seconds(30));
+  }
+  std::string dump() {
+    std::lock_guard<std::mutex> l(mu);
+    std::string out;
+    for (const auto& line : lines) out += line + "\n";
+    return out;
+  }
+};
+
+std::unique_ptr<Bus> open_bus(const std::string& dir, std::size_t workers = 8, LogHook log = {}) {
   BusOptions o;
   o.store.directory = dir;
   o.workers = workers;
   o.durable_poll = std::chrono::milliseconds(10);
+  o.log = std::move(log);
   auto b = Bus::open(o);
   REQUIRE_MESSAGE(b.ok(), b.status().to_string());
   return std::move(*b);
@@ -318,14 +346,17 @@ TEST_CASE("server killed with kill -9 mid-stream and restarted on the same stora
   TempDir tmp;
   NatsServer server(tmp.file("nats"));
   REQUIRE(server.start());
-  auto bus = open_bus(tmp.file("store"), 8);
+  LogLines log;  // the log hook hears the connect, the loss and the reconnect
+  auto bus = open_bus(tmp.file("store"), 8, log.hook());
   Topic t = durable_topic(*bus, "orders", 8);
   auto b = Bridge::open(*bus, bridge_options(server.url()));
   REQUIRE(b.ok());
   REQUIRE((*b)->mirror_out(t, "orders.{key}", "ORDERS").ok());
+  CHECK_MESSAGE(log.seen("info: bus \"bus\": bridge: connected to the NATS server nats://127.0.0.1:"), log.dump());
   std::thread producer([&] { publish_many(t, n, 64); });
   REQUIRE(wait_until([&] { return (*b)->stats().total.acked >= n / 4; }, std::chrono::seconds(120)));
   server.kill9();
+  CHECK_MESSAGE(log.seen("warn: bus \"bus\": bridge: disconnected from the NATS server; reconnecting"), log.dump());
   // Local publishing goes on (the store absorbs it); the bridge lags and retries.
   REQUIRE(wait_until([&] { return (*b)->stats().state == BridgeState::Retrying; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // an outage, not a timing check
@@ -342,6 +373,7 @@ TEST_CASE("server killed with kill -9 mid-stream and restarted on the same stora
   const BridgeStats after = (*b)->stats();
   CHECK(after.state == BridgeState::Connected);
   CHECK(after.reconnects >= 1);
+  CHECK_MESSAGE(log.seen("info: bus \"bus\": bridge: reconnected to the NATS server"), log.dump());
   // Every message exactly once: re-sends of unacknowledged publishes were removed by Nats-Msg-Id.
   CHECK(stream_messages(server.url(), "ORDERS") == static_cast<std::int64_t>(n));
   MESSAGE("published " << after.total.published << " acked " << after.total.acked << " duplicates removed "
@@ -535,14 +567,17 @@ TEST_CASE("in-direction: deliveries a dead bridge left unacked are not overtaken
   REQUIRE(dead.fetched > 0);
 
   // A new bridge on the destination store: it must not store the messages
-  // after the dead one's batch before that batch.
-  auto dst = open_bus(dst_dir);
+  // after the dead one's batch before that batch. Its log hook hears the rewind.
+  LogLines log;
+  auto dst = open_bus(dst_dir, 8, log.hook());
   Topic back = durable_topic(*dst, "orders-back", 4);
   auto in = Bridge::open(*dst, bo);
   REQUIRE(in.ok());
   REQUIRE((*in)->mirror_in("ORDERS", "back", back).ok());
   REQUIRE(wait_until([&] { return in_stats(**in).stored == kSecond; }, std::chrono::seconds(20)));
   CHECK(in_stats(**in).rewinds >= 1);
+  CHECK_MESSAGE(log.seen("warn: bus \"bus\": bridge: rewound consumer \"back\" of stream \"ORDERS\" to sequence "),
+                log.dump());
   OrderCheck check;
   auto sub = dst->subscribe(back, "verify", [&](const MessageView& v) { return check.on(v); });
   REQUIRE(sub.ok());
@@ -557,3 +592,4 @@ TEST_CASE("in-direction: deliveries a dead bridge left unacked are not overtaken
   MESSAGE("dead fetcher held " << dead.fetched << " deliveries; the new bridge rewound " << in_stats(**in).rewinds
                                << " time(s)");
 }
+

@@ -3,7 +3,8 @@
  * or a foreign-function binding would: delivery to a C handler, retry then
  * ack, reject to the DLQ then list and replay, a durable queue that keeps its
  * messages across close and reopen, stats as JSON, and bad inputs that return
- * a code and a message instead of crashing. */
+ * a code and a message instead of crashing, and a log callback that stays
+ * silent for ordinary traffic. */
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
@@ -433,6 +434,44 @@ static void names_and_version(void) {
   printf("ok: lanebus_version() = %s; code names match the C++ names\n", v);
 }
 
+static atomic_int log_lines;
+
+static void count_lines(lanebus_log_level level, const char* message, size_t length, void* user) {
+  (void)level;
+  (void)user;
+  CHECK(message != NULL && strlen(message) == length);
+  atomic_fetch_add(&log_lines, 1);
+}
+
+/* A log callback is not called for ordinary traffic (the events that do call
+ * it are caused in tests/fault_test.cpp and tests/log_hook_test.cpp). */
+static void log_callback_is_silent_on_the_hot_path(const char* root) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/logged", root);
+  lanebus_bus* bus = NULL;
+  MUST(lanebus_open_logged("capi-logged", dir, 2, count_lines, NULL, &bus, &err));
+  lanebus_topic* topic = NULL;
+  lanebus_topic* queue = NULL;
+  MUST(lanebus_create_topic(bus, "capi.hot", 4, 0, &topic, &err));
+  MUST(lanebus_create_queue(bus, "capi.hot-jobs", 2, LANEBUS_DURABLE, &queue, &err));
+  static recorder r;
+  recorder_init(&r);
+  lanebus_subscription* s1 = NULL;
+  lanebus_subscription* s2 = NULL;
+  MUST(lanebus_subscribe(bus, topic, "g", ack_all, NULL, 0, &s1, &err));
+  MUST(lanebus_consume(bus, queue, record, &r, 0, &s2, &err));
+  for (int i = 0; i < 10000; ++i) MUST(lanebus_publish(topic, "k", 1, "p", 1, &err));
+  for (int i = 0; i < 50; ++i) MUST(lanebus_publish(queue, "k", 1, "job", 3, &err));
+  CHECK(wait_count(&r.done, 50));
+  MUST(lanebus_close(bus, &err));
+  CHECK(atomic_load(&log_lines) == 0);
+  /* NULL callback: lanebus_open; NULL out-parameter: INVALID_ARGUMENT. */
+  MUST(lanebus_open_logged("capi-quiet", NULL, 1, NULL, NULL, &bus, &err));
+  MUST(lanebus_close(bus, &err));
+  CHECK(lanebus_open_logged(NULL, NULL, 1, count_lines, NULL, NULL, &err) == LANEBUS_INVALID_ARGUMENT);
+  printf("ok: lanebus_open_logged: 10,050 publishes, 0 log lines\n");
+}
+
 int main(void) {
   char root[] = "/tmp/lanebus-capi-XXXXXX";
   if (mkdtemp(root) == NULL) {
@@ -446,6 +485,7 @@ int main(void) {
   durable_queue_survives_reopen(root);
   bad_inputs();
   closing_from_a_handler_is_busy();
+  log_callback_is_silent_on_the_hot_path(root);
   if (failures == 0) {
     remove_tree(root);
     printf("capi_test: all checks passed\n");

@@ -6,7 +6,9 @@
 //   again to "retry", and nothing reported durable is lost (fsyncgate);
 // - ENOSPC: publish fails with DiskFull, nothing acknowledged is lost, and the
 //   store works again, without a reopen, once space is back;
-// - short writes: the commit fails, the store refuses writes until reopened.
+// - short writes: the commit fails, the store refuses writes until reopened;
+// - the log hook (BusOptions::log, and the C API's callback) hears a failed
+//   fsync at error, and the refused writes after it at most once a second.
 // Publishers are in flight on several threads while the fault hits.
 #include <doctest/doctest.h>
 
@@ -20,6 +22,7 @@
 
 #include "durable_store.hpp"
 #include "faultfs.hpp"
+#include "lanebus/lanebus.h"
 #include "lanebus/lanebus.hpp"
 #include "powercut.hpp"
 #include "temp_dir.hpp"
@@ -307,4 +310,82 @@ TEST_CASE("short writes: the commit fails with a clear error, the store refuses 
   auto topic = (*bus)->create_topic("fault.short", {.lanes = 2, .durable = true});
   REQUIRE_MESSAGE(topic.ok(), topic.status().to_string());
   CHECK(topic->publish({.key = "k", .payload = "after reopen"}).ok());
+}
+
+namespace {
+
+// Log lines as the hook gave them (BusOptions::log or the C callback).
+struct LogLines {
+  std::mutex mu;
+  std::vector<std::pair<int, std::string>> lines;  // level, text
+  void add(int level, std::string_view text) {
+    std::lock_guard<std::mutex> l(mu);
+    lines.emplace_back(level, std::string(text));
+  }
+  std::size_t count(int level, std::string_view part) {
+    std::lock_guard<std::mutex> l(mu);
+    std::size_t n = 0;
+    for (const auto& [lv, text] : lines) n += lv == level && text.find(part) != std::string::npos;
+    return n;
+  }
+  std::string dump() {
+    std::lock_guard<std::mutex> l(mu);
+    std::string out;
+    for (const auto& [lv, text] : lines) out += std::to_string(lv) + ": " + text + "\n";
+    return out;
+  }
+};
+
+void c_log(lanebus_log_level level, const char* message, std::size_t length, void* user) {
+  static_cast<LogLines*>(user)->add(static_cast<int>(level), std::string_view(message, length));
+}
+
+}  // namespace
+
+TEST_CASE("the log hook hears a failed fsync at error, and the refused writes after it at most once a second") {
+  Target fx;
+  LogLines log;
+  BusOptions o = options(fx.store, Durability::Async);
+  o.log = [&log](LogLevel level, std::string_view text) { log.add(static_cast<int>(level), text); };
+  auto bus = Bus::open(o).value();
+  auto topic = bus->create_topic("fault.logged", {.lanes = 2, .durable = true}).value();
+  Publishers pubs;
+  pubs.start(topic, 2);
+  REQUIRE(lanebus::test::wait_until([&] { return pubs.oks.load() >= 100; }, 60s));
+  CHECK(log.count(static_cast<int>(LogLevel::Error), "") == 0);  // negative control: healthy, silent
+  const auto t0 = std::chrono::steady_clock::now();
+  faults::fail_fsync(1);  // the next flush fails
+  REQUIRE(lanebus::test::wait_until([&] {
+    std::lock_guard<std::mutex> l(pubs.mu);
+    return pubs.failures.size() >= 500;
+  }, 60s));
+  pubs.join();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(log.dump());
+  CHECK(log.count(static_cast<int>(LogLevel::Error), "the async flush (fsync) failed: IOError") == 1);
+  CHECK(log.count(static_cast<int>(LogLevel::Error), "EIO") >= 1);
+  const std::size_t lines = log.count(static_cast<int>(LogLevel::Error), "store \"");
+  CHECK(static_cast<double>(lines) <= elapsed + 2);  // hundreds of refusals, one line a second
+  MESSAGE(pubs.failures.size() << " refused publishes in " << elapsed << " s gave " << lines << " line(s):\n"
+                               << log.dump());
+  (void)bus->shutdown(ShutdownMode::Abandon, 10s);
+}
+
+TEST_CASE("the C API's log callback hears a failed fsync of a Sync store at LANEBUS_LOG_ERROR") {
+  Target fx;
+  LogLines log;
+  lanebus_error err{};
+  lanebus_bus* bus = nullptr;
+  REQUIRE(lanebus_open_logged("capi-fault", fx.store.c_str(), 2, c_log, &log, &bus, &err) == LANEBUS_OK);
+  lanebus_topic* topic = nullptr;
+  REQUIRE(lanebus_create_topic(bus, "fault.c", 1, LANEBUS_DURABLE, &topic, &err) == LANEBUS_OK);
+  REQUIRE(lanebus_publish(topic, "k", 1, "before", 6, &err) == LANEBUS_OK);
+  faults::fail_fsync(1);  // the next commit's fsync fails
+  lanebus_code rc = LANEBUS_OK;
+  for (int i = 0; i < 100 && rc == LANEBUS_OK; ++i) rc = lanebus_publish(topic, "k", 1, "after", 5, &err);
+  CHECK(rc == LANEBUS_IO_ERROR);
+  INFO(log.dump());
+  CHECK(lanebus::test::wait_until([&] { return log.count(LANEBUS_LOG_ERROR, "EIO") >= 1; }, 10s));
+  CHECK(log.count(LANEBUS_LOG_ERROR, "bus \"capi-fault\": store \"") >= 1);
+  (void)lanebus_close(bus, &err);
 }

@@ -105,6 +105,30 @@ typedef struct lanebus_subscription lanebus_subscription;
 LANEBUS_C_API lanebus_code lanebus_open(const char* name, const char* store_directory, uint32_t workers,
                                         lanebus_bus** bus, lanebus_error* error);
 
+/** Severity of a log line (lanebus::LogLevel, include/lanebus/log.hpp). */
+typedef enum lanebus_log_level {
+  LANEBUS_LOG_DEBUG = 0,
+  LANEBUS_LOG_INFO = 1,
+  LANEBUS_LOG_WARN = 2,
+  LANEBUS_LOG_ERROR = 3
+} lanebus_log_level;
+
+/** The log callback: one NUL-terminated line (`length` bytes, no newline),
+ *  valid only during the call. Called only on rare events an operator needs
+ *  (a store that fails to commit or sync, a stuck handler, a claim of a dead
+ *  process taken over, DLQ and quota refusals), never per message, on a bus
+ *  thread (the store's writer, the watchdog, ...), possibly on several at
+ *  once: it must be thread-safe, return quickly and not call any lanebus_*
+ *  function. doc/observability.md "Log hook" lists the events and rates. */
+typedef void (*lanebus_log_fn)(lanebus_log_level level, const char* message, size_t length, void* user_data);
+
+/** lanebus_open with a log callback (NULL: silent, the same as lanebus_open).
+ *  `log` and `log_user_data` must stay valid until lanebus_close returns.
+ *  Errors: as lanebus_open. */
+LANEBUS_C_API lanebus_code lanebus_open_logged(const char* name, const char* store_directory, uint32_t workers,
+                                               lanebus_log_fn log, void* log_user_data, lanebus_bus** bus,
+                                               lanebus_error* error);
+
 /** Shut the bus down (drain: queued messages are handled for up to 5 s, then
  *  abandoned), close every subscription still open, and free the bus with
  *  every topic and subscription handle it gave out. NULL is OK (does nothing).

@@ -12,6 +12,7 @@
 #include "lanebus/handler.hpp"
 #include "lanebus/idempotency.hpp"
 #include "lanebus/lease.hpp"
+#include "lanebus/log.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/metrics.hpp"
 #include "lanebus/metrics_server.hpp"

@@ -10,6 +10,7 @@
 
 #include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
+#include "lanebus/log.hpp"
 
 namespace lanebus {
 
@@ -243,6 +244,19 @@ struct BusOptions {
   /// mapped store is run by an inner bus with these options (own workers,
   /// own DLQ and namespace policies). Default empty: one store.
   std::vector<NamespaceStore> namespace_stores{};
+
+  // ---- operations (doc/observability.md "Log hook") ----
+  /// Where the library reports the events an operator needs: a store that
+  /// fails to commit or sync, a bridge that connects, loses its server or
+  /// rewinds, an idempotency claim taken over from a dead process, a handler
+  /// stuck past attempt_timeout, a DLQ entry refused by its quota, a
+  /// namespace at its publish quota ceiling. Called only on those rare events,
+  /// never on the publish or delivery path; see LogHook (lanebus/log.hpp) for
+  /// the threads it runs on and what it may do. Inner buses of
+  /// namespace_stores use the same hook (their lines name the bus
+  /// "<name>/<namespace>"). Must stay callable until the Bus is destroyed.
+  /// Default empty: silent.
+  LogHook log{};
 };
 
 }  // namespace lanebus

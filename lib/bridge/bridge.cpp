@@ -310,13 +310,28 @@ class BridgeImpl {
 
  private:
   static void on_disconnected(natsConnection*, void* self) {
-    static_cast<BridgeImpl*>(self)->note_error("disconnected from the server; reconnecting", false);
+    auto* b = static_cast<BridgeImpl*>(self);
+    b->note_error("disconnected from the server; reconnecting", false);
+    if (b->closing_.load(std::memory_order_acquire)) return;  // close() ends the connection: no news
+    b->core_->logger.log(LogLevel::Warn, "bridge: disconnected from the NATS server; reconnecting every %lld ms",
+                         static_cast<long long>(b->options_.reconnect_wait.count()));
   }
-  static void on_reconnected(natsConnection*, void* self) {
+  static void on_reconnected(natsConnection* nc, void* self) {
+    auto* b = static_cast<BridgeImpl*>(self);
     // Relaxed: a statistic.
-    static_cast<BridgeImpl*>(self)->reconnects_.fetch_add(1, std::memory_order_relaxed);
+    b->reconnects_.fetch_add(1, std::memory_order_relaxed);
+    b->log_connected(nc, "reconnected");
   }
-  static void on_connected(natsConnection*, void*) {}
+  static void on_connected(natsConnection* nc, void* self) {
+    static_cast<BridgeImpl*>(self)->log_connected(nc, "connected");
+  }
+  // "bridge: connected to nats://..." (BusOptions::log), on a nats.c thread or open().
+  void log_connected(natsConnection* nc, const char* how) const {
+    if (!core_->logger.enabled()) return;
+    char url[256] = "?";
+    if (natsConnection_GetConnectedUrl(nc, url, sizeof url) != NATS_OK) std::snprintf(url, sizeof url, "?");
+    core_->logger.log(LogLevel::Info, "bridge: %s to the NATS server %s", how, url);
+  }
   // The last callback nats.c runs for a connection (on its callback thread):
   // close() waits for it before freeing what the callbacks use.
   static void on_closed(natsConnection*, void* self) {
@@ -486,6 +501,8 @@ Status BridgeImpl::open() {
     // Unreachable now: keep trying in the background (nats.c's reconnect loop).
     nc_ = nullptr;
     note_error("cannot connect to " + options_.urls.front() + ": " + nats_text(st) + "; retrying", false);
+    core_->logger.log(LogLevel::Warn, "bridge: cannot connect to %s: %s; retrying in the background",
+                      options_.urls.front().c_str(), nats_text(st).c_str());
     (void)natsOptions_SetRetryOnFailedConnect(nopts_, true, &BridgeImpl::on_connected, this);
     st = natsConnection_Connect(&nc_, nopts_);
     if (st != NATS_OK && st != NATS_NOT_YET_CONNECTED) {
@@ -493,6 +510,7 @@ Status BridgeImpl::open() {
       return Status(Code::IOError, "bridge: connect to " + options_.urls.front() + ": " + nats_text(st));
     }
   }
+  if (connected()) log_connected(nc_, "connected");
   jsOptions jo;
   jsOptions_Init(&jo);
   jo.Wait = std::max<std::int64_t>(1, options_.publish_timeout.count());
@@ -964,6 +982,8 @@ Status BridgeImpl::rewind_in(InMirror& m, std::uint64_t start) {
   m.next_dseq = 1;
   // Relaxed: a statistic.
   m.rewinds.fetch_add(1, std::memory_order_relaxed);
+  core_->logger.log(LogLevel::Warn, "bridge: rewound consumer \"%s\" of stream \"%s\" to sequence %llu",
+                    m.consumer.c_str(), m.stream.c_str(), static_cast<unsigned long long>(start));
   return Status();
 }
 

@@ -18,6 +18,7 @@
 //    detaches (BUSY) leaves nothing dangling.
 #include "lanebus/lanebus.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -85,6 +86,11 @@ LANEBUS_SAME(LANEBUS_FENCE_VIOLATION, FenceViolation);
 LANEBUS_SAME(LANEBUS_INCOMPATIBLE, Incompatible);
 LANEBUS_SAME(LANEBUS_SCHEMA_VIOLATION, SchemaViolation);
 LANEBUS_SAME(LANEBUS_INTERNAL, Internal);
+static_assert(static_cast<int>(lanebus::LogLevel::Debug) == LANEBUS_LOG_DEBUG &&
+                  static_cast<int>(lanebus::LogLevel::Info) == LANEBUS_LOG_INFO &&
+                  static_cast<int>(lanebus::LogLevel::Warn) == LANEBUS_LOG_WARN &&
+                  static_cast<int>(lanebus::LogLevel::Error) == LANEBUS_LOG_ERROR,
+              "lanebus_log_level mirrors lanebus::LogLevel");
 #undef LANEBUS_SAME
 
 constexpr std::chrono::milliseconds kCloseTimeout{5000};
@@ -163,6 +169,18 @@ lanebus_code create(lanebus_bus* bus, const char* name, std::uint32_t lanes, std
   });
 }
 
+// The C log callback behind a LogHook: the line copied NUL-terminated into a
+// stack buffer (lines are at most 1 KiB, log.hpp), no allocation.
+lanebus::LogHook c_log_hook(lanebus_log_fn log, void* user_data) {
+  return [log, user_data](lanebus::LogLevel level, std::string_view message) {
+    char line[1025];
+    const std::size_t n = std::min(message.size(), sizeof line - 1);
+    std::memcpy(line, message.data(), n);
+    line[n] = '\0';
+    log(static_cast<lanebus_log_level>(level), line, n, user_data);
+  };
+}
+
 lanebus::Handler c_handler(lanebus_handler handler, void* user_data) {
   return [handler, user_data](const lanebus::MessageView& m) {
     lanebus_message message{};
@@ -223,6 +241,11 @@ const char* lanebus_version(void) { return LANEBUS_VERSION_STRING; }
 
 lanebus_code lanebus_open(const char* name, const char* store_directory, uint32_t workers, lanebus_bus** bus,
                           lanebus_error* error) {
+  return lanebus_open_logged(name, store_directory, workers, nullptr, nullptr, bus, error);
+}
+
+lanebus_code lanebus_open_logged(const char* name, const char* store_directory, uint32_t workers, lanebus_log_fn log,
+                                 void* log_user_data, lanebus_bus** bus, lanebus_error* error) {
   if (bus == nullptr) return fail(error, LANEBUS_INVALID_ARGUMENT, "lanebus_open: the out-parameter must not be NULL");
   *bus = nullptr;
   return guarded(error, "lanebus_open", [&] {
@@ -230,6 +253,7 @@ lanebus_code lanebus_open(const char* name, const char* store_directory, uint32_
     if (name != nullptr && name[0] != '\0') options.name = name;
     options.workers = workers;
     if (store_directory != nullptr) options.store.directory = store_directory;
+    if (log != nullptr) options.log = c_log_hook(log, log_user_data);
     auto opened = lanebus::Bus::open(options);
     if (!opened.ok()) return from(error, "lanebus_open", opened.status());
     auto handle = std::make_unique<lanebus_bus>();

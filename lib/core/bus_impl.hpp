@@ -81,6 +81,7 @@
 #include "histogram.hpp"
 #include "idempotency.hpp"
 #include "lane_ring.hpp"
+#include "log.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
 #include "payload_pool.hpp"
@@ -263,6 +264,7 @@ struct GroupImpl {
   // queue's group is always active (messages wait for a consumer).
   alignas(64) std::atomic<bool> active{false};
   const bool persistent;  // queue or durable group: keep messages while no consumer is attached
+  LogLimiter stuck_log;   // the watchdog's "stuck" lines, one a second per group
 
   IdempotencyImpl* idempotency = nullptr;  // GroupOptions::idempotency_scope, or none
 
@@ -546,6 +548,9 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool closing() const noexcept { return closing_.load(std::memory_order_seq_cst); }
 
   const BusOptions options;
+  /// BusOptions::log (lanebus/log.hpp). Declared before every thread and
+  /// object that logs, so it outlives them.
+  const Logger logger;
 
  private:
   void worker_main(std::size_t index);
@@ -633,6 +638,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
                          ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to);
   void maintenance() noexcept;
+  /// Log the DLQ's quota refusals since the last call (poller thread).
+  void log_dlq_refusals() noexcept;
   void watchdog_main();
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
@@ -673,6 +680,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool watchdog_stop_ = false;  // guarded by watchdog_mu_
   std::map<std::string, std::unique_ptr<IdempotencyTable>, std::less<>> idempotency_ GUARDED_BY(mu_);
   std::unique_ptr<DlqStore> dlq_;
+  std::uint64_t dlq_rejected_logged_ = 0;  // poller-owned: DLQ refusals already logged
   std::unique_ptr<DeadLetters> dead_letters_;
 
   // Tenancy (tenancy.hpp).

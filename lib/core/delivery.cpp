@@ -248,6 +248,22 @@ Status BusCore::republish(const DlqEntry& e) {
   return t->durable ? t->publish_durable(m, {}) : t->publish(m, true, take_ids(1));
 }
 
+// DLQ entries refused by the quota since the last maintenance pass (about
+// once a second): one line, off the worker that was refused.
+void BusCore::log_dlq_refusals() noexcept {
+  const std::uint64_t rejected = dlq_->rejected();
+  if (rejected == dlq_rejected_logged_ || !logger.enabled()) return;
+  const std::uint64_t n = rejected - dlq_rejected_logged_;
+  dlq_rejected_logged_ = rejected;
+  const DlqOptions& o = dlq_->options();
+  logger.log(LogLevel::Warn,
+             "the DLQ refused %llu entr%s over its quota (DlqOptions max_entries %llu, max_bytes %llu): "
+             "the messages stay in their queues and lanes and are retried; "
+             "review the DLQ (lanebus dlq list) or raise the quota",
+             static_cast<unsigned long long>(n), n == 1 ? "y" : "ies",
+             static_cast<unsigned long long>(o.max_entries), static_cast<unsigned long long>(o.max_bytes));
+}
+
 void BusCore::maintenance() noexcept {
   // Schema registry: this process's field reads to the store, and versions
   // registered by other processes to the publish path.
@@ -259,6 +275,7 @@ void BusCore::maintenance() noexcept {
     schemas_->refresh_all();
   }
   if (!dlq_) return;
+  log_dlq_refusals();
   try {
     for (int i = 0; i < 16; ++i) {
       auto r = dlq_->expire();

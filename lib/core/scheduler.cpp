@@ -18,7 +18,7 @@ thread_local GroupLane* tl_running_lane = nullptr;
 
 // ---------------------------------------------------------------- bus core
 
-BusCore::BusCore(const BusOptions& o) : options(o) {}
+BusCore::BusCore(const BusOptions& o) : options(o), logger(o.log, o.name) {}
 
 BusCore::~BusCore() {
   // Bus::~Bus already shut down; this covers a failed start().
@@ -30,6 +30,7 @@ Status BusCore::start() {
     auto st = DurableStore::open(options.store);
     if (!st.ok()) return st.status();
     store_ = std::move(*st);
+    store_->set_logger(&logger);
     dlq_ = std::make_unique<DlqStore>(*store_, options.dlq);
     if (options.lease_table != nullptr) {
       LeaseTable* table = options.lease_table;
@@ -42,6 +43,7 @@ Status BusCore::start() {
   }
   // Before the poller: its maintenance pass uses both.
   tenancy_ = std::make_unique<TenancyImpl>(store_.get(), &closing_);
+  tenancy_->set_logger(&logger);
   if (Status ts = tenancy_->open(); !ts.ok()) return ts;
   tenancy_->set_rebind([this] {
     MutexLock l(&mu_);
@@ -193,6 +195,12 @@ void BusCore::watchdog_main() {
         if (seq == gl->stuck_seen_seq) continue;  // this call was counted already
         gl->stuck_seen_seq = seq;
         gl->stuck.fetch_add(1, std::memory_order_relaxed);
+        if (logger.enabled())
+          logger.limited(g->stuck_log, LogLevel::Warn,
+                         "handler of group \"%s\" on \"%s\" lane %u still running after %lld ms, past attempt_timeout (%lld ms)%s",
+                         g->name.c_str(), g->topic->name.c_str(), gl->lane,
+                         static_cast<long long>((now - since) / 1'000'000), static_cast<long long>(budget.count()),
+                         g->topic->durable && g->topic->is_queue ? "; its claim is ended" : "");
         if (g->topic->durable && g->topic->is_queue && store_) {
           // End the claim now: the message may go to another consumer. This
           // call's late settle still commits if nobody took it meanwhile;

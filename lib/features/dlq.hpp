@@ -155,6 +155,8 @@ class DlqStore {
   /// Depth, oldest pending age, arrivals per class and totals: one read
   /// transaction, O(1). Errors: Corruption, ShutDown, storage codes.
   [[nodiscard]] Result<DlqCounters> counters();
+  /// Entries refused by the quota since open (DlqCounters::rejected), without a read.
+  std::uint64_t rejected() const noexcept { return rejected_.load(std::memory_order_relaxed); }
 
   // ---------------------------------------------------------------- poison bookkeeping
 

@@ -113,6 +113,24 @@ std::string IdempotencyImpl::age_key(std::int64_t written_at, std::string_view k
   return k;
 }
 
+// A claim of a dead process taken over (claim_in; the writer's transaction,
+// so the line may name a takeover whose transaction then fails: rare).
+void IdempotencyImpl::log_takeover(std::string_view key, const ProcessIdentity& owner) noexcept {
+  const Logger* log = store_ != nullptr ? store_->logger() : nullptr;
+  if (log == nullptr || !log->enabled()) return;
+  char shown[65];  // the key's first 64 bytes, unprintable ones as '.'
+  std::size_t n = 0;
+  for (; n < key.size() && n + 1 < sizeof shown; ++n) {
+    const auto c = static_cast<unsigned char>(key[n]);
+    shown[n] = (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '.';
+  }
+  shown[n] = '\0';
+  log->limited(takeover_log_, LogLevel::Warn,
+               "idempotency scope \"%s\": key \"%s%s\" was in progress in process %u, which is dead: claim "
+               "taken over",
+               scope_.c_str(), shown, key.size() > n ? "..." : "", owner.pid);
+}
+
 Result<ClaimResult> IdempotencyImpl::claim_in(StoreTxn& txn, std::string_view key, bool want_result) {
   if (Status s = check_key(key); !s.ok()) return s;
   const StoreTable idem = StoreTable::Idempotency;
@@ -141,6 +159,7 @@ Result<ClaimResult> IdempotencyImpl::claim_in(StoreTxn& txn, std::string_view ke
       return out;
     }
     // An abandoned claim (its owner died, or presumably died): take it over.
+    if (owner_dead) log_takeover(key, owner);
   } else if (cur.code() != Code::NotFound) {
     return cur.status();
   }

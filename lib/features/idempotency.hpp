@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "log.hpp"
+#include "process_identity.hpp"
 #include "durable_store.hpp"
 #include "hot_tier.hpp"
 #include "lanebus/idempotency.hpp"
@@ -35,6 +37,8 @@ class IdempotencyImpl {
   // Inside a transaction the caller already runs (transactional consume, DLQ
   // replay): the same decisions, committed with the caller's other writes.
   Result<ClaimResult> claim_in(StoreTxn& txn, std::string_view key, bool want_result);
+  /// Log a claim of dead `owner` taken over (BusOptions::log, rate-limited).
+  void log_takeover(std::string_view key, const ProcessIdentity& owner) noexcept;
   /// As status(), inside the caller's transaction (read or write).
   Result<KeyStatus> status_in(StoreTxn& txn, std::string_view key);
   /// With must_be_claimed = false a key that is not claimed is simply marked
@@ -59,6 +63,7 @@ class IdempotencyImpl {
 
   DurableStore* store_;
   const std::string scope_;
+  LogLimiter takeover_log_;  // "taken over from a dead process" lines, one a second
   const IdempotencyOptions options_;
   HotTier hot_;
 };

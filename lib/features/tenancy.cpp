@@ -8,6 +8,7 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -564,13 +565,42 @@ void TenancyImpl::ticker_main() {
 }
 
 void TenancyImpl::tick() noexcept {
-  MutexLock l(&mu_);
-  for (auto& [name, ns] : namespaces_) {
-    const std::uint64_t in = ns->msgs_in();
-    const std::uint64_t d = in - ns->ticker_last_in;
-    ns->ticker_last_in = in;
-    if (d > ns->peak_per_s.load(std::memory_order_relaxed)) ns->peak_per_s.store(d, std::memory_order_relaxed);
+  // Namespaces that hit their publish quota since the last tick, logged after
+  // mu_ is released (the hook runs with no lanebus lock held). A fixed array:
+  // logging allocates nothing; a namespace beyond it keeps its last counts
+  // and is reported at the next tick.
+  struct Ceiling {
+    const NamespaceState* ns;
+    std::uint64_t refused, throttled;
+  };
+  std::array<Ceiling, 16> ceilings;
+  std::size_t n = 0;
+  const bool logging = logger_ != nullptr && logger_->enabled();
+  {
+    MutexLock l(&mu_);
+    for (auto& [name, ns] : namespaces_) {
+      const std::uint64_t in = ns->msgs_in();
+      const std::uint64_t d = in - ns->ticker_last_in;
+      ns->ticker_last_in = in;
+      if (d > ns->peak_per_s.load(std::memory_order_relaxed)) ns->peak_per_s.store(d, std::memory_order_relaxed);
+      const std::uint64_t refused = ns->live.refused.load(std::memory_order_relaxed);
+      const std::uint64_t throttled = ns->live.throttled.load(std::memory_order_relaxed);
+      if (refused == ns->ticker_last_refused && throttled == ns->ticker_last_throttled) continue;
+      if (logging) {
+        if (n == ceilings.size()) continue;
+        ceilings[n++] = {ns.get(), refused - ns->ticker_last_refused, throttled - ns->ticker_last_throttled};
+      }
+      ns->ticker_last_refused = refused;
+      ns->ticker_last_throttled = throttled;
+    }
   }
+  // A namespace is never removed once created, so its name outlives the lock.
+  for (std::size_t i = 0; i < n; ++i)
+    logger_->log(LogLevel::Warn,
+                 "namespace \"%s\" is at its publish quota ceiling (NamespacePolicy::publish): %llu publishes "
+                 "refused with QuotaExceeded, %llu throttled since the last report",
+                 ceilings[i].ns->name.c_str(), static_cast<unsigned long long>(ceilings[i].refused),
+                 static_cast<unsigned long long>(ceilings[i].throttled));
 }
 
 Status TenancyImpl::flush_usage() {

@@ -42,6 +42,7 @@
 #include <time.h>
 #include <vector>
 
+#include "log.hpp"
 #include "fair_queue.hpp"
 #include "lanebus/tenancy.hpp"
 #include "sync.hpp"
@@ -124,6 +125,8 @@ struct NamespaceState {
   std::atomic<std::int64_t> last_ceiling_sec{-1};
   std::atomic<std::uint64_t> peak_per_s{0};     // ticker
   std::uint64_t ticker_last_in = 0;             // ticker-owned
+  std::uint64_t ticker_last_refused = 0;        // ticker-owned (the log hook's ceiling line)
+  std::uint64_t ticker_last_throttled = 0;      // ticker-owned
   // Persisted totals of earlier runs and what this run flushed (TenancyImpl::mu_).
   NamespaceUsage base{};
   NamespaceUsage flushed{};
@@ -228,6 +231,9 @@ class TenancyImpl {
   void set_clock(TenancyClock c) noexcept { clock_ = c; }
   /// Called after a namespace is declared: topics must re-resolve (BusCore).
   void set_rebind(std::function<void()> fn) { rebind_ = std::move(fn); }
+  /// Where the ticker reports a namespace at its publish quota ceiling (once
+  /// per tick, so once a second, per namespace). Before open(); must outlive this.
+  void set_logger(const Logger* logger) noexcept { logger_ = logger; }
 
  private:
   NamespaceState* resolve_locked(std::string_view name) REQUIRES(mu_);
@@ -240,6 +246,7 @@ class TenancyImpl {
   DurableStore* const store_;
   const std::atomic<bool>* const closing_;
   TenancyClock clock_{};
+  const Logger* logger_ = nullptr;
   std::function<void()> rebind_;
   const std::int64_t opened_ns_;
   const std::uint64_t uid_;

@@ -743,8 +743,11 @@ void write_latency(PromWriter& w, const MetricsSnapshot& s) {
     w.sample_text("lanebus_e2e_latency_seconds_sum", group_labels(t, g), detail::format_ns_as_seconds(g.latency.sum_ns));
     w.sample_u64("lanebus_e2e_latency_seconds_count", group_labels(t, g), g.latency.count);
   });
-  w.family("lanebus_e2e_latency_window_seconds", "gauge",
-           "End-to-end latency quantiles over the window (bucket upper bounds).");
+  // A summary in Prometheus' sense (client_golang's Summary): quantiles over
+  // a sliding window, _sum and _count cumulative since the bus opened (the
+  // histogram's). A gauge may not carry a `quantile` label (promtool).
+  w.family("lanebus_e2e_latency_window_seconds", "summary",
+           "End-to-end latency quantiles over the window (bucket upper bounds); _sum and _count since the bus opened.");
   each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
     const std::pair<const char*, std::optional<double>> qs[] = {
         {"0.5", g.latency_p50_seconds}, {"0.99", g.latency_p99_seconds}, {"0.999", g.latency_p999_seconds}};
@@ -754,6 +757,9 @@ void write_latency(PromWriter& w, const MetricsSnapshot& s) {
       l.emplace_back("quantile", q);
       w.sample("lanebus_e2e_latency_window_seconds", l, *v);
     }
+    w.sample_text("lanebus_e2e_latency_window_seconds_sum", group_labels(t, g),
+                  detail::format_ns_as_seconds(g.latency.sum_ns));
+    w.sample_u64("lanebus_e2e_latency_window_seconds_count", group_labels(t, g), g.latency.count);
   });
 }
 

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "log.hpp"
 #include "lanebus/durable.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/status.hpp"
@@ -476,6 +477,11 @@ class DurableStore {
   [[nodiscard]] Status read(const std::function<Status(StoreTxn&)>& fn);
 
   StoreCounters counters() const noexcept;
+  /// Where the writer reports failed commits and syncs (one line a second at
+  /// most; lanebus/log.hpp). `logger` must outlive the store. Any thread.
+  void set_logger(const Logger* logger) noexcept { logger_.store(logger, std::memory_order_release); }
+  /// The logger set by set_logger, or nullptr (features log through it).
+  const Logger* logger() const noexcept { return logger_.load(std::memory_order_acquire); }
   const std::string& directory() const noexcept { return options_.directory; }
   const StoreOptions& options() const noexcept { return options_; }
   /// OK, or the IOError every call returns once a failed write made the
@@ -570,6 +576,13 @@ class DurableStore {
         stale_readers_cleared{0}, max_write_lock_wait_ns{0};
   };
   mutable AtomicCounters counters_;
+
+  // The log hook (set_logger; acquire/release: the Logger is built before it
+  // is published here) and its limit for failure lines.
+  std::atomic<const Logger*> logger_{nullptr};
+  LogLimiter failure_log_;
+  /// Report a failed store operation `what` (writer thread, sync()).
+  void log_failure(const char* what, const Status& st) noexcept;
 };
 
 }  // namespace lanebus::detail

@@ -121,7 +121,14 @@ void DurableStore::writer_main() {
       retention_more = false;
     }
     if (async && clock::now() >= next_flush) {
-      if (!env_->fatal() && env_->sync().ok()) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
+      if (!env_->fatal()) {
+        Status ss = env_->sync();
+        if (ss.ok()) {
+          counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          log_failure("the async flush (fsync)", ss);
+        }
+      }
       next_flush = clock::now() + options_.async_flush_interval;
     }
   }
@@ -144,6 +151,7 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
       for (WriteOp& op : ops) {
         if (!op.excluded) op.status = txn.status();
       }
+      log_failure("beginning a write transaction", txn.status());
       break;
     }
     WriteCtx ctx{this, &*txn, WallClock::realtime_ns(), Status(), {}, {}, false, 0, false, 0, 0, 0, 0};
@@ -195,6 +203,7 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
           }
         }
         bookkeeping_only = true;
+        log_failure("appending (the map is at map_size_max; acks and offsets still commit)", grown);
         if (any) continue;
         break;
       }
@@ -203,8 +212,16 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
     for (WriteOp& op : ops) {
       if (!op.excluded) op.status = batch;
     }
+    log_failure("committing a batch", batch);
     break;
   }
+}
+
+void DurableStore::log_failure(const char* what, const Status& st) noexcept {
+  const Logger* log = logger_.load(std::memory_order_acquire);
+  if (log == nullptr || !log->enabled()) return;
+  log->limited(failure_log_, LogLevel::Error, "store \"%s\": %s failed: %s", options_.directory.c_str(), what,
+               st.to_string().c_str());
 }
 
 Status DurableStore::sync() {
@@ -214,6 +231,7 @@ Status DurableStore::sync() {
   if (options_.durability == Durability::Sync) return Status();
   s = env_->sync();
   if (s.ok()) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistic
+  if (!s.ok()) log_failure("sync", s);
   return s;
 }
 

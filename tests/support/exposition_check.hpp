@@ -19,7 +19,8 @@ namespace lanebus::test {
 /// A checker for the Prometheus text exposition format 0.0.4, written from the
 /// specification: line grammar, metric and label name syntax, label value
 /// escapes (\\ \" \n only), HELP/TYPE at most once per family and before its
-/// samples, families contiguous, histogram series named _bucket/_sum/_count
+/// samples, families contiguous, `le` only in histograms and `quantile` only
+/// in summaries, histogram series named _bucket/_sum/_count
 /// with cumulative, increasing `le` buckets ending at +Inf == _count.
 struct PromSeries {
   std::string name;
@@ -229,6 +230,12 @@ inline PromDoc parse_prometheus(const std::string& text) {
       if (s.name == fam) err(lineno, "histogram sample without _bucket/_sum/_count suffix");
       if (s.name == fam + "_bucket" && !s.labels.count("le")) err(lineno, "_bucket without le");
     }
+    // `le` and `quantile` are reserved for the types that define them (what
+    // promtool rejects: a gauge carrying a quantile label).
+    if (ty != "histogram" && s.labels.count("le")) err(lineno, "label le outside a histogram");
+    if (ty != "summary" && s.labels.count("quantile")) err(lineno, "label quantile outside a summary");
+    if (ty == "summary" && s.name != fam && s.labels.count("quantile"))
+      err(lineno, "summary _sum/_count with a quantile label");
     if (ty == "counter" && !(s.value >= 0)) err(lineno, "negative or NaN counter");
     d.series.push_back(std::move(s));
   }
