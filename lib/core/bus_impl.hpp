@@ -83,6 +83,7 @@
 #include "lane_ring.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
+#include "outage.hpp"
 #include "payload_pool.hpp"
 #include "fair_queue.hpp"
 #include "retry_timer.hpp"
@@ -182,6 +183,7 @@ struct alignas(64) GroupLane : TimerEntry {
   std::int64_t retry_delay_ns = 0;      // backoff before the pending retry (0 = at once)
   std::int64_t first_failure_ns = 0;    // first failed attempt of the head message (0 = none yet)
   std::uint64_t rng;                    // xorshift state for backoff jitter
+  bool probing = false;                 // the message being delivered is the paused group's probe (outage.hpp)
 
   // key_parallel_retry (owner-only): messages in backoff and the later
   // messages of their keys, in lane order; capacity reserved at creation
@@ -266,6 +268,9 @@ struct GroupImpl {
   GroupRef store_group;
   Mutex commit_mu;  // orders seek against offset commits
   std::atomic<std::uint64_t> seek_gen{0};
+
+  // Outage pause (GroupOptions::outage, outage.hpp): used only when enabled.
+  OutageBreaker outage;
 };
 
 class BusCore;
@@ -515,6 +520,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void enqueue_lane(GroupLane* gl) noexcept;
 
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
+  /// Bus::resume: end a group's outage pause (outage.cpp).
+  Status resume(TopicImpl* t, std::string_view group);
   /// Make sure `gl` runs again soon (a batch commit gave messages back).
   void wake(GroupLane* gl) noexcept { schedule(gl); }
   Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options);
@@ -629,6 +636,25 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
                          ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to);
   void maintenance() noexcept;
+
+  // Outage pause (outage.cpp).
+  /// Before a delivery: -1 = go (marks the lane's probe), else wait this long. `take`: false only looks.
+  std::int64_t outage_gate(GroupLane* gl, bool take) noexcept;
+  /// The runners' gate (taking the probe): a parked message that may not go
+  /// (`parked_index` >= 0) is due again after the wait.
+  std::int64_t outage_wait(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
+  /// settle's transient failure of a group with the option: true (and *st set) if the group is paused.
+  bool outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept;
+  /// An ack: empties the window, ends a pause.
+  void outage_ack(GroupLane* gl) noexcept;
+  /// The lane's probe ended with neither an ack nor a transient failure.
+  void outage_end_probe(GroupLane* gl) noexcept;
+  /// A durable group's pause record: written (paused) or deleted.
+  void outage_record(GroupImpl* g, bool paused) noexcept;
+  /// At subscribe: a durable group recorded as paused starts paused.
+  void outage_restore(GroupImpl* g);
+  /// `lanebus resume` requests for this process's paused durable groups (maintenance).
+  void outage_poll_resume() noexcept;
   void watchdog_main();
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;

@@ -115,6 +115,15 @@ BusStats BusCore::stats() const {
         if (oldest != 0 && (gs.oldest_unprocessed_ns == 0 || oldest < gs.oldest_unprocessed_ns))
           gs.oldest_unprocessed_ns = oldest;
       }
+      if (g->options.outage.enabled) {
+        OutageBreaker::Snapshot o = g->outage.snapshot();
+        gs.paused = o.paused;
+        gs.paused_since_ns = o.since_ns;
+        gs.pause_reason = std::move(o.reason);
+        gs.pause_last_error = std::move(o.last_error);
+        gs.pauses = o.pauses;
+        gs.probes = o.probes;
+      }
       ts.groups.push_back(std::move(gs));
     }
     out.topics.push_back(std::move(ts));

@@ -253,6 +253,11 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
         break;
       }
     }
+    if (const std::int64_t gate = outage_wait(gl, pi); gate >= 0) {
+      gl->retry_delay_ns = gate;  // paused: the lane waits for the next probe (not an attempt)
+      retry_pending = true;
+      break;
+    }
     const StoredMessage& m = *mp;
     const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *attempts + 1};
     const Admission a = admit(gl, p, mode);
@@ -298,10 +303,12 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
           bump(duplicate ? gl->duplicates_skipped : gl->acked);
           if (options.metrics) record_latency(gl, m.header.created_at_ns);
           *first_failure = 0;
+          if (g->options.outage.enabled) outage_ack(gl);
         }
       } else {
         // Crashes are counted by the delivery mark; every in-memory attempt came back.
         const Settlement st = settle(gl, p, inv, mode, false, *attempts, first_failure);
+        if (st.uncounted) --*attempts;  // paused: the attempt is given back
         if (st.next == Settlement::Next::Retry) {
           wait_ns = st.delay_ns;
         } else if (st.next == Settlement::Next::DeadLetter) {
@@ -317,6 +324,7 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
         }
       }
     }
+    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
     if (wait_ns >= 0) {
       if (pi >= 0) {
         gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
@@ -586,6 +594,14 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   // in flight); this process keeps per-key order with its parked messages.
   claim_options.ordered = !kp;
   const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
+  if (g->options.outage.enabled) {
+    // Paused: claim nothing until a probe may go, then one message.
+    if (const std::int64_t w = outage_gate(gl, false); w >= 0) {
+      gl->retry_delay_ns = w;
+      return true;
+    }
+  }
+  const std::uint32_t claim_max = g->outage.paused() ? 1 : max;
   auto batch = std::make_shared<QueueBatch>();
   batch->gl = gl;
   batch->idem = g->idempotency;
@@ -600,7 +616,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       gl->parked.erase(gl->parked.begin() + i);
     }
   }
-  auto r = store_->claim_batch(g->store_group, gl->lane, max, claim_options);
+  auto r = store_->claim_batch(g->store_group, gl->lane, claim_max, claim_options);
   if (!r.ok()) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
     if (batch->claims.empty()) return false;
@@ -645,7 +661,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   if (batch->claims.empty()) return false;  // nothing deliverable now
   // A full batch suggests more is waiting: run again at once (after other
   // lanes); a short one means the lane is drained for now.
-  const bool full = r.ok() && r->size() == max;
+  const bool full = r.ok() && r->size() == claim_max;
   // Sized once: the writer reads earlier entries while the worker appends.
   batch->ops.reserve(batch->claims.size());
   batch->results.assign(batch->claims.size(), SettleResult::Pending);
@@ -671,7 +687,17 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       again = false;
     }
   };
+  // Paused (outage.hpp): the message goes back to the store uncounted and
+  // the rest of the batch with it; the lane looks again after `wait`.
+  auto hold_back = [&](std::size_t i, std::int64_t wait) {
+    submit(QueueSettle::Kind::Unclaim, i);
+    commit();
+    broken = true;
+    again = true;
+    gl->retry_delay_ns = std::max<std::int64_t>(wait, 1'000'000);
+  };
   for (std::size_t i = 0; i < batch->claims.size(); ++i) {
+    if (gl->probing) outage_end_probe(gl);  // the previous message was a probe that was skipped or held
     if (broken || abandon_.load(std::memory_order_acquire)) {
       submit(QueueSettle::Kind::Unclaim, i);
       commit();
@@ -716,6 +742,10 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
         commit();
         continue;
       }
+    }
+    if (const std::int64_t gate = outage_wait(gl, -1); gate >= 0) {
+      hold_back(i, gate);
+      continue;
     }
     const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt};
     Admission a = Admission::Proceed;
@@ -766,6 +796,10 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     const Invocation inv = invoke(c, gl, p, tx.get());
     std::int64_t first_failure = 0;
     const Settlement st = settle(gl, p, inv, mode, true, outcomes, &first_failure);
+    if (st.uncounted) {
+      hold_back(i, st.delay_ns);
+      continue;
+    }
     if (st.next == Settlement::Next::Retry) {
       // The store keeps the message claimed until the backoff ends (the
       // claim, not this process, holds the delay: it survives a crash).
@@ -797,6 +831,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
     commit();
   }
+  if (gl->probing) outage_end_probe(gl);
   return again;
 }
 

@@ -312,6 +312,7 @@ void BusCore::run_lane(GroupLane* gl) {
   // with DropOldest it runs in the general loop (spans of one, via invoke).
   const bool plain = c != nullptr && gl->current == nullptr && gl->parked.empty() && !kp &&
                      g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler &&
+                     !g->options.outage.enabled &&
                      (!c->batch_handler || single);
   if (plain) {
     hold_ns = c->batch_handler ? run_plain_batch(gl, c, frees, &handled) : run_plain(gl, c, single, frees, &handled);
@@ -374,6 +375,10 @@ void BusCore::run_lane(GroupLane* gl) {
       frees.release(s);
       continue;
     }
+    if (const std::int64_t gate = outage_wait(gl, pi); gate >= 0) {
+      hold_ns = gate;  // paused: the lane waits for the next probe (not an attempt)
+      break;
+    }
     const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1};
     // No idempotency scope (the common case): skip the out-of-line call.
     const Admission a = g->idempotency == nullptr ? Admission::Proceed : admit(gl, p, AdmitMode::Claim);
@@ -388,12 +393,14 @@ void BusCore::run_lane(GroupLane* gl) {
       const Invocation inv = invoke(c, gl, p, nullptr);
       ++handled;
       const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
+      if (st.uncounted) --*attempts;  // paused: the attempt is given back
       if (st.next == Settlement::Next::Retry) {
         wait_ns = st.delay_ns;
       } else if (st.next == Settlement::Next::DeadLetter) {
         dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
       }
     }
+    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
     if (wait_ns >= 0) {
       if (pi >= 0) {
         gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);

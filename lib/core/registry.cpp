@@ -221,6 +221,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
                   "subscribe to \"" + t->name +
                       "\": backoff and timeout must not be negative, backoff_multiplier must be >= 1 and "
                       "backoff_jitter within 0..1");
+  if (Status s = check_outage_options(t->name, o.outage); !s.ok()) return s;
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
   IdempotencyImpl* idem = nullptr;
   if (!o.idempotency_scope.empty()) {
@@ -285,8 +286,10 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   }
   if (g->consumer_count.load(std::memory_order_relaxed) == 0 || t->is_queue) {
     // Fixed options of the group (set above for queues; at creation for
-    // topic groups): the watchdog. (Parking space is reserved by the lane's
-    // owner on its first run with key_parallel_retry.)
+    // topic groups): the watchdog, a pause recorded by an earlier process.
+    // (Parking space is reserved by the lane's owner on its first run with
+    // key_parallel_retry.)
+    outage_restore(g);
     if (g->options.attempt_timeout.count() > 0 &&
         std::find(watched_.begin(), watched_.end(), g) == watched_.end()) {
       watched_.push_back(g);
