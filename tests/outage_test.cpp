@@ -36,11 +36,14 @@ namespace {
 
 // Trips fast and probes often, so the tests run in well under a second of
 // outage; the waits below are generous (wait_until), never assertions on time.
+// The backoff gives the breaker room: a message's last attempt comes >= 120 ms
+// after its first, by when failures of 3 keys are in the window even if the
+// publisher is slow (a durable publish per message, a loaded machine).
 GroupOptions outage_options(bool on) {
   GroupOptions g;
   g.max_attempts = 3;
-  g.backoff_initial = 2ms;
-  g.backoff_max = 20ms;
+  g.backoff_initial = 50ms;
+  g.backoff_max = 200ms;
   g.outage.enabled = on;
   g.outage.threshold = 8;
   g.outage.distinct_keys = 3;
@@ -84,6 +87,10 @@ std::uint64_t dlq_entries(Bus& bus) {
   REQUIRE(dlq.ok());
   auto all = (*dlq)->list();
   REQUIRE(all.ok());
+  if (all->size() <= 3)
+    for (const DlqEntry& e : *all)
+      MESSAGE("DLQ entry: " << to_string(e.error_class) << " " << e.topic << " key " << e.key << " attempts "
+                            << e.attempts << ": " << e.reason << " (" << e.error_text << ")");
   return all->size();
 }
 
@@ -107,7 +114,7 @@ Result<Subscription> attach(Bus& bus, Kind k, const Topic& t, const GroupOptions
 // The gateway scenario on one kind of group: down while payments flow, the
 // group pauses, the gateway comes back, every payment is charged once.
 void gateway_scenario(Kind kind) {
-  INFO(name_of(kind));
+  INFO(std::string(name_of(kind)));
   lanebus::test::TempDir dir;
   BusOptions bo;
   bo.workers = 2;
@@ -175,7 +182,7 @@ TEST_CASE("without the option the same outage dead-letters payments (the control
 
 TEST_CASE("a lone poison message among healthy ones still goes to the DLQ; the group never pauses") {
   for (Kind kind : {Kind::Ephemeral, Kind::DurableTopic, Kind::DurableQueue}) {
-    INFO(name_of(kind));
+    INFO(std::string(name_of(kind)));
     lanebus::test::TempDir dir;
     BusOptions bo;
     bo.workers = 2;
@@ -308,4 +315,135 @@ TEST_CASE("with the option on, 100k deliveries after warm-up allocate nothing") 
   CHECK(lanebus::test::alloc_count() == 0);
   const BusStats s = bus->stats();
   CHECK(group_of(s, "alloc.outage", "g")->pauses == 0);
+}
+
+namespace {
+
+std::string tool() {
+  const char* t = std::getenv("LANEBUS_TOOL");
+  return t != nullptr ? std::string(t) : std::string();
+}
+
+// `lanebus stats DIR --json` says the group is paused.
+bool cli_says_paused(const std::string& dir) {
+  std::string out;
+  if (lanebus::test::run_shell(tool() + " stats " + dir + " --json", &out) != 0) return false;
+  return out.find("\"paused\":true") != std::string::npos;
+}
+
+// The consumer process of the crash test: the gateway is down, the group
+// pauses; it runs until the parent kills it with SIGKILL.
+[[noreturn]] void paused_consumer(const std::string& dir, Kind kind, int payments) {
+  BusOptions bo;
+  bo.workers = 2;
+  bo.store.directory = dir;
+  auto bus = Bus::open(bo);
+  if (!bus.ok()) ::_exit(3);
+  auto topic = make_topic(**bus, kind, "payments");
+  if (!topic.ok()) ::_exit(4);
+  for (int i = 0; i < payments; ++i)  // all stored before the consumer starts (the kill may come early)
+    if (!topic->publish({.key = "acct-" + std::to_string(i % 40), .payload = std::to_string(i)}).ok()) ::_exit(6);
+  GroupOptions o = outage_options(true);
+  o.visibility = 500ms;
+  auto sub = attach(**bus, kind, *topic, o, [](const MessageView&) { return Outcome::retry("gateway unavailable"); });
+  if (!sub.ok()) ::_exit(5);
+  for (;;) ::pause();
+}
+
+void crash_while_paused(Kind kind) {
+  INFO(std::string(name_of(kind)));
+  lanebus::test::TempDir dir;
+  constexpr int kPayments = 300;
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) paused_consumer(dir.path(), kind, kPayments);
+  // The pause is in the store (another process reads it) before the kill.
+  const bool seen = wait_until([&] { return cli_says_paused(dir.path()); }, 60s);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(seen);
+  CHECK(WIFSIGNALED(status));
+  CHECK(cli_says_paused(dir.path()));  // a dead process's pause stays on record
+
+  BusOptions bo;
+  bo.workers = 2;
+  bo.store.directory = dir.path();
+  auto bus = Bus::open(bo).value();
+  auto topic = make_topic(*bus, kind, "payments").value();
+  Gateway gw(kPayments);
+  GroupOptions o = outage_options(true);
+  o.visibility = 500ms;
+  auto sub = attach(*bus, kind, topic, o, [&](const MessageView& m) { return gw.charge(m); }).value();
+  CHECK(paused(*bus, "payments", "billing"));  // back paused, probing
+  REQUIRE(wait_until([&] {
+    const BusStats s = bus->stats();
+    const GroupStats* g = group_of(s, "payments", "billing");
+    return g != nullptr && g->probes >= 2;
+  }, 30s));
+  CHECK(dlq_entries(*bus) == 0);
+  gw.down = false;
+  const bool all = wait_until([&] { return gw.total.load() >= kPayments; }, 20s);
+  if (!all) {
+    const BusStats s = bus->stats();
+    const GroupStats* g = group_of(s, "payments", "billing");
+    MESSAGE("charged " << gw.total.load() << " paused " << g->paused << " probes " << g->probes);
+    for (const LaneCounters& l : g->lanes)
+      MESSAGE("lane delivered " << l.delivered << " acked " << l.acked << " retried " << l.retried << " lag "
+                                << l.in_flight << " failed " << l.failed);
+  }
+  REQUIRE(all);
+  REQUIRE(wait_until([&] { return !paused(*bus, "payments", "billing"); }));
+  for (int i = 0; i < kPayments; ++i) CHECK_MESSAGE(gw.charged[static_cast<std::size_t>(i)].load() == 1, "payment " << i);
+  CHECK(dlq_entries(*bus) == 0);
+  REQUIRE(wait_until([&] { return !cli_says_paused(dir.path()); }));  // the record is gone
+}
+
+}  // namespace
+
+TEST_CASE("a durable group killed with SIGKILL while paused comes back paused, probing, with 0 DLQ entries") {
+  if (tool().empty()) {
+    MESSAGE("LANEBUS_TOOL is not set (tools not built): skipped");
+    return;
+  }
+  crash_while_paused(Kind::DurableTopic);
+  crash_while_paused(Kind::DurableQueue);
+}
+
+TEST_CASE("lanebus stats shows the pause; lanebus resume ends it in the live process") {
+  if (tool().empty()) {
+    MESSAGE("LANEBUS_TOOL is not set (tools not built): skipped");
+    return;
+  }
+  lanebus::test::TempDir dir;
+  BusOptions bo;
+  bo.workers = 2;
+  bo.store.directory = dir.path();
+  auto bus = Bus::open(bo).value();
+  auto topic = bus->create_topic("payments", {.lanes = 8, .durable = true}).value();
+  Gateway gw(100);
+  GroupOptions o = outage_options(true);
+  o.outage.probe_initial = 60s;  // only a resume ends this pause
+  o.outage.probe_max = 60s;
+  auto sub = bus->subscribe(topic, "billing", [&](const MessageView& m) { return gw.charge(m); }, o).value();
+  for (int i = 0; i < 100; ++i)
+    REQUIRE(topic.publish({.key = "acct-" + std::to_string(i % 20), .payload = std::to_string(i)}).ok());
+  REQUIRE(wait_until([&] { return cli_says_paused(dir.path()); }, 30s));
+  std::string out;
+  CHECK(lanebus::test::run_shell(tool() + " stats " + dir.path(), &out) == 0);
+  INFO(out);
+  CHECK(lanebus::test::contains(out, "PAUSED (outage)"));
+  CHECK(lanebus::test::contains(out, "gateway unavailable"));
+  CHECK(lanebus::test::run_shell(tool() + " stats " + dir.path() + " --prom", &out) == 0);
+  CHECK(lanebus::test::contains(out, "lanebus_group_paused{topic=\"payments\",group=\"billing\"} 1"));
+
+  CHECK(lanebus::test::run_shell(tool() + " resume " + dir.path() + " payments nobody", &out) == 1);
+  CHECK(lanebus::test::contains(out, "not paused"));
+  CHECK(lanebus::test::run_shell(tool() + " resume", &out) == 2);
+  gw.down = false;
+  CHECK(lanebus::test::run_shell(tool() + " resume " + dir.path() + " payments billing", &out) == 0);
+  REQUIRE(wait_until([&] { return !paused(*bus, "payments", "billing"); }, 30s));
+  REQUIRE(wait_until([&] { return gw.total.load() == 100; }, 30s));
+  CHECK(dlq_entries(*bus) == 0);
+  CHECK(!cli_says_paused(dir.path()));
 }
