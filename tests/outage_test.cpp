@@ -288,6 +288,7 @@ TEST_CASE("with the option on, 100k deliveries after warm-up allocate nothing") 
   auto topic = bus->create_topic("alloc.outage", {.lanes = 8, .capacity = 8192}).value();
   std::atomic<std::uint64_t> n{0};
   GroupOptions o = outage_options(true);
+  o.backoff_initial = 1ms;  // the flaky retries below hold their lane only briefly
   auto sub = bus->subscribe(topic, "g", [&](const MessageView& m) {
                    // Every 97th message fails once (transient, a lone key: no pause).
                    if (m.attempt() == 1 && m.id() % 97 == 0) return Outcome::retry("flaky");
@@ -305,7 +306,7 @@ TEST_CASE("with the option on, 100k deliveries after warm-up allocate nothing") 
       key[2] = static_cast<char>('0' + (i % 97) % 10);
       REQUIRE(topic.publish({.key = std::string_view(key, 3), .payload = std::string_view(payload, 64)}).ok());
     }
-    REQUIRE(wait_until([&] { return n.load() == start + static_cast<std::uint64_t>(count); }, 60s));
+    REQUIRE(wait_until([&] { return n.load() >= start + static_cast<std::uint64_t>(count); }, 120s));
   };
   run(20'000);  // warm-up
   lanebus::test::alloc_count_reset();
