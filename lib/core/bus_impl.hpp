@@ -611,6 +611,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// key_parallel_retry: release the lane and have the timer schedule it
   /// again when its first parked message is due.
   void park_lane(GroupLane* gl) noexcept;
+  /// key_parallel_retry: the earliest due time of a parked message in backoff (0 = none),
+  /// and how long from now until then (0 when due or none).
+  static std::int64_t earliest_parked_due(const GroupLane* gl) noexcept;
+  static std::int64_t wait_for_parked(const GroupLane* gl) noexcept;
   /// Index of the first parked message that may be delivered now, or -1.
   std::ptrdiff_t due_parked(GroupLane* gl, std::int64_t now) const noexcept;
   bool key_parked(const GroupLane* gl, std::string_view key) const noexcept;
@@ -624,6 +628,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// transaction, and account for it after the commit (durable_lane.cpp).
   Status apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k);
   void settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept;
+  /// Durable queues with key_parallel_retry: heads given back to the store that are due or lost.
+  void recheck_released_heads(GroupLane* gl) noexcept;
+  /// Durable queues: attempts of the message at `offset` that came back with an outcome.
+  Result<std::uint32_t> queue_outcomes(GroupLane* gl, std::uint64_t offset);
+  /// The DLQ entry of a durable message that crashed the consumer `crashes` times.
+  DlqEntry poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const;
   /// A DLQ entry for a message of `gl` that failed with `out`.
   DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
                      std::string_view payload, std::uint64_t offset, const Outcome& out, std::uint32_t attempts,
@@ -643,6 +653,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// The runners' gate (taking the probe): a parked message that may not go
   /// (`parked_index` >= 0) is due again after the wait.
   std::int64_t outage_wait(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
+  /// outage_wait for durable lanes: true (gl->retry_delay_ns = the wait) when the lane must wait.
+  bool outage_held(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
+  /// Durable queues, before a claim: true (gl->retry_delay_ns = the wait) when no probe may go yet.
+  bool outage_claim_later(GroupLane* gl) noexcept;
   /// settle's transient failure of a group with the option: true (and *st set) if the group is paused.
   bool outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept;
   /// An ack: empties the window, ends a pause.

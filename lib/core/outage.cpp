@@ -270,6 +270,21 @@ std::int64_t BusCore::outage_wait(GroupLane* gl, std::ptrdiff_t parked_index) no
   return wait;
 }
 
+bool BusCore::outage_claim_later(GroupLane* gl) noexcept {
+  if (!gl->group->options.outage.enabled) return false;
+  const std::int64_t wait = outage_gate(gl, false);
+  if (wait < 0) return false;
+  gl->retry_delay_ns = wait;
+  return true;
+}
+
+bool BusCore::outage_held(GroupLane* gl, std::ptrdiff_t parked_index) noexcept {
+  const std::int64_t wait = outage_wait(gl, parked_index);
+  if (wait < 0) return false;
+  gl->retry_delay_ns = wait;
+  return true;
+}
+
 bool BusCore::outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept {
   GroupImpl* g = gl->group;
   const OutageOptions& o = g->options.outage;
