@@ -94,6 +94,16 @@ std::uint64_t dlq_entries(Bus& bus) {
   return all->size();
 }
 
+// A bus with a store (so it has a DLQ) in `dir`, two workers.
+std::unique_ptr<Bus> open_bus(const std::string& dir) {
+  BusOptions bo;
+  bo.workers = 2;
+  bo.store.directory = dir;
+  auto bus = Bus::open(bo);
+  REQUIRE(bus.ok());
+  return std::move(*bus);
+}
+
 enum class Kind { Ephemeral, DurableTopic, DurableQueue };
 
 const char* name_of(Kind k) {
@@ -116,10 +126,7 @@ Result<Subscription> attach(Bus& bus, Kind k, const Topic& t, const GroupOptions
 void gateway_scenario(Kind kind) {
   INFO(std::string(name_of(kind)));
   lanebus::test::TempDir dir;
-  BusOptions bo;
-  bo.workers = 2;
-  bo.store.directory = dir.path();
-  auto bus = Bus::open(bo).value();
+  auto bus = open_bus(dir.path());
   auto topic = make_topic(*bus, kind, "payments").value();
   constexpr int kPayments = 600;
   Gateway gw(kPayments);
@@ -164,10 +171,7 @@ TEST_CASE("gateway outage: the group pauses, 0 DLQ entries, every payment charge
 
 TEST_CASE("without the option the same outage dead-letters payments (the control)") {
   lanebus::test::TempDir dir;
-  BusOptions bo;
-  bo.workers = 2;
-  bo.store.directory = dir.path();
-  auto bus = Bus::open(bo).value();
+  auto bus = open_bus(dir.path());
   auto topic = bus->create_topic("payments", {.lanes = 8}).value();
   constexpr int kPayments = 200;
   Gateway gw(kPayments);
@@ -184,10 +188,7 @@ TEST_CASE("a lone poison message among healthy ones still goes to the DLQ; the g
   for (Kind kind : {Kind::Ephemeral, Kind::DurableTopic, Kind::DurableQueue}) {
     INFO(std::string(name_of(kind)));
     lanebus::test::TempDir dir;
-    BusOptions bo;
-    bo.workers = 2;
-    bo.store.directory = dir.path();
-    auto bus = Bus::open(bo).value();
+    auto bus = open_bus(dir.path());
     auto topic = make_topic(*bus, kind, "orders").value();
     GroupOptions o = outage_options(true);
     o.outage.threshold = 3;  // the poison message alone fails max_attempts = 3 times
@@ -216,10 +217,7 @@ TEST_CASE("a lone poison message among healthy ones still goes to the DLQ; the g
 
 TEST_CASE("a reject is permanent, not an outage: still dead-lettered with the option on") {
   lanebus::test::TempDir dir;
-  BusOptions bo;
-  bo.workers = 2;
-  bo.store.directory = dir.path();
-  auto bus = Bus::open(bo).value();
+  auto bus = open_bus(dir.path());
   auto topic = bus->create_topic("payments", {.lanes = 8}).value();
   std::atomic<bool> down{true};
   auto sub = bus->subscribe(topic, "billing", [&](const MessageView& m) {
@@ -240,10 +238,7 @@ TEST_CASE("a reject is permanent, not an outage: still dead-lettered with the op
 
 TEST_CASE("the pause shows in stats and both exports; the SLA report calls it at risk; Bus::resume ends it") {
   lanebus::test::TempDir dir;
-  BusOptions bo;
-  bo.workers = 2;
-  bo.store.directory = dir.path();
-  auto bus = Bus::open(bo).value();
+  auto bus = open_bus(dir.path());
   auto topic = bus->create_topic("payments", {.lanes = 8}).value();
   Gateway gw(100);
   GroupOptions o = outage_options(true);
@@ -367,10 +362,7 @@ void crash_while_paused(Kind kind) {
   CHECK(WIFSIGNALED(status));
   CHECK(cli_says_paused(dir.path()));  // a dead process's pause stays on record
 
-  BusOptions bo;
-  bo.workers = 2;
-  bo.store.directory = dir.path();
-  auto bus = Bus::open(bo).value();
+  auto bus = open_bus(dir.path());
   auto topic = make_topic(*bus, kind, "payments").value();
   Gateway gw(kPayments);
   GroupOptions o = outage_options(true);
@@ -417,10 +409,7 @@ TEST_CASE("lanebus stats shows the pause; lanebus resume ends it in the live pro
     return;
   }
   lanebus::test::TempDir dir;
-  BusOptions bo;
-  bo.workers = 2;
-  bo.store.directory = dir.path();
-  auto bus = Bus::open(bo).value();
+  auto bus = open_bus(dir.path());
   auto topic = bus->create_topic("payments", {.lanes = 8, .durable = true}).value();
   Gateway gw(100);
   GroupOptions o = outage_options(true);

@@ -519,6 +519,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Queue a scheduled lane in its namespace's class of the run queue.
   void enqueue_lane(GroupLane* gl) noexcept;
 
+  /// The group `group` of `t` (a queue: its one group), or nullptr. Takes mu_.
+  GroupImpl* find_group(TopicImpl* t, std::string_view group);
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
   /// Bus::resume: end a group's outage pause (outage.cpp).
   Status resume(TopicImpl* t, std::string_view group);

@@ -122,17 +122,7 @@ OutageBreaker::Verdict OutageBreaker::on_transient(const OutageOptions& o, std::
   return v;
 }
 
-bool OutageBreaker::on_ack() {
-  if (quiet()) return false;
-  MutexLock l(&mu_);
-  clear_window();
-  dirty_.store(false, std::memory_order_relaxed);
-  if (!paused_.load(std::memory_order_relaxed)) return false;
-  paused_.store(false, std::memory_order_release);
-  probe_out_ = false;
-  since_wall_ns_ = 0;
-  return true;
-}
+bool OutageBreaker::on_ack() { return !quiet() && resume(); }
 
 void OutageBreaker::end_probe() {
   MutexLock l(&mu_);
@@ -355,12 +345,7 @@ void BusCore::outage_restore(GroupImpl* g) {
 
 Status BusCore::resume(TopicImpl* t, std::string_view group) {
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
-  GroupImpl* g = nullptr;
-  {
-    MutexLock l(&mu_);
-    for (auto& og : t->owned_groups)
-      if (t->is_queue || og->name == group) g = og.get();
-  }
+  GroupImpl* g = find_group(t, group);
   if (g == nullptr)
     return Status(Code::NotFound, "resume \"" + t->name + "\": no group \"" + std::string(group) + "\" in this bus");
   if (!g->options.outage.enabled)

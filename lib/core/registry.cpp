@@ -97,16 +97,18 @@ Result<IdempotencyTable*> BusCore::idempotency(std::string_view scope, const Ide
   return raw;
 }
 
+GroupImpl* BusCore::find_group(TopicImpl* t, std::string_view group) {
+  MutexLock l(&mu_);
+  for (auto& og : t->owned_groups)
+    if (t->is_queue || og->name == group) return og.get();
+  return nullptr;
+}
+
 Status BusCore::seek(TopicImpl* t, std::string_view group, const StartPosition& position) {
   if (!t->durable)
     return Status(Code::InvalidArgument, "seek \"" + t->name + "\": only durable topics and queues can seek");
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
-  GroupImpl* g = nullptr;
-  {
-    MutexLock l(&mu_);
-    for (auto& og : t->owned_groups)
-      if (t->is_queue || og->name == group) g = og.get();
-  }
+  GroupImpl* g = find_group(t, group);
   if (g == nullptr)
     return Status(Code::NotFound, "seek \"" + t->name + "\": no group \"" + std::string(group) + "\" in this bus");
   {
