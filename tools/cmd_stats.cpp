@@ -54,6 +54,9 @@ const CommandSpec kSpec{
     "overran attempt_timeout (the bus ends such a claim at once). A lane with overdue > 0 is\n"
     "marked 'overdue: stuck or dead consumer' in the table (counters \"claimed\" and\n"
     "\"overdue\" in JSON, lanebus_claimed_messages and lanebus_overdue_claims in Prometheus).\n"
+    "A group paused through a dependency outage (GroupOptions::outage) shows a PAUSED line with\n"
+    "its age, reason and last error (\"paused\" in JSON, lanebus_group_paused in Prometheus;\n"
+    "`lanebus resume` ends it).\n"
     "Opens the store read-only; safe while other processes use it. Exit status: 0, or 1 when\n"
     "the store cannot be read, 2 for a usage error.\n"
     "The CLI shows what the store knows (offsets, claims, overdue claims), not the counters\n"
@@ -139,6 +142,10 @@ void print_table(const std::string& dir, const MetricsSnapshot& s, const std::op
       std::printf("  %-20s %10llu %10s %10s %10s %10s\n", g.name.c_str(), static_cast<unsigned long long>(g.lag),
                   fmt_secs(g.oldest_age_seconds).c_str(), fmt_rate(rate_if(s, g.consume_rate)).c_str(),
                   fmt_secs(g.drain_seconds, g.stalled).c_str(), g.sla ? to_string(g.sla->state) : "");
+      if (g.paused)  // outage pause (GroupOptions::outage): nothing is dead-lettered; `lanebus resume` ends it
+        std::printf("    PAUSED (outage) since %s: %s; last error: %s\n",
+                    fmt_secs(static_cast<double>(s.wall_ns - g.paused_since_ns) / 1e9).c_str(),
+                    g.pause_reason.c_str(), g.pause_last_error.c_str());
       std::printf("    %-6s %12s %12s %10s %10s %10s%s\n", "lane", "end", "committed", "lag", "pub/s", "cons/s",
                   t.is_queue ? "  in_flight    overdue" : "");
       for (std::size_t i = 0; i < g.lanes.size() && i < t.lane_load.size(); ++i) {

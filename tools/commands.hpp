@@ -20,6 +20,9 @@ int cmd_leases(int argc, char** argv);
 /// another store, offline and resumable (doc/tenancy.md "Moving a namespace").
 int cmd_namespace(int argc, char** argv);
 
+/// `lanebus resume DIR TOPIC [GROUP]`: end a durable group's outage pause (doc/retries.md).
+int cmd_resume(int argc, char** argv);
+
 /// `lanebus schema list|show|diff|check|register|deprecate|usage|remove|audit DIR ...`:
 /// the schema registry of a store (issue 12, doc/schemas.md).
 int cmd_schema(int argc, char** argv);

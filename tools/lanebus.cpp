@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"dlq", lanebus::tool::cmd_dlq, "review the dead-letter queue: list, show, replay, archive, purge, audit"},
     {"leases", lanebus::tool::cmd_leases, "list the leases of a lease table (name, owner, token, time left)"},
     {"namespace", lanebus::tool::cmd_namespace, "move a namespace to a store of its own (bus closed; resumable)"},
+    {"resume", lanebus::tool::cmd_resume, "end a durable consumer group's outage pause (the live process obeys)"},
     {"schema", lanebus::tool::cmd_schema, "schema registry: list, show, diff, check, deprecate, usage, remove"},
     {"serve", lanebus::tool::cmd_serve, "serve a store's /metrics, /stats.json, /healthz and dashboard over HTTP"},
     {"stats", lanebus::tool::cmd_stats, "lag, oldest unprocessed age, rates and drain time of a live store (--watch)"},

@@ -351,6 +351,14 @@ class LANEBUS_API Bus {
   /// group in this bus), ShutDown, storage codes.
   Status seek(const Topic& topic, std::string_view group, const StartPosition& position);
 
+  /// End the outage pause of a consumer group (GroupOptions::outage) now:
+  /// its lanes deliver again at once, with an empty failure window. A group
+  /// that is not paused is left as it is (Ok). A durable group's pause record
+  /// is deleted too (another process: `lanebus resume`).
+  /// Errors: InvalidArgument (empty handle, or the group has no outage
+  /// option), NotFound (no such group in this bus), ShutDown.
+  Status resume(const Topic& topic, std::string_view group);
+
   /// The idempotency table of `scope` (doc/idempotency.md), created on first use and
   /// kept in the bus's store (durable tier) behind an in-memory hot tier.
   /// Later calls with the same scope return the same table (their options

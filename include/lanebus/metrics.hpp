@@ -179,8 +179,16 @@ struct GroupMetrics {
   std::optional<double> latency_p50_seconds, latency_p99_seconds, latency_p999_seconds;
   DlqMetrics dlq;
   /// The SLA verdict when a policy applies to this group (set_sla or default_sla).
+  /// A paused group (outage pause) is at least at_risk at once.
   std::optional<SlaReport> sla{};
   std::vector<GroupLaneMetrics> lanes;  ///< Indexed by lane.
+  // Outage pause (GroupOptions::outage; GroupStats has the same fields).
+  bool paused = false;
+  std::int64_t paused_since_ns = 0;  ///< Wall clock; 0 when not paused.
+  std::string pause_reason{};
+  std::string pause_last_error{};
+  std::uint64_t pauses = 0;
+  std::uint64_t probes = 0;
 };
 
 /// One topic or queue.

@@ -82,6 +82,40 @@ struct TopicOptions {
 };
 
 /// Per consumer group (topic subscription) or queue consumer set.
+/// Outage pause, a circuit breaker per consumer group (GroupOptions::outage,
+/// doc/retries.md "Outage pause"). Off by default. When transient failures
+/// (retry outcomes, handler exceptions) of the group reach `threshold` within
+/// `window`, from at least `distinct_keys` different keys (keyless messages
+/// count one key each) and with no ack in between, the group is *paused*:
+/// - no attempt made while paused counts against max_attempts and nothing goes
+///   to the DLQ for a transient failure (the failed message stays at the head
+///   of its lane, uncounted);
+/// - one probe message is delivered per backoff interval (probe_initial,
+///   doubling, capped at probe_max); its ack (or any ack) resumes the group;
+/// - a message that is about to use up its attempts while the window already
+///   holds failures of `distinct_keys` keys trips the breaker too, so an
+///   outage never dead-letters the first messages it hits.
+/// A lone failing message among acked neighbours (every ack empties the
+/// window) is still retried and dead-lettered as without the option; rejects
+/// (permanent) go to the DLQ at once, paused or not. Bus::resume and
+/// `lanebus resume` end a pause by hand. A durable group's pause is recorded
+/// in the store: a process that restarts (or `kill -9`) comes back paused.
+/// The breaker's window is a fixed ring inside the group: no allocation per
+/// message. Groups with the option on do not take the plain fast path.
+struct OutageOptions {
+  bool enabled = false;
+  /// Transient failures within `window` that pause the group. 1..256. Default 20.
+  std::uint32_t threshold = 20;
+  /// ... from at least this many different keys. 1..256, <= threshold. Default 3.
+  std::uint32_t distinct_keys = 3;
+  /// How far back failures count. Default 10 s.
+  std::chrono::milliseconds window{10000};
+  /// First wait before a probe; doubles after each failed probe. Default 500 ms.
+  std::chrono::milliseconds probe_initial{500};
+  /// Cap of the probe wait. Default 30 s.
+  std::chrono::milliseconds probe_max{30000};
+};
+
 struct GroupOptions {
   // ---- retry policy (doc/retries.md) ----
   /// Deliveries of one message before it counts as failed (retry outcomes and
@@ -118,6 +152,8 @@ struct GroupOptions {
   /// - shutdown reports the group and lane of a handler that held it up.
   /// Default 0 = no budget.
   std::chrono::milliseconds attempt_timeout{0};
+  /// Outage pause (circuit breaker) of the group: see OutageOptions. Default off.
+  OutageOptions outage{};
 
   /// Per-key retry without head-of-line blocking (doc/retries.md). false (default):
   /// a message waiting out its retry backoff holds back its whole lane.

@@ -79,6 +79,14 @@ struct GroupStats {
   std::uint32_t consumers = 0;      ///< Subscriptions currently attached.
   LaneCounters total;               ///< Sum over lanes.
   std::vector<LaneCounters> lanes;  ///< Indexed by lane.
+  // Outage pause (GroupOptions::outage). `lanebus stats` reads a durable
+  // group's pause from the store (the counters stay 0 there).
+  bool paused = false;               ///< Paused through a dependency outage now.
+  std::int64_t paused_since_ns = 0;  ///< Wall clock the pause began (0 = not paused).
+  std::string pause_reason{};        ///< What tripped it, e.g. "20 transient failures of 4 keys within 10000 ms".
+  std::string pause_last_error{};    ///< The last transient failure's reason (also kept after a resume).
+  std::uint64_t pauses = 0;          ///< Times the group was paused.
+  std::uint64_t probes = 0;          ///< Probe messages delivered while paused.
 };
 
 struct TopicStats {

@@ -304,6 +304,13 @@ Status Bus::seek(const Topic& topic, std::string_view group, const StartPosition
   return owner->seek(topic.impl_, group, position);
 }
 
+Status Bus::resume(const Topic& topic, std::string_view group) {
+  const std::shared_ptr<detail::BusCore> owner = owner_of(topic);
+  if (owner == nullptr)
+    return Status(Code::InvalidArgument, "resume: the topic handle is empty or belongs to another bus");
+  return owner->resume(topic.impl_, group);
+}
+
 Result<IdempotencyTable*> Bus::idempotency(std::string_view scope, const IdempotencyOptions& options) {
   return core_for(scope)->idempotency(scope, options);
 }

@@ -84,6 +84,7 @@
 #include "log.hpp"
 #include "lanebus/bus.hpp"
 #include "message_pool.hpp"
+#include "outage.hpp"
 #include "payload_pool.hpp"
 #include "fair_queue.hpp"
 #include "retry_timer.hpp"
@@ -183,6 +184,7 @@ struct alignas(64) GroupLane : TimerEntry {
   std::int64_t retry_delay_ns = 0;      // backoff before the pending retry (0 = at once)
   std::int64_t first_failure_ns = 0;    // first failed attempt of the head message (0 = none yet)
   std::uint64_t rng;                    // xorshift state for backoff jitter
+  bool probing = false;                 // the message being delivered is the paused group's probe (outage.hpp)
 
   // key_parallel_retry (owner-only): messages in backoff and the later
   // messages of their keys, in lane order; capacity reserved at creation
@@ -272,6 +274,9 @@ struct GroupImpl {
   GroupRef store_group;
   Mutex commit_mu;  // orders seek against offset commits
   std::atomic<std::uint64_t> seek_gen{0};
+
+  // Outage pause (GroupOptions::outage, outage.hpp): used only when enabled.
+  OutageBreaker outage;
 };
 
 class BusCore;
@@ -520,7 +525,11 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Queue a scheduled lane in its namespace's class of the run queue.
   void enqueue_lane(GroupLane* gl) noexcept;
 
+  /// The group `group` of `t` (a queue: its one group), or nullptr. Takes mu_.
+  GroupImpl* find_group(TopicImpl* t, std::string_view group);
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
+  /// Bus::resume: end a group's outage pause (outage.cpp).
+  Status resume(TopicImpl* t, std::string_view group);
   /// Make sure `gl` runs again soon (a batch commit gave messages back).
   void wake(GroupLane* gl) noexcept { schedule(gl); }
   Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options);
@@ -613,6 +622,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// key_parallel_retry: release the lane and have the timer schedule it
   /// again when its first parked message is due.
   void park_lane(GroupLane* gl) noexcept;
+  /// key_parallel_retry: the earliest due time of a parked message in backoff (0 = none),
+  /// and how long from now until then (0 when due or none).
+  static std::int64_t earliest_parked_due(const GroupLane* gl) noexcept;
+  static std::int64_t wait_for_parked(const GroupLane* gl) noexcept;
   /// Index of the first parked message that may be delivered now, or -1.
   std::ptrdiff_t due_parked(GroupLane* gl, std::int64_t now) const noexcept;
   bool key_parked(const GroupLane* gl, std::string_view key) const noexcept;
@@ -626,6 +639,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// transaction, and account for it after the commit (durable_lane.cpp).
   Status apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k);
   void settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept;
+  /// Durable queues with key_parallel_retry: heads given back to the store that are due or lost.
+  void recheck_released_heads(GroupLane* gl) noexcept;
+  /// Durable queues: attempts of the message at `offset` that came back with an outcome.
+  Result<std::uint32_t> queue_outcomes(GroupLane* gl, std::uint64_t offset);
+  /// The DLQ entry of a durable message that crashed the consumer `crashes` times.
+  DlqEntry poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const;
   /// A DLQ entry for a message of `gl` that failed with `out`.
   DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
                      std::string_view payload, std::uint64_t offset, const Outcome& out, std::uint32_t attempts,
@@ -640,6 +659,29 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void maintenance() noexcept;
   /// Log the DLQ's quota refusals since the last call (poller thread).
   void log_dlq_refusals() noexcept;
+
+  // Outage pause (outage.cpp).
+  /// Before a delivery: -1 = go (marks the lane's probe), else wait this long. `take`: false only looks.
+  std::int64_t outage_gate(GroupLane* gl, bool take) noexcept;
+  /// The runners' gate (taking the probe): a parked message that may not go
+  /// (`parked_index` >= 0) is due again after the wait.
+  std::int64_t outage_wait(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
+  /// outage_wait for durable lanes: true (gl->retry_delay_ns = the wait) when the lane must wait.
+  bool outage_held(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
+  /// Durable queues, before a claim: true (gl->retry_delay_ns = the wait) when no probe may go yet.
+  bool outage_claim_later(GroupLane* gl) noexcept;
+  /// settle's transient failure of a group with the option: true (and *st set) if the group is paused.
+  bool outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept;
+  /// An ack: empties the window, ends a pause.
+  void outage_ack(GroupLane* gl) noexcept;
+  /// The lane's probe ended with neither an ack nor a transient failure.
+  void outage_end_probe(GroupLane* gl) noexcept;
+  /// A durable group's pause record: written (paused) or deleted.
+  void outage_record(GroupImpl* g, bool paused) noexcept;
+  /// At subscribe: a durable group recorded as paused starts paused.
+  void outage_restore(GroupImpl* g);
+  /// `lanebus resume` requests for this process's paused durable groups (maintenance).
+  void outage_poll_resume() noexcept;
   void watchdog_main();
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;

@@ -11,6 +11,29 @@
 
 namespace lanebus::detail {
 
+namespace {
+
+// A handler call of the lane running past attempt_timeout now.
+bool stuck_now(const GroupLane& gl) noexcept {
+  const std::int64_t since = gl.running_since_ns.load(std::memory_order_acquire);
+  const auto budget = gl.group->options.attempt_timeout;
+  return since > kRunningUntimed && budget.count() > 0 &&
+         RetryTimer::now_ns() - since > std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count();
+}
+
+// A group's outage pause (GroupOptions::outage).
+void outage_stats(const GroupImpl& g, GroupStats* gs) {
+  OutageBreaker::Snapshot o = g.outage.snapshot();
+  gs->paused = o.paused;
+  gs->paused_since_ns = o.since_ns;
+  gs->pause_reason = std::move(o.reason);
+  gs->pause_last_error = std::move(o.last_error);
+  gs->pauses = o.pauses;
+  gs->probes = o.probes;
+}
+
+}  // namespace
+
 BusStats BusCore::stats() const {
   BusStats out;
   out.name = options.name;
@@ -79,15 +102,7 @@ BusStats BusCore::stats() const {
         lc.failed = gl->failed.load(std::memory_order_relaxed);
         lc.timed_out = gl->timed_out.load(std::memory_order_relaxed);
         lc.stuck = gl->stuck.load(std::memory_order_relaxed);
-        {
-          const std::int64_t since = gl->running_since_ns.load(std::memory_order_acquire);
-          const auto budget = g->options.attempt_timeout;
-          lc.stuck_now = (since > kRunningUntimed && budget.count() > 0 &&
-                          RetryTimer::now_ns() - since >
-                              std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count())
-                             ? 1
-                             : 0;
-        }
+        lc.stuck_now = stuck_now(*gl) ? 1 : 0;
         lc.set_aside = gl->parked_count.load(std::memory_order_relaxed);
         lc.duplicates_skipped = gl->duplicates_skipped.load(std::memory_order_relaxed);
         lc.dropped = gl->dropped.load(std::memory_order_relaxed);
@@ -115,6 +130,7 @@ BusStats BusCore::stats() const {
         if (oldest != 0 && (gs.oldest_unprocessed_ns == 0 || oldest < gs.oldest_unprocessed_ns))
           gs.oldest_unprocessed_ns = oldest;
       }
+      if (g->options.outage.enabled) outage_stats(*g, &gs);
       ts.groups.push_back(std::move(gs));
     }
     out.topics.push_back(std::move(ts));

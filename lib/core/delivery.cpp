@@ -150,13 +150,17 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
     if (!durable) bump(gl->acked);
     if (options.metrics) record_latency(gl, p.header->created_at_ns);
     *first_failure_ns = 0;
+    if (gl->group->options.outage.enabled) outage_ack(gl);
     return st;
   }
+  const bool outage = gl->group->options.outage.enabled;
   if (*first_failure_ns == 0) *first_failure_ns = now_ns();
   if (kind == Outcome::Kind::Retry) {
     // fetch_add: a durable queue's commit completion also counts conflicts here.
     gl->retried.fetch_add(1, std::memory_order_relaxed);
     if (inv.late) bump(gl->timed_out);
+    // A paused group (or this failure pauses it): uncounted, no DLQ.
+    if (outage && outage_hold(gl, p, inv, &st)) return st;
     if (plan_retry(gl, p.attempt, &st.delay_ns)) {
       st.next = Settlement::Next::Retry;
       return st;
@@ -164,6 +168,7 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
     bump(gl->failed);
   } else {
     bump(gl->rejected);
+    if (outage) outage_end_probe(gl);  // a permanent failure says nothing of the dependency
   }
   if (options.metrics) record_latency(gl, p.header->created_at_ns);
   if (!dlq_) return st;  // an in-memory bus: failures are only counted
@@ -274,6 +279,7 @@ void BusCore::maintenance() noexcept {
     }
     schemas_->refresh_all();
   }
+  outage_poll_resume();
   if (!dlq_) return;
   log_dlq_refusals();
   try {

@@ -72,6 +72,10 @@ struct Settlement {
   Next next = Next::Done;
   bool acked = false;
   std::int64_t delay_ns = 0;
+  /// Retry while the group is paused (GroupOptions::outage): this attempt is
+  /// not counted (the runner gives it back) and delay_ns is the wait for the
+  /// next probe.
+  bool uncounted = false;
   ErrorClass error_class = ErrorClass::Transient;
 };
 

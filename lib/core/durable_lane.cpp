@@ -213,10 +213,8 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
       mp = &gl->buffer[gl->buffer_index];
       if (gl->attempts == 0 && poison && mp->offset < gl->careful_to && gl->head_crashes >= poison_after) {
         // It crashed the process poison_after_crashes times: dead-letter it.
-        const Outcome out = Outcome::reject("poison: the consumer process died while handling it");
         const std::uint64_t commit_to = gl->parked.empty() ? mp->offset + 1 : done_upto();
-        DlqEntry e = dlq_entry(gl, mp->header, mp->key, mp->idempotency_key, mp->payload, mp->offset, out,
-                               gl->head_crashes, ErrorClass::Poison, now_ns());
+        const DlqEntry e = poison_entry(gl, *mp, gl->head_crashes);
         Status ds = store_->write([&](StoreTxn& txn) -> Status {
           return dlq_->add_in(txn, e, [&]() -> Status { return txn.commit_offset(g->store_group, gl->lane, commit_to); })
               .status();
@@ -243,16 +241,13 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
           consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
           continue;
         }
-        // The limit: wait for the earliest parked message.
-        std::int64_t earliest = 0;
-        for (const Parked& pk : gl->parked)
-          if (pk.due_ns > 0 && (earliest == 0 || pk.due_ns < earliest)) earliest = pk.due_ns;
-        const std::int64_t now = RetryTimer::now_ns();
-        gl->retry_delay_ns = earliest > now ? earliest - now : 0;
+        gl->retry_delay_ns = wait_for_parked(gl);  // the limit: wait for the earliest parked message
         retry_pending = true;
         break;
       }
     }
+    retry_pending = outage_held(gl, pi);  // paused: the lane waits for the next probe (not an attempt)
+    if (retry_pending) break;
     const StoredMessage& m = *mp;
     const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *attempts + 1};
     const Admission a = admit(gl, p, mode);
@@ -298,10 +293,12 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
           bump(duplicate ? gl->duplicates_skipped : gl->acked);
           if (options.metrics) record_latency(gl, m.header.created_at_ns);
           *first_failure = 0;
+          if (g->options.outage.enabled) outage_ack(gl);
         }
       } else {
         // Crashes are counted by the delivery mark; every in-memory attempt came back.
         const Settlement st = settle(gl, p, inv, mode, false, *attempts, first_failure);
+        if (st.uncounted) --*attempts;  // paused: the attempt is given back
         if (st.next == Settlement::Next::Retry) {
           wait_ns = st.delay_ns;
         } else if (st.next == Settlement::Next::DeadLetter) {
@@ -317,6 +314,7 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
         }
       }
     }
+    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
     if (wait_ns >= 0) {
       if (pi >= 0) {
         gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
@@ -565,6 +563,47 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
   if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
 }
 
+// Durable queues with key_parallel_retry: a head whose backoff is over by
+// the steady clock but not yet by the store's wall clock is looked at again
+// shortly rather than spun on. A head that never comes back (its release was
+// not committed, or another process took it) stops holding its key after
+// visibility.
+void BusCore::recheck_released_heads(GroupLane* gl) noexcept {
+  const std::int64_t now = RetryTimer::now_ns();
+  const std::int64_t give_up_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(gl->group->options.visibility).count() + 1'000'000'000;
+  for (std::size_t j = 0; j < gl->parked.size();) {
+    Parked& pk = gl->parked[j];
+    if (pk.released && pk.due_ns <= now) {
+      if (pk.first_failure_ns == 0) pk.first_failure_ns = now;  // overdue since
+      if (now - pk.first_failure_ns > give_up_ns) {
+        gl->parked.erase(gl->parked.begin() + static_cast<std::ptrdiff_t>(j));
+        continue;
+      }
+      pk.due_ns = now + 5'000'000;
+    }
+    ++j;
+  }
+}
+
+Result<std::uint32_t> BusCore::queue_outcomes(GroupLane* gl, std::uint64_t offset) {
+  std::uint32_t noted = 0;
+  Status rs = store_->read([&](StoreTxn& t) -> Status {
+    auto o = dlq_->outcomes_in(t, gl->group->store_group, gl->lane, offset);
+    if (!o.ok()) return o.status();
+    noted = *o;
+    return Status();
+  });
+  if (!rs.ok()) return rs;
+  return noted;
+}
+
+DlqEntry BusCore::poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const {
+  return dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
+                   Outcome::reject("poison: the consumer process died while handling it"), crashes, ErrorClass::Poison,
+                   now_ns());
+}
+
 // Durable queue: claim a batch (attempts persisted before delivery), deliver
 // it in order, and settle each message with an asynchronous write as soon as
 // its outcome is known (the writer shares one commit among all of them, and
@@ -586,6 +625,8 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   // in flight); this process keeps per-key order with its parked messages.
   claim_options.ordered = !kp;
   const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
+  if (outage_claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
+  const std::uint32_t claim_max = g->outage.paused() ? 1 : max;
   auto batch = std::make_shared<QueueBatch>();
   batch->gl = gl;
   batch->idem = g->idempotency;
@@ -600,7 +641,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       gl->parked.erase(gl->parked.begin() + i);
     }
   }
-  auto r = store_->claim_batch(g->store_group, gl->lane, max, claim_options);
+  auto r = store_->claim_batch(g->store_group, gl->lane, claim_max, claim_options);
   if (!r.ok()) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
     if (batch->claims.empty()) return false;
@@ -621,31 +662,11 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       if (keep) batch->claims.push_back(std::move(cm));
     }
   }
-  if (kp) {
-    // A head whose backoff is over by the steady clock but not yet by the
-    // store's wall clock: look again shortly rather than spin.
-    // A head that never comes back (its release was not committed, or
-    // another process took it) stops holding its key after visibility.
-    const std::int64_t now = RetryTimer::now_ns();
-    const std::int64_t give_up_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(g->options.visibility).count() + 1'000'000'000;
-    for (std::size_t j = 0; j < gl->parked.size();) {
-      Parked& pk = gl->parked[j];
-      if (pk.released && pk.due_ns <= now) {
-        if (pk.first_failure_ns == 0) pk.first_failure_ns = now;  // overdue since
-        if (now - pk.first_failure_ns > give_up_ns) {
-          gl->parked.erase(gl->parked.begin() + static_cast<std::ptrdiff_t>(j));
-          continue;
-        }
-        pk.due_ns = now + 5'000'000;
-      }
-      ++j;
-    }
-  }
+  if (kp) recheck_released_heads(gl);
   if (batch->claims.empty()) return false;  // nothing deliverable now
   // A full batch suggests more is waiting: run again at once (after other
   // lanes); a short one means the lane is drained for now.
-  const bool full = r.ok() && r->size() == max;
+  const bool full = r.ok() && r->size() == claim_max;
   // Sized once: the writer reads earlier entries while the worker appends.
   batch->ops.reserve(batch->claims.size());
   batch->results.assign(batch->claims.size(), SettleResult::Pending);
@@ -671,7 +692,14 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       again = false;
     }
   };
+  auto hold_back = [&](std::size_t i, std::int64_t wait) {  // paused: back uncounted, the rest with it
+    submit(QueueSettle::Kind::Unclaim, i);
+    commit();
+    broken = again = true;
+    gl->retry_delay_ns = std::max<std::int64_t>(wait, 1'000'000);
+  };
   for (std::size_t i = 0; i < batch->claims.size(); ++i) {
+    if (gl->probing) outage_end_probe(gl);  // the previous message was a probe that was skipped or held
     if (broken || abandon_.load(std::memory_order_acquire)) {
       submit(QueueSettle::Kind::Unclaim, i);
       commit();
@@ -697,26 +725,17 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     if (cm.attempt > 1 && dlq_) {
       // A redelivery (claimed alone): earlier attempts that never came back
       // with an outcome were consumer crashes.
-      std::uint32_t noted = 0;
-      Status rs = store_->read([&](StoreTxn& t) -> Status {
-        auto o = dlq_->outcomes_in(t, g->store_group, gl->lane, m.offset);
-        if (!o.ok()) return o.status();
-        noted = *o;
-        return Status();
-      });
-      outcomes = noted + 1;
-      if (rs.ok() && poison &&
-          classify_failure(Outcome::Kind::Retry, cm.attempt - 1, noted, false, poison_after) == ErrorClass::Poison) {
-        QueueSettle& op = submit(QueueSettle::Kind::DeadLetter, i);
-        op.entry = std::make_unique<DlqEntry>(
-            dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
-                      Outcome::reject("poison: the consumer process died while handling it"), cm.attempt - 1,
-                      ErrorClass::Poison, now_ns()));
+      Result<std::uint32_t> noted = queue_outcomes(gl, m.offset);
+      outcomes = (noted.ok() ? *noted : 0) + 1;
+      if (noted.ok() && poison &&
+          classify_failure(Outcome::Kind::Retry, cm.attempt - 1, *noted, false, poison_after) == ErrorClass::Poison) {
+        submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(poison_entry(gl, m, cm.attempt - 1));
         bump(gl->failed);
         commit();
         continue;
       }
     }
+    if (const std::int64_t gate = outage_wait(gl, -1); gate >= 0 && (hold_back(i, gate), true)) continue;
     const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt};
     Admission a = Admission::Proceed;
     if (mode == AdmitMode::Check && !m.idempotency_key.empty() && keys_done.count(m.idempotency_key) > 0) {
@@ -766,6 +785,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     const Invocation inv = invoke(c, gl, p, tx.get());
     std::int64_t first_failure = 0;
     const Settlement st = settle(gl, p, inv, mode, true, outcomes, &first_failure);
+    if (st.uncounted && (hold_back(i, st.delay_ns), true)) continue;
     if (st.next == Settlement::Next::Retry) {
       // The store keeps the message claimed until the backoff ends (the
       // claim, not this process, holds the delay: it survives a crash).
@@ -797,6 +817,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
     commit();
   }
+  if (gl->probing) outage_end_probe(gl);
   return again;
 }
 

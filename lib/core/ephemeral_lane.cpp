@@ -34,11 +34,22 @@ bool BusCore::key_parked(const GroupLane* gl, std::string_view key) const noexce
   return false;
 }
 
-void BusCore::park_lane(GroupLane* gl) noexcept {
-  // Owner-only state is read before the lane is released.
+std::int64_t BusCore::earliest_parked_due(const GroupLane* gl) noexcept {
   std::int64_t earliest = 0;
   for (const Parked& p : gl->parked)
     if (p.due_ns > 0 && (earliest == 0 || p.due_ns < earliest)) earliest = p.due_ns;
+  return earliest;
+}
+
+std::int64_t BusCore::wait_for_parked(const GroupLane* gl) noexcept {
+  const std::int64_t earliest = earliest_parked_due(gl);
+  const std::int64_t now = RetryTimer::now_ns();
+  return earliest > now ? earliest - now : 0;
+}
+
+void BusCore::park_lane(GroupLane* gl) noexcept {
+  // Owner-only state is read before the lane is released.
+  const std::int64_t earliest = earliest_parked_due(gl);
   const bool durable = gl->group->topic->durable;
   const bool queue = gl->group->topic->is_queue;
   const std::uint64_t read_pos = gl->read_pos;
@@ -324,6 +335,7 @@ void BusCore::run_lane(GroupLane* gl) {
   // with DropOldest it runs in the general loop (spans of one, via invoke).
   const bool plain = c != nullptr && gl->current == nullptr && gl->parked.empty() && !kp &&
                      g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler &&
+                     !g->options.outage.enabled &&
                      (!c->batch_handler || single);
   if (plain) {
     hold_ns = c->batch_handler ? run_plain_batch(gl, c, frees, &handled) : run_plain(gl, c, single, frees, &handled);
@@ -386,6 +398,7 @@ void BusCore::run_lane(GroupLane* gl) {
       frees.release(s);
       continue;
     }
+    if ((hold_ns = outage_wait(gl, pi)) >= 0) break;  // paused: wait for the next probe (not an attempt)
     const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1};
     // No idempotency scope (the common case): skip the out-of-line call.
     const Admission a = g->idempotency == nullptr ? Admission::Proceed : admit(gl, p, AdmitMode::Claim);
@@ -400,12 +413,14 @@ void BusCore::run_lane(GroupLane* gl) {
       const Invocation inv = invoke(c, gl, p, nullptr);
       ++handled;
       const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
+      if (st.uncounted) --*attempts;  // paused: the attempt is given back
       if (st.next == Settlement::Next::Retry) {
         wait_ns = st.delay_ns;
       } else if (st.next == Settlement::Next::DeadLetter) {
         dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
       }
     }
+    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
     if (wait_ns >= 0) {
       if (pi >= 0) {
         gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
@@ -441,15 +456,7 @@ void BusCore::run_lane(GroupLane* gl) {
     // The head waits (a retry, a busy key, or the parking limit): stay
     // scheduled; run again after the wait (the earliest parked message at
     // the limit), or at the back of the run queue.
-    std::int64_t delay = std::max<std::int64_t>(hold_ns, 0);
-    if (hold_ns == 0 && !gl->parked.empty()) {
-      const std::int64_t now = RetryTimer::now_ns();
-      std::int64_t earliest = 0;
-      for (const Parked& pk : gl->parked)
-        if (pk.due_ns > 0 && (earliest == 0 || pk.due_ns < earliest)) earliest = pk.due_ns;
-      delay = earliest > now ? earliest - now : 0;
-    }
-    requeue(gl, delay);
+    requeue(gl, hold_ns == 0 && !gl->parked.empty() ? wait_for_parked(gl) : std::max<std::int64_t>(hold_ns, 0));
     return;
   }
   if (!gl->parked.empty()) {

@@ -97,16 +97,18 @@ Result<IdempotencyTable*> BusCore::idempotency(std::string_view scope, const Ide
   return raw;
 }
 
+GroupImpl* BusCore::find_group(TopicImpl* t, std::string_view group) {
+  MutexLock l(&mu_);
+  for (auto& og : t->owned_groups)
+    if (t->is_queue || og->name == group) return og.get();
+  return nullptr;
+}
+
 Status BusCore::seek(TopicImpl* t, std::string_view group, const StartPosition& position) {
   if (!t->durable)
     return Status(Code::InvalidArgument, "seek \"" + t->name + "\": only durable topics and queues can seek");
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
-  GroupImpl* g = nullptr;
-  {
-    MutexLock l(&mu_);
-    for (auto& og : t->owned_groups)
-      if (t->is_queue || og->name == group) g = og.get();
-  }
+  GroupImpl* g = find_group(t, group);
   if (g == nullptr)
     return Status(Code::NotFound, "seek \"" + t->name + "\": no group \"" + std::string(group) + "\" in this bus");
   {
@@ -197,6 +199,23 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
   return raw;
 }
 
+namespace {
+
+// Subscribe's checks of the group's times: visibility, backoff, timeout, the outage pause.
+Status check_timing_options(const std::string& topic, const GroupOptions& o) {
+  if (o.visibility.count() <= 0)
+    return Status(Code::InvalidArgument, "subscribe to \"" + topic + "\": visibility must be positive");
+  if (o.backoff_initial.count() < 0 || o.backoff_max.count() < 0 || o.attempt_timeout.count() < 0 ||
+      !(o.backoff_multiplier >= 1.0) || !(o.backoff_jitter >= 0.0 && o.backoff_jitter <= 1.0))
+    return Status(Code::InvalidArgument,
+                  "subscribe to \"" + topic +
+                      "\": backoff and timeout must not be negative, backoff_multiplier must be >= 1 and "
+                      "backoff_jitter within 0..1");
+  return check_outage_options(topic, o.outage);
+}
+
+}  // namespace
+
 Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler handler, TxHandler tx_handler,
                                   const GroupOptions& o, BatchHandler batch_handler) {
   if (!handler && !tx_handler && !batch_handler)
@@ -213,14 +232,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   if (o.max_attempts == 0 || o.batch == 0)
     return Status(Code::InvalidArgument,
                   "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
-  if (o.visibility.count() <= 0)
-    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": visibility must be positive");
-  if (o.backoff_initial.count() < 0 || o.backoff_max.count() < 0 || o.attempt_timeout.count() < 0 ||
-      !(o.backoff_multiplier >= 1.0) || !(o.backoff_jitter >= 0.0 && o.backoff_jitter <= 1.0))
-    return Status(Code::InvalidArgument,
-                  "subscribe to \"" + t->name +
-                      "\": backoff and timeout must not be negative, backoff_multiplier must be >= 1 and "
-                      "backoff_jitter within 0..1");
+  if (Status s = check_timing_options(t->name, o); !s.ok()) return s;
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
   IdempotencyImpl* idem = nullptr;
   if (!o.idempotency_scope.empty()) {
@@ -285,8 +297,9 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   }
   if (g->consumer_count.load(std::memory_order_relaxed) == 0 || t->is_queue) {
     // Fixed options of the group (set above for queues; at creation for
-    // topic groups): the watchdog. (Parking space is reserved by the lane's
-    // owner on its first run with key_parallel_retry.)
+    // topic groups): the watchdog, a pause recorded by an earlier process.
+    // (Parking space: reserved by the lane's owner on its first run with kp.)
+    outage_restore(g);
     if (g->options.attempt_timeout.count() > 0 &&
         std::find(watched_.begin(), watched_.end(), g) == watched_.end()) {
       watched_.push_back(g);

@@ -376,6 +376,12 @@ GroupMetrics group_metrics(const GroupStats& gs, const GroupStats* bg, std::int6
     }
     gm.lanes.push_back(lm);
   }
+  gm.paused = gs.paused;
+  gm.paused_since_ns = gs.paused_since_ns;
+  gm.pause_reason = gs.pause_reason;
+  gm.pause_last_error = gs.pause_last_error;
+  gm.pauses = gs.pauses;
+  gm.probes = gs.probes;
   gm.latency = gs.latency;
   gm.window_latency = histogram_delta(gs.latency, bg ? &bg->latency : nullptr);
   if (span <= 0) gm.window_latency = LatencyHistogram{};
@@ -463,6 +469,9 @@ std::optional<SlaReport> MetricsWindow::evaluate_sla(const std::string& topic, c
   }
   r.stuck = std::move(stuck);
   if (!r.stuck.empty() && (r.state == SlaState::Unknown || r.state == SlaState::Ok)) r.state = SlaState::AtRisk;
+  // A group paused through a dependency outage delivers nothing but probes:
+  // at risk at once, whatever its backlog's age says yet.
+  if (gm.paused && (r.state == SlaState::Unknown || r.state == SlaState::Ok)) r.state = SlaState::AtRisk;
   // The DLQ is per store: growing = its depth rose over the window.
   if (dlq.depth_change) r.dlq_growing = *dlq.depth_change > 0;
   return r;
@@ -697,6 +706,25 @@ void write_group_gauges(PromWriter& w, const MetricsSnapshot& s) {
   w.family("lanebus_consumers", "gauge", "Subscriptions attached to the group.");
   each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
     w.sample_u64("lanebus_consumers", group_labels(t, g), g.consumers);
+  });
+  w.family("lanebus_group_paused", "gauge",
+           "1 while the group is paused through a dependency outage (GroupOptions::outage), else 0.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    w.sample_u64("lanebus_group_paused", group_labels(t, g), g.paused ? 1 : 0);
+  });
+  w.family("lanebus_group_paused_since_seconds", "gauge", "Wall clock (Unix seconds) the current pause began.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    if (g.paused)
+      w.sample("lanebus_group_paused_since_seconds", group_labels(t, g),
+               static_cast<double>(g.paused_since_ns) / 1e9);
+  });
+  w.family("lanebus_group_pauses_total", "counter", "Times the group was paused through a dependency outage.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    w.sample_u64("lanebus_group_pauses_total", group_labels(t, g), g.pauses);
+  });
+  w.family("lanebus_group_probes_total", "counter", "Probe messages delivered while the group was paused.");
+  each_group(s, [&](const TopicMetrics& t, const GroupMetrics& g) {
+    w.sample_u64("lanebus_group_probes_total", group_labels(t, g), g.probes);
   });
   w.family("lanebus_consume_rate_per_second", "gauge",
            "Messages finished (acked + rejected + failed) per second over the window.");
@@ -1035,6 +1063,12 @@ void group_json(detail::JsonWriter& j, const GroupMetrics& g) {
   j.key("oldest_age_seconds"); j.number(g.oldest_age_seconds);
   j.key("drain_seconds"); j.number(g.drain_seconds);
   j.key("stalled"); j.boolean(g.stalled);
+  j.key("paused"); j.boolean(g.paused);
+  j.key("paused_since_ns"); j.i64(g.paused_since_ns);
+  j.key("pause_reason"); j.string(g.pause_reason);
+  j.key("pause_last_error"); j.string(g.pause_last_error);
+  j.key("pauses"); j.u64(g.pauses);
+  j.key("probes"); j.u64(g.probes);
   j.key("totals"); counters_json(j, g.total);
   j.key("latency");
   j.begin_object();

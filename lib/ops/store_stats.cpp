@@ -9,6 +9,7 @@
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "exposition.hpp"
+#include "outage.hpp"
 #include "schema_registry.hpp"
 
 namespace lanebus::detail {
@@ -45,6 +46,25 @@ Result<GroupLaneReading> read_group_lane(DurableStore& store, const TopicRef& to
   }
   return out;
 }
+
+namespace {
+
+// A durable group's outage pause record (outage.hpp), if any; a damaged
+// record shows as paused with the decoder's error as its reason.
+void read_outage_pause(DurableStore& store, std::string_view topic, std::string_view group, GroupStats* gs) {
+  const std::string key = outage_pause_key(topic, group);
+  (void)store.read([&](StoreTxn& t) -> Status {
+    auto v = t.get(StoreTable::User, key);
+    if (!v.ok()) return Status();
+    if (Status ds = decode_outage_pause(*v, gs); !ds.ok()) {
+      gs->paused = true;
+      gs->pause_reason = ds.to_string();
+    }
+    return Status();
+  });
+}
+
+}  // namespace
 
 Result<BusStats> read_store_stats(DurableStore& store) {
   BusStats out;
@@ -92,6 +112,7 @@ Result<BusStats> read_store_stats(DurableStore& store) {
         add_lane_counters(gs.total, c);
         gs.lanes.push_back(c);
       }
+      read_outage_pause(store, t.name, g.name, &gs);
       ts.groups.push_back(std::move(gs));
     }
     out.topics.push_back(std::move(ts));
