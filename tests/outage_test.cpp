@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,10 +95,29 @@ std::uint64_t dlq_entries(Bus& bus) {
   return all->size();
 }
 
+// What a bus said through its log hook (BusOptions::log).
+struct LogLines {
+  std::mutex mu;
+  std::vector<std::pair<LogLevel, std::string>> lines;
+  LogHook hook() {
+    return [this](LogLevel l, std::string_view m) {
+      std::lock_guard g(mu);
+      lines.emplace_back(l, std::string(m));
+    };
+  }
+  bool has(LogLevel l, std::string_view part) {
+    std::lock_guard g(mu);
+    for (const auto& [level, text] : lines)
+      if (level == l && text.find(part) != std::string::npos) return true;
+    return false;
+  }
+};
+
 // A bus with a store (so it has a DLQ) in `dir`, two workers.
-std::unique_ptr<Bus> open_bus(const std::string& dir) {
+std::unique_ptr<Bus> open_bus(const std::string& dir, LogLines* log = nullptr) {
   BusOptions bo;
   bo.workers = 2;
+  if (log != nullptr) bo.log = log->hook();
   bo.store.directory = dir;
   auto bus = Bus::open(bo);
   REQUIRE(bus.ok());
@@ -126,7 +146,8 @@ Result<Subscription> attach(Bus& bus, Kind k, const Topic& t, const GroupOptions
 void gateway_scenario(Kind kind) {
   INFO(std::string(name_of(kind)));
   lanebus::test::TempDir dir;
-  auto bus = open_bus(dir.path());
+  LogLines log;
+  auto bus = open_bus(dir.path(), &log);
   auto topic = make_topic(*bus, kind, "payments").value();
   constexpr int kPayments = 600;
   Gateway gw(kPayments);
@@ -155,6 +176,10 @@ void gateway_scenario(Kind kind) {
   gw.down = false;
   REQUIRE(wait_until([&] { return gw.total.load() >= kPayments; }, 60s));
   REQUIRE(wait_until([&] { return !paused(*bus, "payments", "billing"); }));
+  // The log hook heard both: the pause (warn, with the last error) and the end of it.
+  CHECK(log.has(LogLevel::Warn, "on \"payments\" paused (outage)"));
+  CHECK(log.has(LogLevel::Warn, "last error: gateway unavailable"));
+  CHECK(log.has(LogLevel::Info, "resumed: a probe succeeded"));
   for (int i = 0; i < kPayments; ++i) CHECK_MESSAGE(gw.charged[static_cast<std::size_t>(i)].load() == 1, "payment " << i);
   CHECK(dlq_entries(*bus) == 0);
   const BusStats s = bus->stats();

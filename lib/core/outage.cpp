@@ -287,7 +287,14 @@ bool BusCore::outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv,
       g->outage.on_transient(o, RetryTimer::now_ns(), now_ns(), key, p.attempt >= g->options.max_attempts, probe,
                              inv.outcome.reason().empty() ? std::string_view("retry") : inv.outcome.reason());
   if (!v.paused) return false;
-  if (v.tripped) outage_record(g, true);
+  if (v.tripped) {
+    outage_record(g, true);
+    if (logger.enabled()) {  // a trip is rare: the snapshot's strings may allocate
+      const OutageBreaker::Snapshot s = g->outage.snapshot();
+      logger.log(LogLevel::Warn, "group \"%s\" on \"%s\" paused (outage): %s; last error: %s", g->name.c_str(),
+                 g->topic->name.c_str(), s.reason.c_str(), s.last_error.c_str());
+    }
+  }
   st->next = Settlement::Next::Retry;
   st->uncounted = true;
   st->delay_ns = v.wait_ns;
@@ -298,7 +305,12 @@ void BusCore::outage_ack(GroupLane* gl) noexcept {
   gl->probing = false;
   GroupImpl* g = gl->group;
   if (g->outage.quiet()) return;
-  if (g->outage.on_ack()) outage_record(g, false);
+  if (g->outage.on_ack()) {
+    outage_record(g, false);
+    if (logger.enabled())
+      logger.log(LogLevel::Info, "group \"%s\" on \"%s\" resumed: a probe succeeded", g->name.c_str(),
+                 g->topic->name.c_str());
+  }
 }
 
 void BusCore::outage_end_probe(GroupLane* gl) noexcept {
@@ -351,7 +363,11 @@ Status BusCore::resume(TopicImpl* t, std::string_view group) {
   if (!g->options.outage.enabled)
     return Status(Code::InvalidArgument, "resume \"" + t->name + "\" group \"" + g->name +
                                              "\": the group has no outage pause (GroupOptions::outage.enabled)");
-  if (g->outage.resume()) outage_record(g, false);
+  if (g->outage.resume()) {
+    outage_record(g, false);
+    if (logger.enabled())
+      logger.log(LogLevel::Info, "group \"%s\" on \"%s\" resumed by Bus::resume", g->name.c_str(), t->name.c_str());
+  }
   if (g->consumer_count.load(std::memory_order_seq_cst) > 0)
     for (auto& gl : g->lanes) schedule(gl.get());
   return Status();
