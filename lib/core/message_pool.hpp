@@ -157,8 +157,9 @@ class MessagePool {
   /// offset × r = index × 2^64 + index × e, where index × e < index ×
   /// stride = offset < 2^64: the high half is the index.
   std::uint32_t index_of(const Slot* s) const noexcept {
+    __extension__ typedef unsigned __int128 Wide;  // GCC and Clang; __extension__: -Wpedantic
     const auto offset = static_cast<std::uint64_t>(reinterpret_cast<const char*>(s) - memory_);
-    return static_cast<std::uint32_t>((static_cast<unsigned __int128>(offset) * stride_reciprocal_) >> 64);
+    return static_cast<std::uint32_t>((static_cast<Wide>(offset) * stride_reciprocal_) >> 64);
   }
 
   /// A free slot, or nullptr when every slot is in use. Lock-free, no allocation.
