@@ -266,7 +266,7 @@ class LaneRing {
   // advance_single); a ring with several dequeuers (try_dequeue, DropOldest)
   // leaves it behind, which only sends the publisher to the cells' seq.
   std::atomic<std::uint64_t> released_{0};
-  char pad_[64 - 3 * sizeof(std::uint64_t)];
+  [[maybe_unused]] char pad_[64 - 3 * sizeof(std::uint64_t)];
 };
 
 }  // namespace lanebus::detail

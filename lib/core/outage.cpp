@@ -386,7 +386,10 @@ void BusCore::outage_poll_resume() noexcept {
             paused.emplace_back(g.get(), outage_resume_key(t->name, g->store_group.name));
       }
     }
-    for (auto& [g, key] : paused) {
+    for (auto& entry : paused) {
+      // Not a structured binding: clang 14 (the fuzz build) cannot capture one in the lambdas below.
+      GroupImpl* const g = entry.first;
+      const std::string& key = entry.second;
       bool asked = false;
       Status s = store_->read([&](StoreTxn& t) -> Status {
         auto v = t.get(StoreTable::User, key);
