@@ -303,7 +303,10 @@ TEST_CASE("the pause shows in stats and both exports; the SLA report calls it at
 }
 
 TEST_CASE("with the option on, 100k deliveries after warm-up allocate nothing") {
-  lanebus::test::skip_if_sanitized();
+  if (lanebus::test::sanitized()) {
+    MESSAGE("allocation counting needs the real malloc; sanitizers replace it: this case only");
+    return;
+  }
   auto bus = Bus::open({.workers = 2}).value();
   auto topic = bus->create_topic("alloc.outage", {.lanes = 8, .capacity = 8192}).value();
   std::atomic<std::uint64_t> n{0};

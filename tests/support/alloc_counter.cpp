@@ -28,6 +28,14 @@ namespace lanebus::test {
 void alloc_counting(bool on) { g_on.store(on, std::memory_order_seq_cst); }
 std::uint64_t alloc_count() { return g_count.load(std::memory_order_seq_cst); }
 void alloc_count_reset() { g_count.store(0, std::memory_order_seq_cst); }
+bool sanitized() noexcept {
+#ifdef LANEBUS_SANITIZED
+  return true;
+#else
+  return false;
+#endif
+}
+
 void skip_if_sanitized() {
 #ifdef LANEBUS_SANITIZED
   std::printf("SKIP: allocation counting needs the real malloc; sanitizers replace it\n");
