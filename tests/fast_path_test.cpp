@@ -227,17 +227,25 @@ TEST_CASE("a solo publisher's topic is taken over by a second Publisher and by T
     return Outcome::ack();
   });
   constexpr int kPerKey = 2500, kKeys = 8;
-  std::atomic<int> first_done{0};
+  std::atomic<int> first_done{0}, owner_checked{0};
   std::thread a([&, pub = bus->publisher()]() mutable {
     for (int i = 0; i < kPerKey; ++i)
       for (int k = 0; k < kKeys; ++k) {
         const std::string key = "a" + std::to_string(k), p = payload_of(i);
         REQUIRE(pub.publish(topic, {.key = key, .payload = p}).ok());
-        if (i == kPerKey / 4 && k == 0) first_done.store(1);
+        if (i == kPerKey / 4 && k == 0) {
+          // Wait for the check below: a that ran to its end meanwhile would
+          // have given the topic back (its Publisher destroyed), and the
+          // check would see an unowned topic (seen in 1 run of 2 once a
+          // publish got fast enough to finish while the main thread yielded).
+          first_done.store(1);
+          while (owner_checked.load() == 0) std::this_thread::yield();
+        }
       }
   });
   while (first_done.load() == 0) std::this_thread::yield();
   if (asym) CHECK(owner_of(*bus, "solo.t") >= 2);  // owned by a's publisher
+  owner_checked.store(1);
   std::thread b([&, pub = bus->publisher()]() mutable {
     for (int i = 0; i < kPerKey; ++i)
       for (int k = 0; k < kKeys; ++k) {
@@ -303,7 +311,7 @@ TEST_CASE("publish_batch through a Publisher appends solo, and keeps order when 
     return Outcome::ack();
   });
   constexpr int kRounds = 400, kSpan = 40;  // keys k0..k7, five messages of each per span
-  std::atomic<int> round{0};
+  std::atomic<int> round{0}, owner_checked{0};
   std::thread a([&, pub = bus->publisher()]() mutable {
     std::vector<std::string> keys(kSpan), payloads(kSpan);
     std::vector<OutgoingMessage> span(kSpan);
@@ -316,10 +324,14 @@ TEST_CASE("publish_batch through a Publisher appends solo, and keeps order when 
       const BatchPublishResult res = pub.publish_batch(topic, span);
       REQUIRE(res.ok());
       round.store(r + 1);
+      // Still publishing (so still the owner) when the check below runs.
+      if (r + 1 == kRounds / 4)
+        while (owner_checked.load() == 0) std::this_thread::yield();
     }
   });
   while (round.load() < kRounds / 4) std::this_thread::yield();
   if (asym) CHECK(owner_of(*bus, "solo3.t") >= 2);
+  owner_checked.store(1);
   for (int i = 0; i < 500; ++i) REQUIRE(topic.publish({.key = "other", .payload = std::to_string(i)}).ok());
   CHECK(owner_of(*bus, "solo3.t") == 1);
   a.join();
