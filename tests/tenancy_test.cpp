@@ -480,6 +480,12 @@ TEST_CASE("quota: a consumer over its consume quota is slowed, not failed") {
   MESSAGE("200 deliveries at a 400 msg/s consume quota took " << secs << " s");
   // (200 - burst 20 - one batch per lane) / 400 msg/s: at least ~0.4 s however fast the machine.
   CHECK(secs >= 0.4);
+  // A worker adds its deliveries to the namespace's usage after its run
+  // (scheduler.cpp, tl_delivered_msgs), so the last handler call can return
+  // before the count moves: wait for the exact count (once seen 197 of 200 at once).
+  CHECK(lanebus::test::wait_until([&] {
+    return bus->namespaces()->describe("slow").value().usage.msgs_out == static_cast<std::uint64_t>(kMessages);
+  }));
   auto u = bus->namespaces()->describe("slow").value().usage;
   CHECK(u.msgs_out == static_cast<std::uint64_t>(kMessages));
   CHECK(u.throttled > 0);
