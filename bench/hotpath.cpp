@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   std::uint32_t batch = 1, groups = 1;
   bool metrics = true;
   bool batch_handler = false;
+  bool stream = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string_view a = argv[i];
     const char* v = argv[i + 1];
@@ -38,15 +39,21 @@ int main(int argc, char** argv) {
     else if (a == "--groups") groups = static_cast<std::uint32_t>(std::atoi(v));
     else if (a == "--metrics") metrics = std::atoi(v) != 0;
     else if (a == "--handler") batch_handler = std::string_view(v) == "batch";
+    else if (a == "--stream") stream = std::atoi(v) != 0;
     else {
-      std::fprintf(stderr, "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch]\n");
+      std::fprintf(stderr, "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch] [--stream 0|1]\n");
       return 2;
     }
   }
   if (batch == 0 || batch > 1024 || groups == 0) return 2;
   // spin = 0: the worker lingers 1 µs on an emptied lane and parks at once,
   // so the wait between rounds adds no spinning to the counts.
-  auto bus = lanebus::Bus::open({.name = "hotpath", .workers = 1, .spin = std::chrono::nanoseconds(0), .metrics = metrics})
+  // --stream 1 (for perf): one unbroken stream under the topic's backpressure,
+  // the default spin, and the rate printed: the 1to1 case without baselines.
+  auto bus = lanebus::Bus::open({.name = "hotpath",
+                                 .workers = 1,
+                                 .spin = stream ? std::chrono::nanoseconds(50'000) : std::chrono::nanoseconds(0),
+                                 .metrics = metrics})
                  .value();
   auto topic = bus->create_topic("hotpath", {.lanes = 8, .capacity = 4096}).value();
   std::atomic<std::uint64_t> handled{0};
@@ -90,7 +97,8 @@ int main(int argc, char** argv) {
   char payload[64] = {};
   std::vector<lanebus::OutgoingMessage> span(1024);
   lanebus::Publisher pub = bus->publisher();
-  constexpr std::uint64_t kRound = 1024;
+  const std::uint64_t kRound = stream ? msgs : 1024;
+  const auto t0 = std::chrono::steady_clock::now();
   for (std::uint64_t done = 0; done < msgs;) {
     const std::uint64_t round = std::min<std::uint64_t>(kRound, msgs - done);
     for (std::uint64_t i = 0; i < round;) {
@@ -111,9 +119,10 @@ int main(int argc, char** argv) {
     done += round;
     while (handled.load(std::memory_order_relaxed) < done * groups) std::this_thread::yield();
   }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (void)bus->shutdown(lanebus::ShutdownMode::Drain);
-  std::printf("bench=hotpath msgs=%llu batch=%u groups=%u metrics=%d handled=%llu\n",
-              static_cast<unsigned long long>(msgs), batch, groups, metrics ? 1 : 0,
-              static_cast<unsigned long long>(handled.load()));
+  std::printf("bench=hotpath msgs=%llu batch=%u groups=%u metrics=%d stream=%d handled=%llu msgs_per_sec=%.0f\n",
+              static_cast<unsigned long long>(msgs), batch, groups, metrics ? 1 : 0, stream ? 1 : 0,
+              static_cast<unsigned long long>(handled.load()), static_cast<double>(msgs) / secs);
   return 0;
 }

@@ -33,6 +33,8 @@
 #include <new>
 #include <thread>
 
+#include "prefetch.hpp"
+
 namespace lanebus::detail {
 
 class LaneRing {
@@ -79,7 +81,7 @@ class LaneRing {
     cell->seq.store(pos + 1, std::memory_order_release);
     tail_.store(pos + 1, std::memory_order_relaxed);
     // The next cell, for writing (the worker's dequeue wrote it last).
-    __builtin_prefetch(&cells_[(pos + 1) & mask_], 1);
+    prefetch_for_write(&cells_[(pos + 1) & mask_]);
   }
 
   /// enqueue_bulk for the topic's solo publisher (invariant 5), without the

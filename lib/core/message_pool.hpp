@@ -47,6 +47,7 @@
 #include <new>
 
 #include "lane_ring.hpp"
+#include "prefetch.hpp"
 #include "lanebus/message.hpp"
 
 namespace lanebus::detail {
@@ -340,6 +341,12 @@ class MessagePool {
   /// A slot from `m`, refilled from the free list when empty; nullptr when
   /// no slot is free. Owner thread only; no atomic read-modify-write unless
   /// it refills. The slot counts in in_use() from here on.
+  static constexpr std::uint32_t kWriteAhead = 2;
+  /// A slot's first two lines (its header, the keys and a short payload), for writing.
+  static void prefetch_slot(const Slot* s) noexcept {
+    prefetch_for_write(s);
+    prefetch_for_write(reinterpret_cast<const char*>(s) + 64);
+  }
   Slot* take(Magazine& m) noexcept {
     if (m.count == 0) {
       // Whole chains while they come (a worker's short runs free short ones),
@@ -355,21 +362,17 @@ class MessagePool {
       m.count = got;
       // release, after allocated_ grew: a reader that sees this held sees the refill.
       m.held.store(got, std::memory_order_release);
-      if (got > 1) {
-        __builtin_prefetch(m.slots[got - 2], 1);
-        __builtin_prefetch(reinterpret_cast<const char*>(m.slots[got - 2]) + 64, 1);
-      }
+      // The slots of the next kWriteAhead publishes (this one's is asked for
+      // too late to help, but costs nothing to ask).
+      for (std::uint32_t i = 1; i <= kWriteAhead && i <= got; ++i) prefetch_slot(m.slots[got - i]);
     }
     --m.count;
     m.held.store(m.count, std::memory_order_relaxed);
-    // The slot of the publish after next, for writing: its lines were last
-    // read by a worker, so taking them back costs a round trip, longer than
-    // one publish where the cores sit far apart. (The next one's lines were
-    // asked for by the publish before; after a refill, both.)
-    if (m.count > 1) {
-      __builtin_prefetch(m.slots[m.count - 2], 1);
-      __builtin_prefetch(reinterpret_cast<const char*>(m.slots[m.count - 2]) + 64, 1);
-    }
+    // The slot of the publish kWriteAhead places on, for writing: its lines
+    // were last read by a worker, so taking them back costs a round trip
+    // between the cores, longer than one publish where the cores sit far
+    // apart. (The ones in between were asked for by the publishes before.)
+    if (m.count >= kWriteAhead) prefetch_slot(m.slots[m.count - kWriteAhead]);
     return m.slots[m.count];
   }
   std::uint32_t magazine_size() const noexcept { return magazine_size_; }
