@@ -243,7 +243,12 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
   while (handled < limit) {
     std::uint32_t n = 0;
     std::uint32_t idx;
-    while (n < span_max && ring.peek_single(n, idx)) slots[n++] = pool.at(idx);
+    // Each slot asked for as it is found, so the reads of the views below
+    // overlap (the slots' lines were last written on the publishing core).
+    while (n < span_max && ring.peek_single(n, idx)) {
+      slots[n] = pool.at(idx);
+      __builtin_prefetch(slots[n++]);
+    }
     if (n == 0) {
       if (!linger(frees, [&] { return ring.peek_single(0, idx); })) break;
       continue;

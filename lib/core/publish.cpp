@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -385,6 +386,10 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
 
 namespace {
 constexpr std::uint32_t kBatchChunk = 64;
+// Lane counts up to this sort a chunk's messages by lane with a table on the
+// stack (publish_batch_unchecked); the table's entries are run numbers < 64.
+constexpr std::uint32_t kSortLanes = 256;
+static_assert(kBatchChunk < 256, "run numbers fit a byte");
 
 bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes) noexcept {
   for (const OutgoingMessage& m : ms)
@@ -467,6 +472,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
   Slot* slots[kBatchChunk];
   std::uint32_t lanes_of[kBatchChunk];
   std::uint32_t run[kBatchChunk];
+  std::uint32_t run_lane[kBatchChunk], run_start[kBatchChunk], run_len[kBatchChunk];
   std::uint64_t done_mask = 0;
   static_assert(kBatchChunk <= 64, "done_mask is one word");
   while (r.published < ms.size()) {
@@ -532,7 +538,12 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
       continue;
     }
     const std::int64_t created_at = now_ns();  // one read per chunk
+    // The slots' lines, for writing, kFillAhead slots ahead of the fill: a
+    // worker read them last (MessagePool::take's comment).
+    constexpr std::uint32_t kFillAhead = 4;
+    for (std::uint32_t i = 0; i < k && i < kFillAhead; ++i) MessagePool::prefetch_slot(slots[i]);
     for (std::uint32_t i = 0; i < k; ++i) {
+      if (i + kFillAhead < k) MessagePool::prefetch_slot(slots[i + kFillAhead]);
       lanes_of[i] = lane_for_key(chunk[i].key, options.lanes);
       fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at, chunk[i].schema_version);
       // relaxed: the ring append's release stores (and fence) publish it with the slot.
@@ -555,17 +566,47 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
       r.published += k;
       continue;
     }
-    // Each lane's messages, in span order, as one run per group ring.
-    done_mask = 0;
-    for (std::uint32_t i = 0; i < k; ++i) {
-      if (done_mask & (std::uint64_t{1} << i)) continue;
-      const std::uint32_t lane = lanes_of[i];
-      std::uint32_t len = 0;
-      for (std::uint32_t j = i; j < k; ++j) {
-        if (lanes_of[j] != lane) continue;
-        done_mask |= std::uint64_t{1} << j;
-        run[len++] = pool.index_of(slots[j]);
+    // Each lane's messages, in span order, as one run per group ring. The
+    // runs: a counting sort of the chunk by lane where the lane count allows
+    // a table on the stack (the default 8 lanes), else a scan per lane.
+    std::uint32_t nruns = 0;
+    if (options.lanes <= kSortLanes) {
+      std::uint8_t run_of_lane[kSortLanes];  // 0: no run yet; else the run's number + 1
+      std::memset(run_of_lane, 0, options.lanes);
+      std::uint8_t run_of[kBatchChunk];
+      for (std::uint32_t i = 0; i < k; ++i) {
+        std::uint8_t& r1 = run_of_lane[lanes_of[i]];
+        if (r1 == 0) {
+          run_lane[nruns] = lanes_of[i];
+          run_len[nruns] = 0;
+          r1 = static_cast<std::uint8_t>(++nruns);
+        }
+        run_of[i] = static_cast<std::uint8_t>(r1 - 1);
+        ++run_len[r1 - 1];
       }
+      std::uint32_t fill[kBatchChunk];
+      for (std::uint32_t r2 = 0, at = 0; r2 < nruns; at += run_len[r2++]) run_start[r2] = fill[r2] = at;
+      for (std::uint32_t i = 0; i < k; ++i) run[fill[run_of[i]]++] = pool.index_of(slots[i]);
+    } else {
+      done_mask = 0;
+      std::uint32_t at = 0;
+      for (std::uint32_t i = 0; i < k; ++i) {
+        if (done_mask & (std::uint64_t{1} << i)) continue;
+        run_lane[nruns] = lanes_of[i];
+        run_start[nruns] = at;
+        for (std::uint32_t j = i; j < k; ++j) {
+          if (lanes_of[j] != lanes_of[i]) continue;
+          done_mask |= std::uint64_t{1} << j;
+          run[at++] = pool.index_of(slots[j]);
+        }
+        run_len[nruns] = at - run_start[nruns];
+        ++nruns;
+      }
+    }
+    for (std::uint32_t r2 = 0; r2 < nruns; ++r2) {
+      const std::uint32_t lane = run_lane[r2];
+      const std::uint32_t len = run_len[r2];
+      const std::uint32_t* values = run + run_start[r2];
       std::atomic<std::uint64_t>& published = lane_load[lane].published;
       if (solo) {
         published.store(published.load(std::memory_order_relaxed) + len, std::memory_order_relaxed);
@@ -575,10 +616,10 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
       for (std::uint32_t t = 0; t < n; ++t) {
         GroupLane* gl = targets[t]->lanes[lane].get();
         if (solo) {
-          gl->ring.enqueue_bulk_solo(run, len);
+          gl->ring.enqueue_bulk_solo(values, len);
           AsymmetricFence::light();  // the entries, then the flag (as publish_via)
         } else {
-          gl->ring.enqueue_bulk(run, len);
+          gl->ring.enqueue_bulk(values, len);
         }
         bus->schedule(gl);
       }
