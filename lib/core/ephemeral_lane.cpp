@@ -10,6 +10,11 @@
 
 namespace lanebus::detail {
 
+// How far ahead a single-dequeuer run asks for slots (run_plain): a slot last
+// written on the publishing core takes a round trip between the cores to
+// read, longer than one call of a short handler.
+constexpr std::uint32_t kPrefetchAhead = 4;
+
 // ---------------------------------------------------------------- parking (key_parallel_retry)
 
 std::ptrdiff_t BusCore::due_parked(GroupLane* gl, std::int64_t now) const noexcept {
@@ -161,8 +166,14 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
     }
     Slot* s = pool.at(idx);
     if (single && s->refs.load(std::memory_order_relaxed) != 1) ring.release_taken();
-    // The next message's slot, fetched while this one's handler runs.
-    if (std::uint32_t next; single && ring.peek_single(0, next)) __builtin_prefetch(pool.at(next));
+    // A later message's slot, fetched while this one's handler runs: both
+    // lines of the slot kPrefetchAhead messages on (the ones in between were
+    // asked for by the messages before), else the next one's.
+    if (std::uint32_t next; single && (ring.peek_single(kPrefetchAhead - 1, next) || ring.peek_single(0, next))) {
+      const char* line = reinterpret_cast<const char*>(pool.at(next));
+      __builtin_prefetch(line);
+      __builtin_prefetch(line + 64);
+    }
     const std::int64_t created_at = s->header.created_at_ns;
     if (metrics) gl->oldest_ns.store(created_at, std::memory_order_relaxed);
     const std::string_view payload = s->payload();
