@@ -135,7 +135,7 @@ struct BusState {
   /// the GIL), then close the subscriptions and free the callables.
   /// Idempotent. REQUIRES: the GIL is held.
   Status close(std::chrono::milliseconds timeout) {
-    if (closed) return Status();
+    if (closed || !bus) return Status();
     for (auto& server : servers) server->stop();
     servers.clear();
     Status status;
@@ -444,8 +444,9 @@ PyBus open_bus(const std::optional<std::string>& directory, const std::string& n
     py::gil_scoped_release unlocked;
     opened = lanebus::Bus::open(o);
   }
+  std::unique_ptr<lanebus::Bus> bus = take(std::move(opened));
   auto state = std::make_shared<BusState>();
-  state->bus = take(std::move(opened));
+  state->bus = std::move(bus);
   state->name = name;
   {
     std::lock_guard lock(g_open_mu);

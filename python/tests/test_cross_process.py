@@ -8,7 +8,16 @@ import threading
 
 import lanebus
 
-N = 500
+N = 200
+LANES = 4
+
+
+def lane_for_key(key, lanes):
+    # lanebus::lane_for_key: 64-bit FNV-1a of the key bytes, modulo lanes.
+    h = 14695981039346656037
+    for b in key:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % lanes
 
 
 def test_python_consumes_what_a_cpp_process_publishes(tmp_path):
@@ -27,7 +36,7 @@ def test_python_consumes_what_a_cpp_process_publishes(tmp_path):
     # Create the queue here first, so the consumer is in place before the
     # producer starts; the producer then appends from its own process.
     with lanebus.open(store, name="py-consumer", workers=2) as bus:
-        q = bus.create_queue("orders.cross", lanes=4, durable=True)
+        q = bus.create_queue("orders.cross", lanes=LANES, durable=True)
         bus.consume(q, handle)
         producer = subprocess.run([filler, store, "orders.cross", str(N)], capture_output=True, text=True,
                                   timeout=60)
@@ -39,11 +48,28 @@ def test_python_consumes_what_a_cpp_process_publishes(tmp_path):
     for k in range(16):
         mine = [int(p[4:]) for p in got if int(p[4:]) % 16 == k]
         assert mine == sorted(mine)
-    # Acked: a second consumer on the store finds nothing left.
+    # Acked: a second consumer on the store finds nothing left. Lanes are
+    # FIFO, so a sentinel published now into each lane comes after anything
+    # left there; the sentinels alone arrive.
     again = []
+    sentinels = {}
+    for k in range(1000):
+        sentinels.setdefault(lane_for_key(f"end-{k}".encode(), LANES), f"end-{k}")
+        if len(sentinels) == LANES:
+            break
+    lock = threading.Lock()
+    ends = threading.Event()
+
+    def second(m):
+        with lock:
+            again.append((m.lane, m.payload.decode()))
+            if sum(p.startswith("end-") for _, p in again) == LANES:
+                ends.set()
+
     with lanebus.open(store, workers=1) as bus:
-        q = bus.create_queue("orders.cross", lanes=4, durable=True)
-        bus.consume(q, lambda m: again.append(m.payload))
-        stats_empty = threading.Event()
-        stats_empty.wait(0.3)  # one poll interval of the durable poller and more
-    assert again == []
+        q = bus.create_queue("orders.cross", lanes=LANES, durable=True)
+        bus.consume(q, second)
+        for key in sentinels.values():
+            q.publish(key, key=key)
+        assert ends.wait(30)
+    assert sorted(again) == sorted(sentinels.items())  # and each came in the lane lane_for_key names
