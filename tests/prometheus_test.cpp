@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "exposition_check.hpp"
+#include "external_tool.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lanebus/metrics_server.hpp"
 #include "process.hpp"
@@ -47,17 +48,6 @@ using namespace std::chrono_literals;
 using lanebus::test::Json;
 
 namespace {
-
-/// An executable: $ENV_VAR, else the first `name` on PATH, /usr/bin, /usr/local/bin; "" if none.
-std::string find_binary(const char* env_var, const char* name) {
-  if (const char* e = std::getenv(env_var); e != nullptr && *e != '\0') return e;
-  std::string dirs = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
-  dirs += ":/usr/bin:/usr/local/bin";
-  std::stringstream in(dirs);
-  for (std::string d; std::getline(in, d, ':');)
-    if (!d.empty() && ::access((d + "/" + name).c_str(), X_OK) == 0) return d + "/" + name;
-  return "";
-}
 
 /// A child process killed (SIGKILL) and reaped when the guard goes, and
 /// killed by the kernel if this process dies first (PR_SET_PDEATHSIG).
@@ -100,22 +90,6 @@ class Guarded {
  private:
   pid_t pid_ = -1;
 };
-
-/// A port free on 127.0.0.1 now (bound to 0, read back, released).
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 /// GET http://127.0.0.1:port/target (HTTP/1.0): the body of a 200 reply, or "".
 std::string http_get(std::uint16_t port, const std::string& target) {
@@ -264,10 +238,9 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 TEST_CASE("a real Prometheus scrapes a live bus and lanebus serve; every Grafana query returns data") {
-  std::string prometheus = find_binary("LANEBUS_PROMETHEUS", "prometheus");
+  std::string prometheus = lanebus::test::find_tool("LANEBUS_PROMETHEUS", "prometheus");
   if (prometheus.empty()) {
-    const char* ci = std::getenv("CI");
-    if (ci != nullptr && std::string(ci) == "true")
+    if (lanebus::test::tool_required())
       FAIL("prometheus is not installed (apt-get install prometheus); CI=true makes this a failure");
     MESSAGE("prometheus not found: skipping");
     std::exit(77);
@@ -332,14 +305,15 @@ TEST_CASE("a real Prometheus scrapes a live bus and lanebus serve; every Grafana
   auto server = MetricsServer::start(*bus, so).value();
 
   // lanebus serve on the same store, from another process.
-  const std::uint16_t serve_port = free_port();
-  REQUIRE(serve_port != 0);
+  const int serve_port = lanebus::test::free_loopback_port();
+  REQUIRE(serve_port > 0);
   Guarded serve({tool, "serve", (tmp.path / "store").string(), "--listen", "127.0.0.1:" + std::to_string(serve_port),
                  "--sla", "60", "--window", "5", "--interval", "0.25"},
                 (tmp.path / "serve.log").string());
 
-  const std::uint16_t prom_port = free_port();
-  REQUIRE(prom_port != 0);
+  const int prom_port_or = lanebus::test::free_loopback_port();
+  REQUIRE(prom_port_or > 0);
+  const auto prom_port = static_cast<std::uint16_t>(prom_port_or);
   const std::string config = (tmp.path / "prometheus.yml").string();
   std::ofstream(config) << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
                         << "scrape_configs:\n"
