@@ -326,7 +326,8 @@ TEST_CASE("a real Prometheus scrapes a live bus and lanebus serve; every Grafana
                 "--web.listen-address=127.0.0.1:" + std::to_string(prom_port), "--log.level=warn"},
                prom_log);
 
-  // Both targets up (polled through the API, not slept for).
+  // Both targets up (polled through the API, not slept for): about 5 s,
+  // Prometheus' fixed throttle before it applies a configuration's targets.
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + 30s;  // a hang guard: ~7 s on a loaded 2-core VM
   auto up = [&](const char* job) {

@@ -8,7 +8,7 @@ import threading
 
 import lanebus
 
-N = 200
+N = 1000
 LANES = 4
 
 
