@@ -256,3 +256,31 @@ def test_unclosed_bus_is_closed_at_exit(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=os.environ)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "done"
+
+
+def test_close_releases_the_gil_while_it_waits_for_handlers():
+    # Subscription.close() and Bus.close() wait for running handler calls;
+    # those calls need the GIL to finish, so the waits must release it (held,
+    # this test would deadlock and hit meson's timeout).
+    with lanebus.open(workers=2) as bus:
+        t = bus.create_topic("gil.t", lanes=2)
+        started = threading.Event()
+        finished = []
+
+        def slow(m):
+            started.set()
+            time.sleep(0.2)  # gives the GIL away; taking it back needs close() to have released it
+            finished.append(m.payload)
+
+        sub = bus.subscribe(t, "g", slow)
+        t.publish("one", key="a")
+        assert started.wait(WAIT)
+        sub.close()  # waits for the running call
+        assert finished == [b"one"]
+        started.clear()
+        bus.subscribe(t, "g2", slow)
+        for i in range(3):
+            t.publish(str(i), key=str(i))
+        assert started.wait(WAIT)
+    # `with` exit drained the backlog: every call finished.
+    assert sorted(finished) == [b"0", b"1", b"2", b"one"]
