@@ -11,7 +11,11 @@
 #      lanebus::lanebus from the installed lanebusConfig.cmake;
 #   4. the same as a Meson subproject of a scratch project: a copy of this
 #      tree under subprojects/ found through contrib/meson/lanebus.wrap and
-#      dependency('lanebus') (meson.override_dependency).
+#      dependency('lanebus') (meson.override_dependency);
+#   5. Python, when the build has the binding (python/README.md): the
+#      installed extension module imported by Debian's /usr/bin/python3 from
+#      the staged site-packages, running python/examples/orders.py against
+#      the staged liblanebus.
 # Ways 3 and 4 compile at -O0 with two jobs (way 2 keeps the warnings and
 # -O1): they check the packaging, not the code again. Each way prints its
 # seconds. LANEBUS_CONSUMER_WAYS=pkgconfig,cmake,subproject picks ways.
@@ -112,7 +116,7 @@ cp "$out/h_lanebus_h.c" "$out/h_lanebus_h.cpp"
   { echo "consumer_check: installed header lanebus/lanebus.h does not compile as C++" >&2; exit 1; }
 echo "consumer_check: ${#headers[@]} installed C++ headers and lanebus.h (C11, C++) compile on their own; no detail:: type in a public declaration"
 
-ways=",${LANEBUS_CONSUMER_WAYS:-pkgconfig,cmake,subproject},"
+ways=",${LANEBUS_CONSUMER_WAYS:-pkgconfig,cmake,subproject,python},"
 tool="$root/bin/lanebus"
 have_bridge=0
 [ -f "$incdir/lanebus/bridge.hpp" ] && have_bridge=1
@@ -247,4 +251,24 @@ if [[ $ways == *,subproject,* ]]; then
     { echo "consumer_check (subproject): the examples do not build:" >&2; tail -n 40 "$proj/build.log" >&2; exit 1; }
   ran=$(run_examples subproject "$proj/build")
   echo "consumer_check: subproject: ${#examples[@]} examples built with lanebus as a Meson subproject (static, -O0), ran $ran ($((SECONDS - t0)) s)"
+fi
+
+# 5. Python: the installed module, when the build made one.
+if [[ $ways == *,python,* ]]; then
+  module=$(find "$root" -name 'lanebus.cpython-*.so' | head -n1)
+  if [ -n "$module" ]; then
+    t0=$SECONDS
+    site=$(dirname "$module")
+    # The installed module has no rpath (Meson drops the build tree's): it
+    # finds liblanebus where the linker looks, here the staged libdir.
+    PYTHONPATH="$site" LD_LIBRARY_PATH="$libdir" PYTHONDONTWRITEBYTECODE=1 \
+      /usr/bin/python3 python/examples/orders.py >"$out/python.log" 2>&1 ||
+      { echo "consumer_check (python): python/examples/orders.py failed with the installed module:" >&2
+        cat "$out/python.log" >&2; exit 1; }
+    PYTHONPATH="$site" LD_LIBRARY_PATH="$libdir" /usr/bin/python3 -c \
+      'import lanebus, sys; maps = open("/proc/self/maps").read(); sys.exit(0 if sys.argv[1] in maps and sys.argv[2] in lanebus.__file__ else 1)' \
+      "$libdir/liblanebus.so" "$stage" ||
+      { echo "consumer_check (python): the module or liblanebus did not come from the installed prefix" >&2; exit 1; }
+    echo "consumer_check: python: the installed module ($(basename "$module")) ran python/examples/orders.py ($((SECONDS - t0)) s)"
+  fi
 fi

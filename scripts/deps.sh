@@ -19,7 +19,8 @@ PKGS=(
   chromium                                    # dashboard browser test (tests/browser, playwright-core)
   python3-matplotlib                          # scripts/bench_plot.py
   libssl-dev                                  # libcrypto: PBKDF2 hashes of credential secrets (doc/tenancy.md)
-  prometheus                                  # promtool check metrics on a live bus's exposition (promtool_test; ~19 MB, installs in ~7 s)
+  pybind11-dev python3-dev python3-pytest     # the Python binding (python/, for /usr/bin/python3) and its pytest suite
+  prometheus                                  # promtool check metrics (promtool_test) and a real scraping server (prometheus_test); ~19 MB, installs in ~7 s
 )
 # Node.js runs the browser test. The machine's own Node.js (NodeSource, with npm)
 # is used when there is one: Debian's npm conflicts with it, so apt installs

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "exposition_check.hpp"
+#include "external_tool.hpp"
 #include "lanebus/lanebus.hpp"
 #include "scratch_dir.hpp"
 #include "wait.hpp"
@@ -31,28 +32,11 @@ using TempDir = lanebus::test::ScratchDir;
 
 namespace {
 
-/// promtool: $LANEBUS_PROMTOOL, else the first on PATH, /usr/bin, /usr/local/bin; "" if none.
-std::string promtool_binary() {
-  if (const char* e = std::getenv("LANEBUS_PROMTOOL"); e != nullptr && *e != '\0') return e;
-  std::string dirs = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
-  dirs += ":/usr/bin:/usr/local/bin";
-  std::size_t pos = 0;
-  while (pos <= dirs.size()) {
-    const std::size_t c = dirs.find(':', pos);
-    const std::string d = dirs.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-    if (!d.empty() && ::access((d + "/promtool").c_str(), X_OK) == 0) return d + "/promtool";
-    if (c == std::string::npos) break;
-    pos = c + 1;
-  }
-  return "";
-}
-
 /// The promtool binary, or a skip (exit 77) — a failure under CI=true.
 std::string require_promtool() {
-  std::string p = promtool_binary();
+  std::string p = lanebus::test::find_tool("LANEBUS_PROMTOOL", "promtool");
   if (!p.empty()) return p;
-  const char* ci = std::getenv("CI");
-  if (ci != nullptr && std::string(ci) == "true") {
+  if (lanebus::test::tool_required()) {
     FAIL("promtool is not installed (apt-get install prometheus); CI=true makes this a failure");
   }
   MESSAGE("promtool not found: skipping");

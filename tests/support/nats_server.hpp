@@ -23,54 +23,16 @@
 #include <thread>
 #include <vector>
 
+#include "external_tool.hpp"
+
 namespace lanebus::test {
 
 /// The nats-server binary: $LANEBUS_NATS_SERVER, else the first nats-server on
 /// PATH or in /usr/sbin, /usr/bin, /usr/local/bin; "" when there is none.
-inline std::string nats_server_binary() {
-  if (const char* e = std::getenv("LANEBUS_NATS_SERVER"); e != nullptr && *e != '\0') return e;
-  std::vector<std::string> dirs;
-  if (const char* p = std::getenv("PATH"); p != nullptr) {
-    std::string path = p;
-    std::size_t pos = 0;
-    while (pos <= path.size()) {
-      std::size_t c = path.find(':', pos);
-      dirs.push_back(path.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
-      if (c == std::string::npos) break;
-      pos = c + 1;
-    }
-  }
-  for (const char* d : {"/usr/sbin", "/usr/bin", "/usr/local/bin"}) dirs.emplace_back(d);
-  for (const auto& d : dirs) {
-    std::string f = d + "/nats-server";
-    if (::access(f.c_str(), X_OK) == 0) return f;
-  }
-  return "";
-}
+inline std::string nats_server_binary() { return find_tool("LANEBUS_NATS_SERVER", "nats-server"); }
 
 /// True when a missing nats-server must fail the test (CI=true) instead of skipping it.
-inline bool nats_server_required() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && std::string(ci) == "true";
-}
-
-/// A free TCP port on 127.0.0.1 (bound and released; the small race with
-/// other processes is acceptable for tests).
-inline int free_loopback_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  int port = -1;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+inline bool nats_server_required() { return tool_required(); }
 
 class NatsServer {
  public:
