@@ -100,6 +100,60 @@ TEST_CASE("100k publishes and deliveries after warm-up allocate nothing") {
   CHECK(bytes.load() == (20'000ull + kMessages) * sizeof(payload));
 }
 
+TEST_CASE("Topic::publish: a thread's first publish to a bus makes its publisher, and nothing after allocates") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 1}).value();
+  auto topic = bus->create_topic("alloc.implicit", {.lanes = 8, .capacity = 4096}).value();
+  auto typed = bus->create_topic<std::uint64_t>("alloc.implicit.typed", {.lanes = 8}).value();
+  std::atomic<std::uint64_t> got{0}, got_typed{0};
+  auto s1 = bus->subscribe(topic, "g", [&](const MessageView&) {
+                  got.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  auto s2 = bus->subscribe<std::uint64_t>(typed, "g", [&](const std::uint64_t&, const Delivery&) {
+                  got_typed.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  char payload[64] = {};
+  auto publish_some = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      const char key[2] = {'k', static_cast<char>('a' + i % 16)};
+      REQUIRE(topic.publish({.key = std::string_view(key, 2), .payload = std::string_view(payload, 64)}).ok());
+      REQUIRE(typed.publish(static_cast<std::uint64_t>(i), {.key = std::string_view(key, 2)}).ok());
+    }
+  };
+  // Warm-up on this thread (its publisher, the worker's thread-locals).
+  publish_some(5'000);
+  REQUIRE(wait_until([&] { return got.load() == 5'000 && got_typed.load() == 5'000; }));
+  // Counted: 50k more here, and a new thread's first publishes.
+  lanebus::test::alloc_count_reset();
+  lanebus::test::alloc_counting(true);
+  publish_some(50'000);
+  REQUIRE(wait_until([&] { return got.load() == 55'000 && got_typed.load() == 55'000; }));
+  lanebus::test::alloc_counting(false);
+  const std::uint64_t steady = lanebus::test::alloc_count();
+  std::uint64_t first_publish = 0, after = 0;
+  std::thread t([&] {
+    lanebus::test::alloc_count_reset();
+    lanebus::test::alloc_counting(true);
+    REQUIRE(topic.publish({.key = "t", .payload = std::string_view(payload, 64)}).ok());
+    lanebus::test::alloc_counting(false);
+    first_publish = lanebus::test::alloc_count();
+    lanebus::test::alloc_count_reset();
+    lanebus::test::alloc_counting(true);
+    publish_some(10'000);
+    lanebus::test::alloc_counting(false);
+    after = lanebus::test::alloc_count();
+  });
+  t.join();
+  REQUIRE(wait_until([&] { return got.load() == 65'001 && got_typed.load() == 65'000; }));
+  INFO("steady: " << steady << ", a new thread's first publish: " << first_publish << ", its next 20k: " << after);
+  CHECK(steady == 0);
+  CHECK(first_publish >= 1);  // the thread's publisher (the control: a new state is made once)
+  CHECK(first_publish <= 4);  // the state, the core's list of states growing, doctest's REQUIRE
+  CHECK(after == 0);
+}
+
 TEST_CASE("a solo Publisher, a batch handler and a plain handler allocate nothing after warm-up") {
   lanebus::test::skip_if_sanitized();
   auto bus = Bus::open({.workers = 2}).value();

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -299,6 +300,75 @@ TEST_CASE("a destroyed Publisher gives its topic back, its cached slots do not h
   CHECK(bus->shutdown(ShutdownMode::Drain, std::chrono::milliseconds(2000)).ok());
   CHECK(q.publish(topic, {.key = "k", .payload = "z"}).code() == Code::ShutDown);
   bus.reset();  // q outlives the bus: its destructor hands its slots back to live memory (ASan)
+}
+
+TEST_CASE("Topic::publish goes through the thread's own publisher: solo for one thread, shared for two, given back when the thread exits") {
+  const bool asym = lanebus::detail::AsymmetricFence::available();
+  auto bus = std::move(*Bus::open({.name = "implicit", .workers = 2}));
+  // 256 slots: magazines of 8; 80 threads' magazines would hold 640 if a
+  // thread's exit did not give them back.
+  Topic topic = *bus->create_topic("implicit.t", {.lanes = 4, .block_timeout = std::chrono::seconds(30), .capacity = 256});
+  Sequences seqs;
+  auto sub = *bus->subscribe(topic, "g", [&](const MessageView& m) {
+    seqs.see(m.key(), std::stoi(std::string(m.payload())));
+    return Outcome::ack();
+  });
+  // One thread publishing: its publisher owns the topic (the solo path).
+  for (int i = 0; i < 1000; ++i) REQUIRE(topic.publish({.key = "main", .payload = payload_of(i)}).ok());
+  if (asym) CHECK(owner_of(*bus, "implicit.t") >= 2);
+  // 80 threads (more than the bus's 64 publisher slots), 8 at a time, each
+  // with a key of its own: every message arrives in its key's order, and
+  // the topic is shared from the second publishing thread on.
+  constexpr int kThreads = 80, kPer = 50;
+  for (int wave = 0; wave < kThreads / 8; ++wave) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 8; ++t)
+      ts.emplace_back([&, t, wave] {
+        const std::string key = "t" + std::to_string(wave * 8 + t);
+        for (int i = 0; i < kPer; ++i) REQUIRE(topic.publish({.key = key, .payload = payload_of(i)}).ok());
+        // try_publish never blocks: a full topic (256 slots, 8 threads) is WouldBlock.
+        Status st;
+        while ((st = topic.try_publish({.key = key + "x", .payload = payload_of(0)})).code() == Code::WouldBlock)
+          std::this_thread::yield();
+        REQUIRE(st.ok());
+      });
+    for (auto& t : ts) t.join();
+  }
+  const std::uint64_t total = 1000 + std::uint64_t{kThreads} * (kPer + 1);
+  REQUIRE(wait_until([&] { return seqs.seen.load() == total; }, std::chrono::seconds(30)));
+  CHECK(seqs.violations == 0);
+  CHECK(owner_of(*bus, "implicit.t") == 1);
+  // Every exited thread gave its magazine back; the main thread's holds free
+  // slots, which are not in use.
+  CHECK(wait_until([&] { return bus->stats().topics.at(0).slots_in_use == 0; }, std::chrono::seconds(10)));
+  CHECK(bus->stats().topics.at(0).published == total);
+  // A thread's publisher outlives its bus, and the thread then publishes to
+  // other buses: three in turn (its cache keeps two), then back to the first.
+  std::thread survivor([&] {
+    auto b1 = std::move(*Bus::open({.name = "implicit1", .workers = 1}));
+    Topic t1 = *b1->create_topic("x", {.capacity = 64});
+    std::atomic<int> got{0};
+    auto s1 = *b1->subscribe(t1, "g", [&](const MessageView&) {
+      got.fetch_add(1);
+      return Outcome::ack();
+    });
+    for (int i = 0; i < 10; ++i) REQUIRE(t1.publish({.key = "k", .payload = "a"}).ok());
+    REQUIRE(wait_until([&] { return got.load() == 10; }, std::chrono::seconds(10)));
+    s1 = Subscription();
+    CHECK(b1->shutdown(ShutdownMode::Drain, std::chrono::milliseconds(2000)).ok());
+    CHECK(t1.publish({.key = "k", .payload = "late"}).code() == Code::ShutDown);
+    b1.reset();  // this thread's publisher for b1 went with it (ASan: nothing left dangling)
+    std::vector<std::unique_ptr<Bus>> others;
+    std::vector<Topic> topics;
+    for (int b = 0; b < 3; ++b) {
+      others.push_back(std::move(*Bus::open({.name = "implicit-o" + std::to_string(b), .workers = 1})));
+      topics.push_back(*others.back()->create_topic("y", {.capacity = 64}));
+      REQUIRE(topics.back().publish({.key = "k", .payload = "b"}).ok());
+    }
+    REQUIRE(topics[0].publish({.key = "k", .payload = "c"}).ok());  // its publisher was dropped: a new one
+    for (auto& o : others) CHECK(o->stats().topics.at(0).published == (o == others[0] ? 2u : 1u));
+  });
+  survivor.join();
 }
 
 TEST_CASE("publish_batch through a Publisher appends solo, and keeps order when Topic::publish takes the topic over") {

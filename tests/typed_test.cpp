@@ -237,6 +237,10 @@ TEST_CASE("bytes payloads beyond slot_bytes use blocks up to max_payload") {
     Status st = wide.publish({.key = std::string(70000, 'k'), .payload = "p"});
     CHECK(st.code() == Code::PayloadTooLarge);
     CHECK(contains(st.message(), "65535"));
+    // A Publisher's fast path too (it once stored the length in 16 bits).
+    Publisher pub = bus->publisher();
+    CHECK(pub.publish(wide, {.key = "k", .payload = "p", .idempotency_key = std::string(70000, 'i')}).code() ==
+          Code::PayloadTooLarge);
   }
   SUBCASE("keys that leave no room for the block reference name slot_bytes") {
     Status st = topic.publish({.key = std::string(60, 'k'), .payload = std::string(2000, 'x')});

@@ -32,15 +32,35 @@ Status publish_durable_noexcept(detail::TopicImpl* t, const OutgoingMessage& m) 
 }
 }  // namespace
 
+namespace {
+Status publish_through(detail::PublisherState& st, detail::TopicImpl* t, const OutgoingMessage& m,
+                       bool may_block) noexcept;
+
+BatchPublishResult publish_batch_through(detail::PublisherState& st, detail::TopicImpl* t,
+                                         std::span<const OutgoingMessage> messages) noexcept {
+  std::uint64_t first;
+  if (st.end_id - st.next_id >= messages.size()) {
+    first = st.next_id;  // from the private block
+    st.next_id += messages.size();
+  } else {
+    first = st.bus->take_ids(messages.size());
+  }
+  return t->publish_batch(messages, true, first, &st);
+}
+}  // namespace
+
+// Through the calling thread's own publisher ("Implicit publishers", publish.cpp).
 Status Topic::publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
   if (impl_->durable) return publish_durable_noexcept(impl_, message);
+  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return publish_through(*st, impl_, message, true);
   return impl_->publish(message, true, impl_->bus->take_ids(1));
 }
 
 Status Topic::try_publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
   if (impl_->durable) return publish_durable_noexcept(impl_, message);
+  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return publish_through(*st, impl_, message, false);
   return impl_->publish(message, false, impl_->bus->take_ids(1));
 }
 
@@ -70,6 +90,7 @@ BatchPublishResult Topic::publish_batch(std::span<const OutgoingMessage> message
   if (impl_ == nullptr) return {0, no_topic()};
   if (impl_->durable) return publish_batch_durable(impl_, messages);
   if (messages.empty()) return {};
+  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return publish_batch_through(*st, impl_, messages);
   return impl_->publish_batch(messages, true, impl_->bus->take_ids(messages.size()));
 }
 
@@ -115,21 +136,9 @@ Publisher& Publisher::operator=(Publisher&&) noexcept = default;
 Publisher::~Publisher() = default;
 
 namespace {
-constexpr std::uint64_t kIdBlock = 1024;
-
-std::uint64_t next_publisher_id(detail::PublisherState& st) noexcept {
-  if (st.next_id == st.end_id) {
-    st.next_id = st.bus->take_ids(kIdBlock);
-    st.end_id = st.next_id + kIdBlock;
-  }
-  return st.next_id++;
-}
-}  // namespace
-
-namespace {
 Status publish_through(detail::PublisherState& st, detail::TopicImpl* t, const OutgoingMessage& m,
                        bool may_block) noexcept {
-  const std::uint64_t id = next_publisher_id(st);
+  const std::uint64_t id = st.take_id();
   if (detail::PublisherLink* l = st.link(t)) return t->publish_via(st, *l, m, may_block, id);
   return t->publish(m, may_block, id);
 }
@@ -151,15 +160,7 @@ BatchPublishResult Publisher::publish_batch(const Topic& topic, std::span<const 
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return {0, no_topic()};
   if (topic.impl_->durable) return publish_batch_durable(topic.impl_, messages);
   if (messages.empty()) return {};
-  detail::PublisherState& st = *state_;
-  std::uint64_t first;
-  if (st.end_id - st.next_id >= messages.size()) {
-    first = st.next_id;  // from the private block
-    st.next_id += messages.size();
-  } else {
-    first = st.bus->take_ids(messages.size());
-  }
-  return topic.impl_->publish_batch(messages, true, first, &st);
+  return publish_batch_through(*state_, topic.impl_, messages);
 }
 
 // Bus

@@ -345,8 +345,10 @@ class TopicImpl {
                  const PayloadFill* fill = nullptr) noexcept;
   /// Publish through a Publisher's link: its slot magazine, and the solo
   /// path while the publisher owns the topic (see "Solo publishers").
+  /// `fill`: a typed object (typed.cpp); one that does not fit the slot
+  /// takes the shared path.
   Status publish_via(PublisherState& p, PublisherLink& link, const OutgoingMessage& m, bool may_block,
-                     std::uint64_t id) noexcept;
+                     std::uint64_t id, const PayloadFill* fill = nullptr) noexcept;
   /// End solo ownership for good (owner = 1): after it returns, no solo
   /// publish of this topic runs, and its effects are visible.
   void make_shared() noexcept;
@@ -433,8 +435,9 @@ struct PublisherLink {
 
 inline constexpr std::uint32_t kNoPublisherSlot = 0xffffffffu;
 
-/// Per-thread publishing state behind Publisher. Holds the core, so the
-/// pools its magazines return slots to outlive it.
+/// Per-thread publishing state: behind a Publisher (`keep` holds the core,
+/// so the pools its magazines return slots to outlive it), and behind
+/// Topic::publish (owned by the core's ThreadPublishers; `keep` empty).
 struct PublisherState {
   PublisherState() = default;
   PublisherState(const PublisherState&) = delete;
@@ -445,6 +448,10 @@ struct PublisherState {
   /// The link for `t` (created on first use; nullptr when all kLinks are
   /// taken: the shared path then serves that topic).
   PublisherLink* link(TopicImpl* t) noexcept;
+  /// The next message id, from this publisher's block (a block of kIdBlock
+  /// from the bus when it runs out).
+  std::uint64_t take_id() noexcept;
+  static constexpr std::uint64_t kIdBlock = 1024;
 
   BusCore* bus = nullptr;
   std::shared_ptr<BusCore> keep;
@@ -454,6 +461,15 @@ struct PublisherState {
   static constexpr std::uint32_t kLinks = 4;
   PublisherLink links[kLinks];
   std::uint32_t link_count = 0;
+};
+
+/// The publishers behind Topic::publish, one per thread that publishes
+/// (publish.cpp, "Implicit publishers"). Owned by the core; a thread's cache
+/// holds a weak reference, so a thread that outlives the bus finds it dead.
+struct ThreadPublishers {
+  Mutex mu;
+  bool alive GUARDED_BY(mu) = true;
+  std::vector<std::unique_ptr<PublisherState>> states GUARDED_BY(mu);
 };
 
 /// A publisher slot: the in_push window of solo publishes (see "Solo publishers").
@@ -522,6 +538,13 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::uint32_t claim_publisher_slot() noexcept;
   void release_publisher_slot(std::uint32_t k) noexcept;
   PublisherSlot& publisher_slot(std::uint32_t k) noexcept { return pub_slots_[k]; }
+  /// The calling thread's publisher for this bus (Topic::publish): created
+  /// on the thread's first publish, kept by the core until the thread exits
+  /// or the core goes (publish.cpp, "Implicit publishers"). nullptr after
+  /// shutdown began or when it cannot be created (the shared path then serves).
+  PublisherState* thread_publisher() noexcept;
+  /// Destroy every implicit publisher (~BusCore, before the topics go).
+  void drop_thread_publishers() noexcept;
   /// Queue a scheduled lane in its namespace's class of the run queue.
   void enqueue_lane(GroupLane* gl) noexcept;
 
@@ -692,6 +715,14 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::string running_handlers() const;
 
   PublisherSlot pub_slots_[kPublisherSlots];
+  // Unique per process (never reused, unlike the core's address): the key of
+  // a thread's cache of implicit publishers.
+  const std::uint64_t serial_ = next_serial();
+  static std::uint64_t next_serial() noexcept {
+    static std::atomic<std::uint64_t> n{0};
+    return n.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+  const std::shared_ptr<ThreadPublishers> thread_publishers_ = std::make_shared<ThreadPublishers>();
 
   // Declared before topics_: destroyed after them, so a slot still holding a
   // block when its topic goes away can give it back (MessagePool's destructor).
@@ -739,5 +770,13 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::condition_variable poller_cv_;
   bool poller_stop_ = false;  // guarded by poller_mu_
 };
+
+inline std::uint64_t PublisherState::take_id() noexcept {
+  if (next_id == end_id) {
+    next_id = bus->take_ids(kIdBlock);
+    end_id = next_id + kIdBlock;
+  }
+  return next_id++;
+}
 
 }  // namespace lanebus::detail

@@ -5,7 +5,9 @@
 #include <cassert>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "backpressure.hpp"
 #include "bus_impl.hpp"
@@ -273,20 +275,114 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   return Status();
 }
 
+// ---------------------------------------------------------------- implicit publishers
+//
+// Topic::publish on an in-memory topic goes through a publisher of the
+// calling thread's own, as if the program had made one with Bus::publisher():
+// the slot magazine, the block of ids and the solo path, where the shared
+// path takes ids, slots and ring cells with a locked instruction each (2-3x
+// slower, doc/performance.md "Topic::publish through a thread's publisher").
+// - The core owns the states (ThreadPublishers); a thread caches the last
+//   two buses it published to (serial, state, weak reference to the table).
+//   The cache is the thread's: a state is used by its thread only.
+// - A thread's exit destroys its states, if their core is still there (the
+//   table's mutex and `alive`); the core's destruction destroys the rest.
+//   Destroying a state gives its magazines' slots back, ends solo
+//   ownership and frees the publisher slot, as a Publisher's destruction.
+// - A state is made once per thread and bus (one allocation, on the first
+//   publish); after that, publishing allocates nothing. A thread that
+//   publishes to a third bus drops its oldest state.
+namespace {
+struct ThreadPublisherCache {
+  struct Entry {
+    std::uint64_t serial = 0;  // BusCore::serial_; 0: empty
+    PublisherState* state = nullptr;
+    std::weak_ptr<ThreadPublishers> table;
+  };
+  Entry entries[2];
+
+  ~ThreadPublisherCache() {
+    for (Entry& e : entries) drop(e);
+  }
+  static void drop(Entry& e) noexcept {
+    if (std::shared_ptr<ThreadPublishers> t = e.table.lock()) {
+      // Under the table's lock, so the core (whose destruction takes it
+      // first) and its pools are still there while the state gives its
+      // magazines back (lock order: the table, then a pool's).
+      MutexLock l(&t->mu);
+      if (t->alive) {
+        for (auto& st : t->states) {
+          if (st.get() != e.state) continue;
+          st = std::move(t->states.back());  // destroys the state
+          t->states.pop_back();
+          break;
+        }
+      }
+    }
+    e = Entry{};
+  }
+};
+thread_local ThreadPublisherCache tl_publishers;
+}  // namespace
+
+PublisherState* BusCore::thread_publisher() noexcept {
+  ThreadPublisherCache& c = tl_publishers;
+  if (c.entries[0].serial == serial_) return c.entries[0].state;
+  if (c.entries[1].serial == serial_) {
+    std::swap(c.entries[0], c.entries[1]);
+    return c.entries[0].state;
+  }
+  if (closing()) return nullptr;
+  try {
+    auto st = std::make_unique<PublisherState>();
+    st->bus = this;
+    st->slot = claim_publisher_slot();
+    PublisherState* raw = st.get();
+    {
+      MutexLock l(&thread_publishers_->mu);
+      if (!thread_publishers_->alive) return nullptr;
+      thread_publishers_->states.push_back(std::move(st));
+    }
+    ThreadPublisherCache::drop(c.entries[1]);
+    c.entries[1] = std::move(c.entries[0]);
+    c.entries[0] = {serial_, raw, thread_publishers_};
+    return raw;
+  } catch (...) {
+    return nullptr;  // out of memory: the shared path
+  }
+}
+
+void BusCore::drop_thread_publishers() noexcept {
+  std::vector<std::unique_ptr<PublisherState>> gone;
+  {
+    MutexLock l(&thread_publishers_->mu);
+    thread_publishers_->alive = false;
+    gone.swap(thread_publishers_->states);
+  }
+}
+
 Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const OutgoingMessage& m, bool may_block,
-                              std::uint64_t id) noexcept {
+                              std::uint64_t id, const PayloadFill* fill) noexcept {
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   // A typed topic checks the record, a namespace with a publish quota
   // admits the message: the checked (shared) path. So does a publisher
   // without a slot (more than kPublisherSlots at once).
-  // So do a payload beyond the slot (a block of the payload pool) and a
-  // topic of typed objects (publish refuses bytes there).
-  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+  // So do a payload beyond the slot (a block of the payload pool), bytes to
+  // a topic of typed objects (publish refuses them), and a typed object
+  // that does not fit the slot. A typed object that does is constructed in
+  // the slot here.
+  const std::size_t keys = m.key.size() + m.idempotency_key.size();
+  const std::size_t need = keys + (fill != nullptr ? fill->size : m.payload.size());
+  // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the shared
+  // path refuses it.)
   if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
-      nsp->pub_limited.load(std::memory_order_relaxed) || need > options.slot_bytes ||
-      objects_only.load(std::memory_order_relaxed))
-    return publish(m, may_block, id);
-  if (m.payload.empty()) return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+      nsp->pub_limited.load(std::memory_order_relaxed) ||
+      (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
+      (fill == nullptr ? need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)
+                       : inline_object_offset(keys, *fill, options.slot_bytes) == 0))
+    return publish(m, may_block, id, fill);
+  if (fill == nullptr && m.payload.empty())
+    return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (bus->closing()) return shut_down();
   const std::uint32_t lane = lane_for_key(m.key, options.lanes);
   Slot* s = pool.take(link.mag);  // plain loads and stores unless the magazine refills
@@ -304,7 +400,13 @@ Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const Outg
     pool.free(s);
     return shut_down();
   }
-  fill_slot(s, m, lane, id, now_ns(), m.schema_version);
+  fill_slot(s, m, lane, id, now_ns(), m.schema_version, fill == nullptr);
+  if (fill != nullptr) {
+    if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
+      pool.free(s);
+      return st;
+    }
+  }
 
   // Solo ownership ("Solo publishers", bus_impl.hpp); without membarrier, shared.
   const bool solo = asym_ok ? open_window(*this, p.slot) : (make_shared(), false);

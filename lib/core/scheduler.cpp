@@ -23,6 +23,7 @@ BusCore::BusCore(const BusOptions& o) : options(o), logger(o.log, o.name) {}
 BusCore::~BusCore() {
   // Bus::~Bus already shut down; this covers a failed start().
   if (!stopped_.load()) (void)shutdown(ShutdownMode::Abandon, std::chrono::milliseconds(0));
+  drop_thread_publishers();  // their magazines go back to the pools, still here
 }
 
 Status BusCore::start() {
@@ -139,7 +140,7 @@ PublisherState::~PublisherState() {
       t->owner.compare_exchange_strong(mine, 0, std::memory_order_acq_rel, std::memory_order_relaxed);
     }
   }
-  if (slot != kNoPublisherSlot && keep) keep->release_publisher_slot(slot);
+  if (slot != kNoPublisherSlot && bus != nullptr) bus->release_publisher_slot(slot);
 }
 
 Consumer* BusCore::pin_consumer(GroupImpl* g) noexcept {
