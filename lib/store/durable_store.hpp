@@ -521,7 +521,7 @@ class DurableStore {
                     std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt);
   Status claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
                   const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out);
-  Status enqueue(WriteOp op, bool may_block) EXCLUDES(queue_mutex_);
+  Status enqueue(WriteOp&& op, bool may_block) EXCLUDES(queue_mutex_);  // moved from only when queued
   // Runs `apply` inside a write transaction of the writer and waits.
   Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
   void writer_main();

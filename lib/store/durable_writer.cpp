@@ -12,7 +12,7 @@
 
 namespace lanebus::detail {
 
-Status DurableStore::enqueue(WriteOp op, bool may_block) {
+Status DurableStore::enqueue(WriteOp&& op, bool may_block) {
   {
     MutexLock l(&queue_mutex_);
     while (!stopping_ && queue_.size() >= options_.max_pending) {
