@@ -1006,7 +1006,17 @@ Result<std::unique_ptr<LmdbWalk>> LmdbWalk::open(const std::string& path) {
   if (rc == ENOMEM) return open_enomem("verify: open", path);
   if (rc == EINVAL) return open_einval("verify: open", path);
   if (rc != 0) return lmdb_error(rc, "verify: open", path);
-  rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
+  {
+    // Claiming the walk's reader slot takes LMDB's reader mutex: under the
+    // slot lock like every other lanebus process (LmdbEnv's class comment).
+    // The descriptor is closed right after, which drops only this process's
+    // locks on writer.lock (the walk runs where the store is not open).
+    const int fd = ::open((path + "/writer.lock").c_str(), O_RDWR | O_CLOEXEC);
+    const bool locked = fd >= 0 && lock_byte(fd, kSlotByte) == 0;
+    rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
+    if (locked) unlock_byte(fd, kSlotByte);
+    if (fd >= 0) ::close(fd);
+  }
   if (rc == MDB_MAP_RESIZED) {
     // The newest meta page claims more pages than the file (the map) has.
     return Status(Code::Corruption, "verify " + quoted(path) + ": the meta page claims more pages than data.mdb has (" +
