@@ -418,7 +418,9 @@ TEST_CASE("queue: the attempt is stored before claim returns; ack advances; expi
   CHECK((*c3)->message.payload == "job1");
   std::optional<lanebus::detail::ClaimedMessage> again;
   CHECK(wait_until([&] {
-    auto r = store->claim(*g, 0, short_claim);
+    // The redelivery is claimed for long: offset 1 must stay in flight below
+    // (a 30 ms claim could expire again on a loaded machine before the next claim).
+    auto r = store->claim(*g, 0, long_claim);
     if (r.ok() && r->has_value()) again = **r;
     return again.has_value();
   }));
