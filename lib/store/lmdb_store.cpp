@@ -460,25 +460,33 @@ void LmdbEnv::unlock_slots() noexcept {
   slot_mutex_.unlock();
 }
 
-Result<MDB_txn*> LmdbEnv::claim_slot_locked() {
+Result<MDB_txn*> LmdbEnv::claim_slot(bool may_adopt) {
   bool checked = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    std::shared_lock<std::shared_mutex> lock(map_mutex_);
     MDB_txn* txn = nullptr;
-    int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+    int rc = 0;
+    {
+      // The map lock before the slot lock, as a thread holding a read (the
+      // map lock) and asking for a nested one takes them.
+      std::shared_lock<std::shared_mutex> map(map_mutex_);
+      if (Status s = lock_slots(); !s.ok()) return s;
+      rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+      if (rc == MDB_READERS_FULL && !checked) {
+        checked = true;
+        int dead = 0;
+        mdb_reader_check(env_, &dead);  // under the slot lock
+        rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+      }
+      unlock_slots();
+    }
     if (rc == 0) {
       mdb_txn_reset(txn);  // keeps the slot, pins no pages
       return txn;
     }
-    lock.unlock();
-    if (rc == MDB_MAP_RESIZED) {
+    // Adopting another process's map size takes the map lock exclusively:
+    // not while this thread holds a read (a nested claim reports it instead).
+    if (rc == MDB_MAP_RESIZED && may_adopt) {
       if (Status s = adopt_map_size(); !s.ok()) return s;
-      continue;
-    }
-    if (rc == MDB_READERS_FULL && !checked) {
-      checked = true;
-      int dead = 0;
-      mdb_reader_check(env_, &dead);  // under the slot lock
       continue;
     }
     return lmdb_error(rc, "reserve a reader slot of", config_.path);
@@ -489,14 +497,12 @@ Result<MDB_txn*> LmdbEnv::claim_slot_locked() {
 }
 
 Status LmdbEnv::reserve_read_slots(std::size_t want) {
-  if (Status s = lock_slots(); !s.ok()) return s;
   // Stale slots of dead processes pin old pages (the file grows) and fill the table.
-  int dead = 0;
-  mdb_reader_check(env_, &dead);
+  if (auto dead = reader_check(); !dead.ok()) return dead.status();
   Status failure;
   std::size_t got = 0;
   for (; got < want; ++got) {
-    auto txn = claim_slot_locked();
+    auto txn = claim_slot(true);
     if (!txn.ok()) {
       failure = txn.status();
       break;
@@ -504,7 +510,6 @@ Status LmdbEnv::reserve_read_slots(std::size_t want) {
     std::lock_guard<std::mutex> lock(read_pool_mutex_);
     read_slots_[read_slot_count_++].txn = *txn;
   }
-  unlock_slots();
   // A full table still leaves this process the slots it got (its reads wait
   // for each other); with none it cannot read at all.
   if (got == 0) return failure;
@@ -539,9 +544,7 @@ Result<std::size_t> LmdbEnv::acquire_read_slot() {
                                   " reads open at once in this process, nested on one thread");
   }
   lock.unlock();
-  if (Status s = lock_slots(); !s.ok()) return s;
-  auto txn = claim_slot_locked();
-  unlock_slots();
+  auto txn = claim_slot(false);  // this thread holds a read: no map resize here
   if (!txn.ok()) return txn.status();
   lock.lock();
   std::size_t i = 0;
@@ -571,11 +574,7 @@ void LmdbEnv::end_read(MDB_txn* txn, std::size_t slot) noexcept {
 
 void LmdbEnv::replace_read_slot(std::size_t slot) noexcept {
   MDB_txn* txn = nullptr;
-  if (lock_slots().ok()) {
-    auto claimed = claim_slot_locked();
-    unlock_slots();
-    if (claimed.ok()) txn = *claimed;
-  }
+  if (auto claimed = claim_slot(true); claimed.ok()) txn = *claimed;
   {
     std::lock_guard<std::mutex> lock(read_pool_mutex_);
     read_slots_[slot].txn = txn;  // nullptr: the entry stays unused (fewer slots)

@@ -262,8 +262,11 @@ class LmdbEnv {
   void unlock_writer() noexcept;
   Status lock_slots();      // slot_mutex_, then the record lock on byte 1 of writer_fd_
   void unlock_slots() noexcept;
-  Status reserve_read_slots(std::size_t want);  // at open, under the slot lock
-  Result<MDB_txn*> claim_slot_locked();         // a new reset read txn; REQUIRES the slot lock
+  Status reserve_read_slots(std::size_t want);  // at open
+  // A new reset read txn, its slot claimed under the map lock (shared) and then
+  // the slot lock; `may_adopt`: adopt a grown map and retry (never while this
+  // thread holds a read).
+  Result<MDB_txn*> claim_slot(bool may_adopt);
   Result<std::size_t> acquire_read_slot();      // a kept txn (waits), or a new one for a nested read
   void end_read(MDB_txn* txn, std::size_t slot) noexcept;  // reset it and hand it back
   void replace_read_slot(std::size_t slot) noexcept;       // after a read txn's commit freed the slot
