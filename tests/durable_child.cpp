@@ -18,6 +18,11 @@
 //       sets RLIMIT_FSIZE (SIGXFSZ ignored) and appends 4 KiB payloads until
 //       refused; prints "ack SEQ", then "error CODE MESSAGE", then the result of
 //       one more append and of a read ("after CODE", "read CODE").
+//   durable_child readers DIR
+//       until killed: opens the LMDB environment (which reserves 2 reader
+//       slots under the slot lock and LMDB's reader mutex), reads key "k" 20
+//       times on each of 3 threads (one waits for a slot), runs
+//       mdb_reader_check, closes it; prints "ok CYCLE" after each cycle.
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -31,6 +36,7 @@
 #include <thread>
 
 #include "durable_store.hpp"
+#include "lmdb_store.hpp"
 
 using lanebus::Code;
 using lanebus::detail::AppendRequest;
@@ -218,6 +224,42 @@ int fsize(int argc, char** argv) {
   return 0;
 }
 
+int readers(int argc, char** argv) {
+  if (argc < 3) return 2;
+  lanebus::detail::LmdbEnv::Config cfg;
+  cfg.path = argv[2];
+  cfg.read_slots = 2;  // 3 reading threads: one of them waits for a slot
+  for (std::uint64_t cycle = 0;; ++cycle) {
+    auto env = lanebus::detail::LmdbEnv::open(cfg);
+    if (!env.ok()) {
+      say("open-error " + env.status().to_string());
+      return 3;
+    }
+    std::atomic<int> bad{0};
+    std::thread threads[3];
+    for (auto& th : threads) {
+      th = std::thread([&] {
+        for (int i = 0; i < 20; ++i) {
+          auto r = (*env)->begin_read();
+          if (!r.ok()) {
+            bad.fetch_add(1);
+            continue;
+          }
+          auto dbi = (*env)->open_dbi(*r, nullptr, false);
+          if (!dbi.ok() || !r->get(*dbi, "k").ok()) bad.fetch_add(1);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    if (bad.load() != 0) {
+      say("read-error");
+      return 4;
+    }
+    if (!(*env)->reader_check().ok()) return 5;
+    say("ok " + std::to_string(cycle));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,5 +269,6 @@ int main(int argc, char** argv) {
   if (mode == "consume") return consume(argc, argv);
   if (mode == "follow") return follow(argc, argv);
   if (mode == "fsize") return fsize(argc, argv);
+  if (mode == "readers") return readers(argc, argv);
   return 2;
 }

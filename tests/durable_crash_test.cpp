@@ -3,6 +3,11 @@
 // RLIMIT_FSIZE fault: no acknowledged append or ack is ever lost.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -15,6 +20,7 @@
 #include <vector>
 
 #include "durable_store.hpp"
+#include "lmdb_store.hpp"
 #include "process.hpp"
 #include "seed.hpp"
 #include "sizes.hpp"
@@ -26,6 +32,21 @@ using lanebus::test::Child;
 using lanebus::test::TempDir;
 
 namespace {
+
+// Reads the "ok" lines `child` prints for 20 ms (it prints one a cycle, for
+// as long as it runs); how many.
+std::uint64_t drain_ok(Child& child) {
+  std::uint64_t n = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    const std::string l = child.read_line(std::chrono::milliseconds(5));
+    if (l.empty()) break;
+    n += l.rfind("ok ", 0) == 0 ? 1 : 0;
+  }
+  return n;
+}
+
+int reader_kill_runs() { return static_cast<int>(lanebus::test::env_size("LANEBUS_READER_KILL_RUNS", 30)); }
 
 int crash_cycles() { return static_cast<int>(lanebus::test::env_size("LANEBUS_CRASH_CYCLES", 50)); }
 
@@ -272,4 +293,120 @@ TEST_CASE("RLIMIT_FSIZE hit in a child: appends fail with DiskFull, the process 
     from = b->next_offset;
   }
   CHECK(stored == acked);
+}
+
+// Reader slots (lib/store/lmdb_store.hpp): a process claims reader slots only
+// while it holds the slot lock (byte 1 of writer.lock), so a process killed
+// while it waits for a slot, or while it holds LMDB's reader mutex, never
+// leaves the others asleep on that mutex (the lost wake-up writer.lock cured
+// for writers). First the exact case: a process waiting for the slot lock is
+// killed, then the holder; then a kill -9 loop over processes that open,
+// read on more threads than they have slots, run mdb_reader_check and close.
+// LANEBUS_READER_KILL_RUNS sizes the loop (default 30).
+TEST_CASE("reader slots: processes killed while they wait for or claim reader slots never wedge the others") {
+  const std::uint64_t seed = lanebus::test::test_seed("reader slot kill loop");
+  std::mt19937_64 rng(seed);
+  const int runs = reader_kill_runs();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string exe = child_path();
+  TempDir dir;
+  const std::string store_dir = dir.file("bus");
+  {
+    lanebus::detail::LmdbEnv::Config cfg;
+    cfg.path = store_dir;
+    auto env = lanebus::detail::LmdbEnv::open(cfg);
+    REQUIRE(env.ok());
+    auto w = (*env)->begin_write();
+    REQUIRE(w.ok());
+    auto dbi = (*env)->open_dbi(*w, nullptr, false);
+    REQUIRE(dbi.ok());
+    REQUIRE(w->put(*dbi, "k", "v").ok());
+    REQUIRE(w->commit().ok());
+  }
+
+  // A process that holds the slot lock and never lets go (only async-signal-
+  // safe calls after fork: this process has threads).
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const std::string lock_file = store_dir + "/writer.lock";
+  const pid_t holder = ::fork();
+  REQUIRE(holder >= 0);
+  if (holder == 0) {
+    const int fd = ::open(lock_file.c_str(), O_RDWR | O_CLOEXEC);
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 1;
+    fl.l_len = 1;
+    if (fd < 0 || ::fcntl(fd, F_SETLKW, &fl) != 0) ::_exit(3);
+    const char c = 'L';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(4);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  {
+    Child waiter({exe, "readers", store_dir});
+    REQUIRE(waiter.started());
+    CHECK(waiter.read_line(std::chrono::milliseconds(300)).empty());  // waits for a reader slot
+    waiter.signal(SIGKILL);  // killed while it waits
+    waiter.wait();
+  }
+  Child second({exe, "readers", store_dir});
+  REQUIRE(second.started());
+  CHECK(second.read_line(std::chrono::milliseconds(300)).empty());
+  ::kill(holder, SIGKILL);
+  int status = 0;
+  ::waitpid(holder, &status, 0);
+  CHECK(second.read_line(std::chrono::seconds(20)).rfind("ok ", 0) == 0);
+  second.signal(SIGKILL);
+  second.wait();
+
+  // The loop: 3 processes cycling; one killed at a random moment each run.
+  constexpr int kProcs = 3;
+  std::vector<std::unique_ptr<Child>> procs;
+  for (int i = 0; i < kProcs; ++i) {
+    procs.push_back(std::make_unique<Child>(std::vector<std::string>{exe, "readers", store_dir}));
+    REQUIRE(procs.back()->started());
+  }
+  int kills = 0;
+  std::uint64_t cycles = 0;  // open, read, check, close cycles the processes completed
+  for (int run = 0; run < runs; ++run) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1 + rng() % 15));
+    auto& victim = procs[rng() % kProcs];
+    cycles += drain_ok(*victim);
+    victim->signal(SIGKILL);
+    victim->wait();
+    ++kills;
+    victim = std::make_unique<Child>(std::vector<std::string>{exe, "readers", store_dir});
+    REQUIRE(victim->started());
+  }
+  // Every survivor still makes progress: a fresh "ok" line from each within
+  // the deadline (a wedged process prints nothing; a failing one prints an error).
+  for (auto& p : procs) {
+    cycles += drain_ok(*p);  // what it printed before: progress must come after the loop
+    const std::string line = p->read_line(std::chrono::seconds(20));
+    INFO("line: " << line);
+    REQUIRE_MESSAGE(!line.empty(), "a reader process made no progress for 20 s after the kill loop");
+    CHECK(line.rfind("ok ", 0) == 0);
+  }
+  for (auto& p : procs) {
+    p->signal(SIGKILL);
+    p->wait();
+  }
+  // And this process opens the store, clears the dead processes' slots and reads.
+  lanebus::detail::LmdbEnv::Config cfg;
+  cfg.path = store_dir;
+  auto env = lanebus::detail::LmdbEnv::open(cfg);
+  REQUIRE(env.ok());
+  auto r = (*env)->begin_read();
+  REQUIRE(r.ok());
+  auto dbi = (*env)->open_dbi(*r, nullptr, false);
+  REQUIRE(dbi.ok());
+  CHECK(r->get(*dbi, "k").ok());
+  MESSAGE("runs=" << runs << " kills=" << kills << " cycles=" << cycles);
+  CHECK(cycles > 0);
+  lanebus::test::print_figures("reader_slot_kill", static_cast<std::uint64_t>(kills), cycles, t0);
 }

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <sys/stat.h>
+#include <future>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -417,7 +418,9 @@ TEST_CASE("queue: the attempt is stored before claim returns; ack advances; expi
   CHECK((*c3)->message.payload == "job1");
   std::optional<lanebus::detail::ClaimedMessage> again;
   CHECK(wait_until([&] {
-    auto r = store->claim(*g, 0, short_claim);
+    // The redelivery is claimed for long: offset 1 must stay in flight below
+    // (a 30 ms claim could expire again on a loaded machine before the next claim).
+    auto r = store->claim(*g, 0, long_claim);
     if (r.ok() && r->has_value()) again = **r;
     return again.has_value();
   }));
@@ -1012,22 +1015,24 @@ TEST_CASE("LmdbEnv: a writer waits for another process's lock on writer.lock and
   CHECK(read_main(*env, "k") == "v");  // a read in this process sees the write
 }
 
-// Read transactions are reset and renewed, so beginning one takes no lock in
-// lock.mdb (LMDB's reader mutex has the writer mutex's lost wake-up): a
-// finished read keeps its slot, and many reads on many threads hold no more
-// slots than are open at once plus the 8 kept.
-TEST_CASE("LmdbEnv: read transactions keep their reader slots for reuse, within a bound") {
+// Reader slots are reserved at open and kept (lib/store/lmdb_store.hpp):
+// beginning a read renews a kept transaction and takes no lock in lock.mdb
+// (LMDB's reader mutex has the writer mutex's lost wake-up), many reads on many
+// threads hold no more slots than were reserved, and a finished read keeps its
+// slot.
+TEST_CASE("LmdbEnv: reader slots are reserved at open and reused, never claimed beyond them") {
   TempDir dir;
   auto env = open_env(dir.path());
   const lanebus::detail::LmdbDbi main_dbi = write_main(*env, "k", "1");
-  CHECK(env->reader_slots_held() == 0);
+  const std::size_t reserved = env->read_slots_reserved();
+  CHECK(reserved == 7);  // min(8, 126 / 16)
+  CHECK(env->reader_slots_held() == reserved);
   { auto r = env->begin_read(); REQUIRE(r.ok()); }
-  CHECK(env->reader_slots_held() == 1);  // kept, reset
   for (int i = 0; i < 100; ++i) {
     auto r = env->begin_read();
     REQUIRE(r.ok());
   }
-  CHECK(env->reader_slots_held() == 1);  // the same slot each time
+  CHECK(env->reader_slots_held() == reserved);  // the same slots each time
 
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
@@ -1043,9 +1048,57 @@ TEST_CASE("LmdbEnv: read transactions keep their reader slots for reuse, within 
   }
   for (auto& th : threads) th.join();
   CHECK(failures.load() == 0);
-  CHECK(env->reader_slots_held() <= 8);
+  CHECK(env->reader_slots_held() == reserved);
 
   // A renewed read sees the newest commit, not the snapshot it had before.
   write_main(*env, "k", "2");
   CHECK(read_main(*env, "k") == "2");
+}
+
+// More reads than reserved slots: the extra ones wait for a slot to come back
+// (no new slot is claimed), while a thread that already holds a read gets a
+// new slot for a nested one instead of waiting for itself.
+TEST_CASE("LmdbEnv: a read beyond the reserved slots waits for one; a nested read on one thread does not") {
+  TempDir dir;
+  lanebus::detail::LmdbEnv::Config cfg;
+  cfg.path = dir.path();
+  cfg.read_slots = 2;
+  auto opened = lanebus::detail::LmdbEnv::open(cfg);
+  REQUIRE(opened.ok());
+  auto& env = *opened;
+  write_main(*env, "k", "1");
+  CHECK(env->read_slots_reserved() == 2);
+  CHECK(env->reader_slots_held() == 2);
+
+  auto a = env->begin_read();
+  REQUIRE(a.ok());
+  std::atomic<int> state{0};  // 1 = second read began, 2 = third read began
+  std::promise<void> release_b;
+  std::thread other([&] {
+    auto b = env->begin_read();
+    if (!b.ok()) return;
+    state.store(1);
+    release_b.get_future().wait();
+  });
+  REQUIRE(wait_until([&] { return state.load() == 1; }, std::chrono::seconds(10)));
+  std::thread third([&] {
+    auto c = env->begin_read();  // both slots are in use on other threads: waits
+    if (c.ok()) state.store(2);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(state.load() == 1);
+  CHECK(env->reader_slots_held() == 2);
+  release_b.set_value();
+  other.join();
+  third.join();
+  CHECK(state.load() == 2);
+  CHECK(env->reader_slots_held() == 2);
+
+  // Nested on this thread with both slots busy: a third slot, kept afterwards.
+  auto b = env->begin_read();
+  REQUIRE(b.ok());
+  auto nested = env->begin_read();
+  REQUIRE_MESSAGE(nested.ok(), nested.status().to_string());
+  CHECK(env->read_slots_reserved() == 3);
+  CHECK(env->reader_slots_held() == 3);
 }

@@ -521,7 +521,7 @@ class DurableStore {
                     std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt);
   Status claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
                   const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out);
-  Status enqueue(WriteOp op, bool may_block) EXCLUDES(queue_mutex_);
+  Status enqueue(WriteOp&& op, bool may_block) EXCLUDES(queue_mutex_);  // moved from only when queued
   // Runs `apply` inside a write transaction of the writer and waits.
   Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
   void writer_main();
@@ -539,6 +539,10 @@ class DurableStore {
   };
   Result<ReadView> begin_read() const;
   Result<TopicRef> topic_by_id(std::uint32_t id) const EXCLUDES(topics_mutex_);
+  // The append hot path without copying the TopicRef: 1 = an open topic
+  // without a fence, 2 = fenced, 0 = not open in this store. `lanes` is set
+  // when open.
+  int topic_kind(std::uint32_t id, std::uint32_t* lanes) const EXCLUDES(topics_mutex_);
   void remember_topic(const TopicRef& t) EXCLUDES(topics_mutex_);
 
   StoreOptions options_;
@@ -559,7 +563,7 @@ class DurableStore {
   Mutex queue_mutex_;
   std::condition_variable_any queue_cv_;  // writer waits for work
   std::condition_variable_any space_cv_;  // producers wait for room
-  std::deque<WriteOp> queue_ GUARDED_BY(queue_mutex_);
+  std::vector<WriteOp> queue_ GUARDED_BY(queue_mutex_);  // swapped with the writer's batch
   bool stopping_ GUARDED_BY(queue_mutex_) = false;
   bool force_retention_ GUARDED_BY(queue_mutex_) = false;
   std::thread writer_;

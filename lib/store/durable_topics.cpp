@@ -23,6 +23,14 @@ Result<TopicRef> DurableStore::topic_by_id(std::uint32_t id) const {
   return it->second;
 }
 
+int DurableStore::topic_kind(std::uint32_t id, std::uint32_t* lanes) const {
+  MutexLock l(&topics_mutex_);
+  auto it = topics_.find(id);
+  if (it == topics_.end()) return 0;
+  *lanes = it->second.lanes;
+  return it->second.fence.empty() ? 1 : 2;
+}
+
 void DurableStore::remember_topic(const TopicRef& t) {
   MutexLock l(&topics_mutex_);
   topics_[t.id] = t;
@@ -149,6 +157,17 @@ Result<std::vector<TopicRef>> DurableStore::list_topics() {
 Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
   Status s = check_writable();
   if (!s.ok()) return s;
+  std::uint32_t lanes = 0;
+  if (topic_kind(request.topic_id, &lanes) == 1 && request.lane < lanes && !request.payload.empty() &&
+      request.key.size() <= 0xFFFF && request.idempotency_key.size() <= 0xFFFF &&
+      request.payload.size() <= kMaxPayload) {
+    // An unfenced topic and a valid request: no TopicRef copy on this path.
+    WriteOp op;
+    op.is_append = true;
+    op.request = std::move(request);
+    op.append_done = std::move(done);
+    return enqueue(std::move(op), true);
+  }
   auto topic = topic_by_id(request.topic_id);
   if (!topic.ok()) return topic.status();
   if (request.lane >= topic->lanes) {
@@ -207,15 +226,18 @@ Result<std::uint64_t> DurableStore::reserve_ids(std::uint64_t count) {
 
 Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   AppendRequest& r = op.request;
-  auto topic = topic_by_id(r.topic_id);
-  if (!topic.ok()) return topic.status();
+  std::uint32_t lanes = 0;
+  const int kind = topic_kind(r.topic_id, &lanes);
+  if (kind == 0) return topic_by_id(r.topic_id).status();
   auto ls = ctx.lane(r.topic_id, r.lane);
   if (!ls.ok()) return ls.status();
   // Fenced topics (doc/leases.md, lib/features/fence.cpp): decided here, in the transaction,
   // against the high-water as left by earlier ops of this batch, before
   // anything of this op is written. A duplicate writes nothing.
   FencePlan fence;
-  if (!topic->fence.empty()) {
+  if (kind == 2) {
+    auto topic = topic_by_id(r.topic_id);
+    if (!topic.ok()) return topic.status();
     StoreTxn ft(this, &ctx, ctx.txn, ctx.now_ns);
     Status fs = fences_.check(ft, *topic, r, op.fence, &fence);
     if (!fs.ok()) return fs;

@@ -3,6 +3,7 @@
 #include "durable_store.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -11,7 +12,7 @@
 
 namespace lanebus::detail {
 
-Status DurableStore::enqueue(WriteOp op, bool may_block) {
+Status DurableStore::enqueue(WriteOp&& op, bool may_block) {
   {
     MutexLock l(&queue_mutex_);
     while (!stopping_ && queue_.size() >= options_.max_pending) {
@@ -64,9 +65,14 @@ void DurableStore::writer_main() {
         auto until = async ? std::min(next_maint, next_flush) : next_maint;
         queue_cv_.wait_until(queue_mutex_, until);
       }
-      while (!queue_.empty() && batch.size() < options_.max_batch) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+      // The whole queue when it fits one batch: a swap, so both vectors keep
+      // their capacity and a steady stream of appends allocates nothing here.
+      if (queue_.size() <= options_.max_batch) {
+        batch.swap(queue_);
+      } else {
+        const auto n = static_cast<std::ptrdiff_t>(options_.max_batch);
+        batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.begin() + n));
+        queue_.erase(queue_.begin(), queue_.begin() + n);
       }
       stop = stopping_ && queue_.empty();
       force = force_retention_;

@@ -236,7 +236,7 @@ Status open_einval(std::string_view what, std::string_view path) {
 
 LmdbTxn::LmdbTxn(LmdbTxn&& other) noexcept
     : env_(other.env_), txn_(std::exchange(other.txn_, nullptr)), lock_(std::move(other.lock_)),
-      write_(other.write_), writer_locked_(std::exchange(other.writer_locked_, false)) {}
+      write_(other.write_), writer_locked_(std::exchange(other.writer_locked_, false)), slot_(other.slot_) {}
 
 LmdbTxn& LmdbTxn::operator=(LmdbTxn&& other) noexcept {
   if (this != &other) {
@@ -246,6 +246,7 @@ LmdbTxn& LmdbTxn::operator=(LmdbTxn&& other) noexcept {
     lock_ = std::move(other.lock_);
     write_ = other.write_;
     writer_locked_ = std::exchange(other.writer_locked_, false);
+    slot_ = other.slot_;
   }
   return *this;
 }
@@ -257,7 +258,7 @@ void LmdbTxn::abort() noexcept {
     if (write_) {
       mdb_txn_abort(txn_);
     } else {
-      env_->end_read(txn_);
+      env_->end_read(txn_, slot_);
     }
     txn_ = nullptr;
   }
@@ -322,6 +323,9 @@ Status LmdbTxn::commit() {
   txn_ = nullptr;
   release_writer();
   if (lock_.owns_lock()) lock_.unlock();
+  // A read txn's commit (only to keep the dbi handles it opened) also freed
+  // its reserved reader slot: claim a replacement under the slot lock.
+  if (!write_) env_->replace_read_slot(slot_);
   if (rc == 0) return Status();
   if (rc == EIO && write_) {
     // LMDB reports a short pwrite as EIO. At a file-size limit (RLIMIT_FSIZE)
@@ -403,33 +407,201 @@ Status LmdbCursor::del() {
 // ---------------------------------------------------------------- LmdbEnv
 
 LmdbEnv::LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexcept
-    : config_(config), env_(env), dev_(dev), ino_(ino),
-      read_pool_cap_(std::min<std::size_t>(kReadPool, config.max_readers / 8)) {}
+    : config_(config), env_(env), dev_(dev), ino_(ino) {}
 
-MDB_txn* LmdbEnv::take_pooled_read() noexcept {
-  std::lock_guard<std::mutex> lock(read_pool_mutex_);
-  return read_pool_size_ == 0 ? nullptr : read_pool_[--read_pool_size_];
+namespace {
+
+// F_SETLKW on byte `at` of `fd` (EINTR and the kernel's thread-blind EDEADLK retried).
+int lock_byte(int fd, off_t at) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = at;
+  fl.l_len = 1;
+  while (::fcntl(fd, F_SETLKW, &fl) != 0) {
+    const int e = errno;
+    if (e == EINTR) continue;
+    if (e == EDEADLK) {  // no lock cycle is possible here; the kernel's check can be wrong across threads
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    return e;
+  }
+  return 0;
 }
 
-void LmdbEnv::end_read(MDB_txn* txn) noexcept {
-  mdb_txn_reset(txn);
+void unlock_byte(int fd, off_t at) noexcept {
+  struct flock fl {};
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = at;
+  fl.l_len = 1;
+  ::fcntl(fd, F_SETLK, &fl);
+}
+
+constexpr off_t kWriterByte = 0;
+constexpr off_t kSlotByte = 1;
+
+}  // namespace
+
+Status LmdbEnv::lock_slots() {
+  slot_mutex_.lock();
+  if (writer_fd_ < 0) return Status();
+  if (int e = lock_byte(writer_fd_, kSlotByte); e != 0) {
+    slot_mutex_.unlock();
+    return Status(Code::IOError, "reserve reader slots of " + quoted(config_.path) +
+                                     ": fcntl(F_SETLKW) on writer.lock: " + std::strerror(e));
+  }
+  return Status();
+}
+
+void LmdbEnv::unlock_slots() noexcept {
+  if (writer_fd_ >= 0) unlock_byte(writer_fd_, kSlotByte);
+  slot_mutex_.unlock();
+}
+
+Result<MDB_txn*> LmdbEnv::claim_slot(bool may_adopt) {
+  bool checked = false;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    MDB_txn* txn = nullptr;
+    int rc = 0;
+    {
+      // The map lock before the slot lock, as a thread holding a read (the
+      // map lock) and asking for a nested one takes them.
+      std::shared_lock<std::shared_mutex> map(map_mutex_);
+      if (Status s = lock_slots(); !s.ok()) return s;
+      rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+      if (rc == MDB_READERS_FULL && !checked) {
+        checked = true;
+        int dead = 0;
+        mdb_reader_check(env_, &dead);  // under the slot lock
+        rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+      }
+      unlock_slots();
+    }
+    if (rc == 0) {
+      mdb_txn_reset(txn);  // keeps the slot, pins no pages
+      return txn;
+    }
+    // Adopting another process's map size takes the map lock exclusively:
+    // not while this thread holds a read (a nested claim reports it instead).
+    if (rc == MDB_MAP_RESIZED && may_adopt) {
+      if (Status s = adopt_map_size(); !s.ok()) return s;
+      continue;
+    }
+    return lmdb_error(rc, "reserve a reader slot of", config_.path);
+  }
+  return Status(Code::Corruption, "reserve a reader slot of " + quoted(config_.path) +
+                                      ": MDB_MAP_RESIZED on every retry: the meta pages disagree about the pages in "
+                                      "use; the store is damaged; restore it from a copy");
+}
+
+Status LmdbEnv::reserve_read_slots(std::size_t want) {
+  // Stale slots of dead processes pin old pages (the file grows) and fill the table.
+  if (auto dead = reader_check(); !dead.ok()) return dead.status();
+  Status failure;
+  std::size_t got = 0;
+  for (; got < want; ++got) {
+    auto txn = claim_slot(true);
+    if (!txn.ok()) {
+      failure = txn.status();
+      break;
+    }
+    std::lock_guard<std::mutex> lock(read_pool_mutex_);
+    read_slots_[read_slot_count_++].txn = *txn;
+  }
+  // A full table still leaves this process the slots it got (its reads wait
+  // for each other); with none it cannot read at all.
+  if (got == 0) return failure;
+  if (!failure.ok() && failure.code() != Code::Busy) return failure;
+  return Status();
+}
+
+Result<std::size_t> LmdbEnv::acquire_read_slot() {
+  const std::thread::id me = std::this_thread::get_id();
+  std::unique_lock<std::mutex> lock(read_pool_mutex_);
+  for (;;) {
+    bool nested = false;
+    bool busy = false;
+    for (std::size_t i = 0; i < read_slot_count_; ++i) {
+      ReadSlot& r = read_slots_[i];
+      if (!r.busy && r.txn != nullptr) {
+        r.busy = true;
+        r.owner = me;
+        return i;
+      }
+      busy = busy || r.busy;
+      if (r.busy && r.owner == me) nested = true;
+    }
+    // Waiting would wait for this thread itself, or for nothing at all.
+    if (nested || !busy) break;
+    read_pool_cv_.wait(lock);
+  }
+  // A new slot for a thread that already holds a read: claimed under the slot lock.
+  if (read_slot_count_ >= kMaxReadSlots) {
+    return Status(Code::Busy, "begin read transaction on " + quoted(config_.path) + ": " +
+                                  std::to_string(kMaxReadSlots) +
+                                  " reads open at once in this process, nested on one thread");
+  }
+  lock.unlock();
+  auto txn = claim_slot(false);  // this thread holds a read: no map resize here
+  if (!txn.ok()) return txn.status();
+  lock.lock();
+  std::size_t i = 0;
+  while (i < read_slot_count_ && (read_slots_[i].busy || read_slots_[i].txn != nullptr)) ++i;  // an emptied entry
+  if (i == kMaxReadSlots) {
+    lock.unlock();
+    mdb_txn_abort(*txn);
+    return Status(Code::Busy, "begin read transaction on " + quoted(config_.path) + ": " +
+                                  std::to_string(kMaxReadSlots) + " reads open at once in this process");
+  }
+  if (i == read_slot_count_) ++read_slot_count_;
+  read_slots_[i].txn = *txn;
+  read_slots_[i].busy = true;
+  read_slots_[i].owner = me;
+  return i;
+}
+
+void LmdbEnv::end_read(MDB_txn* txn, std::size_t slot) noexcept {
+  mdb_txn_reset(txn);  // keeps the reader slot
   {
     std::lock_guard<std::mutex> lock(read_pool_mutex_);
-    if (read_pool_size_ < read_pool_cap_) {
-      read_pool_[read_pool_size_++] = txn;
-      return;
-    }
+    read_slots_[slot].busy = false;
+    read_slots_[slot].owner = std::thread::id();
   }
-  mdb_txn_abort(txn);
+  read_pool_cv_.notify_one();
 }
 
-void LmdbEnv::drain_read_pool() noexcept {
+void LmdbEnv::replace_read_slot(std::size_t slot) noexcept {
+  MDB_txn* txn = nullptr;
+  if (auto claimed = claim_slot(true); claimed.ok()) txn = *claimed;
+  {
+    std::lock_guard<std::mutex> lock(read_pool_mutex_);
+    read_slots_[slot].txn = txn;  // nullptr: the entry stays unused (fewer slots)
+    read_slots_[slot].busy = false;
+    read_slots_[slot].owner = std::thread::id();
+  }
+  read_pool_cv_.notify_all();
+}
+
+void LmdbEnv::free_read_slots() noexcept {
   std::lock_guard<std::mutex> lock(read_pool_mutex_);
-  while (read_pool_size_ > 0) mdb_txn_abort(read_pool_[--read_pool_size_]);
+  for (std::size_t i = 0; i < read_slot_count_; ++i) {
+    if (read_slots_[i].txn != nullptr) mdb_txn_abort(read_slots_[i].txn);  // frees the slot, no lock
+    read_slots_[i] = ReadSlot{};
+  }
+  read_slot_count_ = 0;
+}
+
+std::size_t LmdbEnv::read_slots_reserved() {
+  std::lock_guard<std::mutex> lock(read_pool_mutex_);
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < read_slot_count_; ++i) n += read_slots_[i].txn != nullptr ? 1 : 0;
+  return n;
 }
 
 LmdbEnv::~LmdbEnv() {
-  drain_read_pool();
+  free_read_slots();
   mdb_env_close(env_);
   if (writer_fd_ >= 0) ::close(writer_fd_);
   std::lock_guard<std::mutex> lock(registry_mutex());
@@ -561,14 +733,17 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
   MDB_envinfo info{};
   mdb_env_info(*env, &info);
   out->map_size_.store(info.me_mapsize, std::memory_order_relaxed);
-  // Stale slots of dead processes pin old pages, which makes the file grow.
-  int dead = 0;
-  mdb_reader_check(*env, &dead);
-  if (!config.read_only) {
-    // The cross-process writer queue (see the class comment). Without it
-    // (EACCES, EROFS) writers still exclude each other through LMDB's mutex.
-    out->writer_fd_ = ::open((path + "/writer.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  }
+  // The cross-process writer queue and slot lock (see the class comment).
+  // Without the file (EACCES, EROFS; a read-only open of a store that never
+  // had one) writers still exclude each other through LMDB's mutex, and
+  // readers claim slots under LMDB's reader mutex alone.
+  out->writer_fd_ = ::open((path + "/writer.lock").c_str(),
+                           config.read_only ? O_RDWR | O_CLOEXEC : O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  unsigned maxreaders = config.max_readers;
+  mdb_env_get_maxreaders(*env, &maxreaders);  // the lock file's, when another process set it
+  std::size_t want = config.read_slots != 0 ? config.read_slots : std::min(8u, std::max(1u, maxreaders / 16));
+  want = std::min<std::size_t>(want, kMaxReadSlots);
+  if (Status s = out->reserve_read_slots(want); !s.ok()) return s;  // ~LmdbEnv closes it
   return out;
 }
 
@@ -599,18 +774,7 @@ Status LmdbEnv::adopt_map_size() {
 Status LmdbEnv::lock_writer() {
   writer_mutex_.lock();
   if (writer_fd_ < 0) return Status();
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = 0;
-  fl.l_len = 1;
-  while (::fcntl(writer_fd_, F_SETLKW, &fl) != 0) {
-    const int e = errno;
-    if (e == EINTR) continue;
-    if (e == EDEADLK) {  // no lock cycle is possible here; the kernel's check can be wrong across threads
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      continue;
-    }
+  if (int e = lock_byte(writer_fd_, kWriterByte); e != 0) {
     writer_mutex_.unlock();
     return Status(Code::IOError, "begin write transaction on " + quoted(config_.path) +
                                      ": fcntl(F_SETLKW) on writer.lock: " + std::strerror(e));
@@ -619,74 +783,89 @@ Status LmdbEnv::lock_writer() {
 }
 
 void LmdbEnv::unlock_writer() noexcept {
-  if (writer_fd_ >= 0) {
-    struct flock fl {};
-    fl.l_type = F_UNLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = 0;
-    fl.l_len = 1;
-    ::fcntl(writer_fd_, F_SETLK, &fl);
-  }
+  if (writer_fd_ >= 0) unlock_byte(writer_fd_, kWriterByte);
   writer_mutex_.unlock();
 }
 
-Result<LmdbTxn> LmdbEnv::begin(bool write) {
-  if (write) {
-    Status s = lock_writer();
-    if (!s.ok()) return s;
+Result<LmdbTxn> LmdbEnv::begin_read() {
+  if (fatal_.load()) return fatal_status();
+  auto slot = acquire_read_slot();
+  if (!slot.ok()) return slot.status();
+  MDB_txn* txn = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(read_pool_mutex_);
+    txn = read_slots_[*slot].txn;
   }
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::shared_lock<std::shared_mutex> lock(map_mutex_);
+    const int rc = mdb_txn_renew(txn);  // the kept slot: no lock in lock.mdb
+    if (rc == 0) return LmdbTxn(this, txn, std::move(lock), false, *slot);
+    lock.unlock();
+    // A failed renew leaves the txn reset, on its slot (LMDB frees a slot only
+    // when the same call claimed it).
+    if (rc == MDB_MAP_RESIZED) {
+      Status s = adopt_map_size();
+      if (s.ok()) s = check_meta_fits();
+      if (!s.ok()) {
+        end_read(txn, *slot);
+        return s;
+      }
+      continue;
+    }
+    end_read(txn, *slot);
+    Status s = lmdb_error(rc, "begin read transaction on", config_.path);
+    if (rc == MDB_PANIC) set_fatal(s);
+    return s;
+  }
+  end_read(txn, *slot);
+  return Status(Code::Corruption, "begin transaction on " + quoted(config_.path) +
+                                      ": MDB_MAP_RESIZED on every retry: the meta pages disagree about the pages in "
+                                      "use; the store is damaged; restore it from a copy");
+}
+
+Status LmdbEnv::check_meta_fits() {
+  // A meta page that claims more pages than even the adopted map holds was
+  // damaged (a writer never commits past its map): Corruption, not a retry.
+  MDB_envinfo info{};
+  MDB_stat st{};
+  if (mdb_env_info(env_, &info) == 0 && mdb_env_stat(env_, &st) == 0 &&
+      (static_cast<std::uint64_t>(info.me_last_pgno) + 1) * st.ms_psize > info.me_mapsize) {
+    return Status(Code::Corruption, "begin transaction on " + quoted(config_.path) + ": the meta page says " +
+                                        std::to_string(info.me_last_pgno + 1) + " pages are in use, more than its map of " +
+                                        std::to_string(info.me_mapsize) + " bytes holds: the store is damaged; "
+                                        "restore it from a copy");
+  }
+  return Status();
+}
+
+Result<LmdbTxn> LmdbEnv::begin_write_txn() {
+  if (Status s = lock_writer(); !s.ok()) return s;
   // Released on every return below but the one that hands it to the txn.
   struct WriterHold {
     LmdbEnv* env;
     ~WriterHold() {
       if (env != nullptr) env->unlock_writer();
     }
-  } hold{write ? this : nullptr};
-  if (!write && !fatal_.load()) {
-    if (MDB_txn* txn = take_pooled_read()) {
-      std::shared_lock<std::shared_mutex> lock(map_mutex_);
-      if (mdb_txn_renew(txn) == 0) return LmdbTxn(this, txn, std::move(lock), false);
-      // MDB_MAP_RESIZED or MDB_PANIC: drop it; a fresh begin below reports or handles the cause.
-      mdb_txn_abort(txn);
-    }
-  }
-  bool checked_readers = false;
+  } hold{this};
   for (int attempt = 0; attempt < 8; ++attempt) {
     if (fatal_.load()) return fatal_status();
     std::shared_lock<std::shared_mutex> lock(map_mutex_);
     MDB_txn* txn = nullptr;
-    int rc = mdb_txn_begin(env_, nullptr, write ? 0 : MDB_RDONLY, &txn);
+    int rc = mdb_txn_begin(env_, nullptr, 0, &txn);
     if (rc == 0) {
-      LmdbTxn out(this, txn, std::move(lock), write);
-      out.writer_locked_ = write;
+      LmdbTxn out(this, txn, std::move(lock), true);
+      out.writer_locked_ = true;
       hold.env = nullptr;
       return out;
     }
     lock.unlock();
     if (rc == MDB_MAP_RESIZED) {
       Status s = adopt_map_size();
+      if (s.ok()) s = check_meta_fits();
       if (!s.ok()) return s;
-      // A meta page that claims more pages than even the adopted map holds was
-      // damaged (a writer never commits past its map): Corruption, not a retry.
-      MDB_envinfo info{};
-      MDB_stat st{};
-      if (mdb_env_info(env_, &info) == 0 && mdb_env_stat(env_, &st) == 0 &&
-          (static_cast<std::uint64_t>(info.me_last_pgno) + 1) * st.ms_psize > info.me_mapsize) {
-        return Status(Code::Corruption, "begin transaction on " + quoted(config_.path) + ": the meta page says " +
-                                            std::to_string(info.me_last_pgno + 1) + " pages are in use, more than its map of " +
-                                            std::to_string(info.me_mapsize) + " bytes holds: the store is damaged; "
-                                            "restore it from a copy");
-      }
       continue;
     }
-    if (rc == MDB_READERS_FULL && !checked_readers) {
-      checked_readers = true;
-      drain_read_pool();  // the slots this process keeps for reuse
-      int dead = 0;
-      mdb_reader_check(env_, &dead);
-      continue;
-    }
-    Status s = lmdb_error(rc, write ? "begin write transaction on" : "begin read transaction on", config_.path);
+    Status s = lmdb_error(rc, "begin write transaction on", config_.path);
     if (rc == MDB_PANIC) set_fatal(s);
     return s;
   }
@@ -697,13 +876,11 @@ Result<LmdbTxn> LmdbEnv::begin(bool write) {
                                       "use; the store is damaged; restore it from a copy");
 }
 
-Result<LmdbTxn> LmdbEnv::begin_read() { return begin(false); }
-
 Result<LmdbTxn> LmdbEnv::begin_write() {
   if (config_.read_only) {
     return Status(Code::InvalidArgument, "write to " + quoted(config_.path) + ": the store is open read-only");
   }
-  return begin(true);
+  return begin_write_txn();
 }
 
 Result<LmdbDbi> LmdbEnv::open_dbi(LmdbTxn& txn, const char* name, bool create) {
@@ -735,8 +912,10 @@ Status LmdbEnv::grow_map() {
 }
 
 Result<int> LmdbEnv::reader_check() {
+  if (Status s = lock_slots(); !s.ok()) return s;
   int dead = 0;
   int rc = mdb_reader_check(env_, &dead);
+  unlock_slots();
   if (rc != 0) return lmdb_error(rc, "check readers of", config_.path);
   return dead;
 }
@@ -826,7 +1005,17 @@ Result<std::unique_ptr<LmdbWalk>> LmdbWalk::open(const std::string& path) {
   if (rc == ENOMEM) return open_enomem("verify: open", path);
   if (rc == EINVAL) return open_einval("verify: open", path);
   if (rc != 0) return lmdb_error(rc, "verify: open", path);
-  rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
+  {
+    // Claiming the walk's reader slot takes LMDB's reader mutex: under the
+    // slot lock like every other lanebus process (LmdbEnv's class comment).
+    // The descriptor is closed right after, which drops only this process's
+    // locks on writer.lock (the walk runs where the store is not open).
+    const int fd = ::open((path + "/writer.lock").c_str(), O_RDWR | O_CLOEXEC);
+    const bool locked = fd >= 0 && lock_byte(fd, kSlotByte) == 0;
+    rc = mdb_txn_begin(w->env_, nullptr, MDB_RDONLY, &w->txn_);
+    if (locked) unlock_byte(fd, kSlotByte);
+    if (fd >= 0) ::close(fd);
+  }
   if (rc == MDB_MAP_RESIZED) {
     // The newest meta page claims more pages than the file (the map) has.
     return Status(Code::Corruption, "verify " + quoted(path) + ": the meta page claims more pages than data.mdb has (" +

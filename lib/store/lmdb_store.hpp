@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 #include <sys/types.h>
 
@@ -81,14 +83,16 @@ class LmdbTxn {
  private:
   friend class LmdbEnv;
   friend class LmdbCursor;
-  LmdbTxn(LmdbEnv* env, MDB_txn* txn, std::shared_lock<std::shared_mutex> lock, bool write) noexcept
-      : env_(env), txn_(txn), lock_(std::move(lock)), write_(write) {}
+  LmdbTxn(LmdbEnv* env, MDB_txn* txn, std::shared_lock<std::shared_mutex> lock, bool write,
+          std::size_t slot = 0) noexcept
+      : env_(env), txn_(txn), lock_(std::move(lock)), write_(write), slot_(slot) {}
   void release_writer() noexcept;
   LmdbEnv* env_ = nullptr;
   MDB_txn* txn_ = nullptr;
   std::shared_lock<std::shared_mutex> lock_;  // held while the txn uses the map
   bool write_ = false;
   bool writer_locked_ = false;  // holds env_'s writer lock (a write txn)
+  std::size_t slot_ = 0;        // a read txn: its entry in env_'s reserved reader slots
 };
 
 /// A cursor on one database inside a transaction; closed on destruction.
@@ -152,11 +156,25 @@ class LmdbCursor {
 ///   Threads of one process queue on `writer_mutex_` first (record locks are
 ///   per process). LMDB's mutex still decides who writes: a store without
 ///   writer.lock (a read-only directory) or another program's writer is safe.
-/// - Read transactions are reused: a finished one is reset (mdb_txn_reset)
-///   and kept, up to kReadPool, and the next begin_read renews it. A renewed
-///   transaction keeps its reader slot, so beginning it takes no lock at all;
-///   a fresh one takes LMDB's reader mutex, robust like the writer's and with
-///   the same lost wake-up, to find a slot. A reset transaction pins no pages.
+/// - Reader slots are reserved at open and never taken afterwards. LMDB's
+///   reader mutex (robust, in lock.mdb, with the writer mutex's lost wake-up)
+///   is taken only to claim a new reader slot and by mdb_reader_check when it
+///   finds a dead process's slot. open() takes a record lock on byte 1 of
+///   `writer.lock` (the "slot lock"; byte 0 is the writers'), runs
+///   mdb_reader_check, begins `read_slots` read transactions (each claims a
+///   slot), resets them and keeps them. begin_read renews a kept one
+///   (mdb_txn_renew: no lock at all), and a finished read is reset and handed
+///   back (mdb_txn_reset keeps the slot). When every kept transaction is in
+///   use, begin_read waits for one to come back instead of claiming a slot.
+///   Every later reader-mutex user of this class (reader_check; a nested read
+///   on a thread that already holds one, which would otherwise wait for
+///   itself; a read-only open's commit of its first read) takes the slot lock
+///   first. So among lanebus processes only one thread at a time ever waits
+///   on the reader mutex, and a process killed while it waits for the slot
+///   lock loses it in the kernel, which wakes the next waiter. Another program
+///   on the same directory (mdb_stat -r, an older lanebus) does not take the
+///   slot lock: with it the hazard is LMDB's own. A reset transaction pins no
+///   pages; the reserved slots are freed when the environment closes.
 /// - After a failed commit that is not MapFull/DiskFull, or a failed sync, the
 ///   environment is fatal: every later transaction fails with IOError naming
 ///   the first cause, until the store is closed and reopened.
@@ -172,7 +190,11 @@ class LmdbEnv {
     unsigned max_dbs = 16;
     bool read_only = false;
     bool no_sync = false;  ///< MDB_NOSYNC: commit without fsync (async durability).
+    /// Reader slots this process reserves at open (read transactions open at
+    /// once; more wait). 0: min(8, max(1, maxreaders / 16)). At most kMaxReadSlots.
+    unsigned read_slots = 0;
   };
+  static constexpr std::size_t kMaxReadSlots = 64;
 
   /// Create the directory if needed (0700; not in read-only mode), refuse
   /// network file systems, register (dev, ino), open the environment (files
@@ -186,8 +208,11 @@ class LmdbEnv {
   LmdbEnv(const LmdbEnv&) = delete;
   LmdbEnv& operator=(const LmdbEnv&) = delete;
 
-  /// Begin a read-only transaction (handles MDB_MAP_RESIZED and, once, a full
-  /// reader table by running mdb_reader_check).
+  /// Begin a read-only transaction on one of the reader slots reserved at open
+  /// (handles MDB_MAP_RESIZED). Waits while every reserved slot is in use on
+  /// other threads; a thread that already holds a read of this environment
+  /// gets a new slot (claimed under the slot lock) instead of waiting for
+  /// itself. Busy when the reader table is full then.
   Result<LmdbTxn> begin_read();
   /// Begin a write transaction. Blocks while another process (or thread) holds
   /// LMDB's writer lock — LMDB has no timeout for it.
@@ -200,11 +225,13 @@ class LmdbEnv {
   /// process is open on another thread that could block on this one; waits
   /// for open ones to end. MapFull when already at the maximum.
   Status grow_map();
-  /// mdb_reader_check: the number of stale reader slots cleared.
+  /// mdb_reader_check under the slot lock: the number of stale reader slots cleared.
   Result<int> reader_check();
   /// Reader slots of lock.mdb that this process holds (open and kept read
   /// transactions), from mdb_reader_list.
   unsigned reader_slots_held();
+  /// Reader slots reserved by this process (at open, plus any a nested read added).
+  std::size_t read_slots_reserved();
   /// Flush committed data to disk (mdb_env_sync, forced). A failure marks the
   /// environment fatal.
   Status sync();
@@ -228,13 +255,22 @@ class LmdbEnv {
  private:
   friend class LmdbTxn;
   LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexcept;
-  Result<LmdbTxn> begin(bool write);
-  Status adopt_map_size();  // after MDB_MAP_RESIZED
+  Result<LmdbTxn> begin_write_txn();
+  Status adopt_map_size();   // after MDB_MAP_RESIZED
+  Status check_meta_fits();  // Corruption when the meta page claims more pages than the map
   Status lock_writer();     // writer_mutex_, then the record lock on writer_fd_
   void unlock_writer() noexcept;
-  MDB_txn* take_pooled_read() noexcept;   // a reset read txn, or nullptr
-  void end_read(MDB_txn* txn) noexcept;   // reset and keep it, or abort it
-  void drain_read_pool() noexcept;        // abort every kept txn (frees their slots)
+  Status lock_slots();      // slot_mutex_, then the record lock on byte 1 of writer_fd_
+  void unlock_slots() noexcept;
+  Status reserve_read_slots(std::size_t want);  // at open
+  // A new reset read txn, its slot claimed under the map lock (shared) and then
+  // the slot lock; `may_adopt`: adopt a grown map and retry (never while this
+  // thread holds a read).
+  Result<MDB_txn*> claim_slot(bool may_adopt);
+  Result<std::size_t> acquire_read_slot();      // a kept txn (waits), or a new one for a nested read
+  void end_read(MDB_txn* txn, std::size_t slot) noexcept;  // reset it and hand it back
+  void replace_read_slot(std::size_t slot) noexcept;       // after a read txn's commit freed the slot
+  void free_read_slots() noexcept;              // abort every kept txn (frees their slots)
 
   Config config_;
   MDB_env* env_;
@@ -246,13 +282,18 @@ class LmdbEnv {
   // changed under map_mutex_ exclusively.
   std::atomic<std::uint64_t> map_size_{0};
   std::atomic<std::uint64_t> map_growths_{0};
-  static constexpr std::size_t kReadPool = 8;
+  struct ReadSlot {
+    MDB_txn* txn = nullptr;  // reset while free; nullptr after a failed replacement
+    bool busy = false;
+    std::thread::id owner;   // the thread using it, while busy
+  };
   std::mutex read_pool_mutex_;
-  MDB_txn* read_pool_[kReadPool] = {};  // GUARDED_BY(read_pool_mutex_)
-  std::size_t read_pool_size_ = 0;      // GUARDED_BY(read_pool_mutex_)
-  std::size_t read_pool_cap_ = 0;       // min(kReadPool, max_readers / 8)
+  std::condition_variable read_pool_cv_;
+  ReadSlot read_slots_[kMaxReadSlots];  // GUARDED_BY(read_pool_mutex_)
+  std::size_t read_slot_count_ = 0;     // GUARDED_BY(read_pool_mutex_)
+  std::mutex slot_mutex_;               // the thread of this process holding the slot lock
   std::mutex writer_mutex_;  // the writing thread of this process
-  int writer_fd_ = -1;       // writer.lock; -1 when it could not be opened
+  int writer_fd_ = -1;       // writer.lock (byte 0: writers, byte 1: slots); -1 when it could not be opened
   std::atomic<bool> fatal_{false};
   mutable std::mutex fatal_mutex_;
   std::string fatal_cause_;  // GUARDED_BY(fatal_mutex_)
