@@ -74,6 +74,7 @@
 
 #include "access.hpp"
 #include "asym_fence.hpp"
+#include "delayed.hpp"
 #include "wall_clock.hpp"
 #include "delivery.hpp"
 #include "dlq.hpp"
@@ -205,6 +206,7 @@ struct alignas(64) GroupLane : TimerEntry {
   std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0}, timed_out{0},
       duplicates_skipped{0};
   std::atomic<std::uint64_t> dropped{0};  // multi-writer (droppers, worker): fetch_add
+  std::atomic<std::uint64_t> expired{0};  // TTL ended before a handler call (delayed.cpp)
 
   // Metrics (BusOptions::metrics), written by the owner.
   LatencyRecorder latency;                  // created_at → handler done
@@ -361,11 +363,20 @@ class TopicImpl {
   /// Payloads larger than the slot and typed objects (large_payload.cpp):
   /// the checks before a slot is taken, then placing the payload in the
   /// slot or an external block (taken under the topic's backpressure).
-  Status check_large(const OutgoingMessage& m, const PayloadFill* fill) const noexcept;
+  /// `extra`: bytes between the keys and the payload (an extension block).
+  Status check_large(const OutgoingMessage& m, const PayloadFill* fill, std::size_t extra = 0) const noexcept;
   Status place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
                      bool may_block) noexcept;
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
+  /// A message with a due time or an expiry (delayed.cpp): the slot gets an
+  /// extension block; a delayed one waits in `delays` until due.
+  Status publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
+                       const PayloadFill* fill = nullptr) noexcept;
+  /// The timer thread: route every delayed slot that is due, re-arm for the next.
+  void release_due() noexcept;
+  /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
+  void discard_delayed() noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
   AppendRequest append_request(const OutgoingMessage& m) const;
 
@@ -409,6 +420,10 @@ class TopicImpl {
   /// In-memory typed topics: every payload is a constructed object, so a
   /// bytes publish is refused (a typed handler would read it as a T).
   std::atomic<bool> objects_only{false};
+  /// In-memory delayed messages waiting for their due time (delayed.hpp).
+  DelayQueue delays;
+  /// options.default_ttl in ns (0 = none), for has_times().
+  const std::int64_t default_ttl_ns;
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
@@ -491,6 +506,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   ~BusCore();
 
   Status start();
+  /// Fire `e` (a topic's DelayQueue entry) at wall-clock `due_wall_ns` or earlier (delayed.cpp).
+  void arm_delayed(DelayEntry* e, std::int64_t due_wall_ns) noexcept;
   Result<TopicImpl*> create(std::string_view name, bool is_queue, const TopicOptions& options);
   Result<Consumer*> attach(TopicImpl* topic, std::string_view group, Handler handler, TxHandler tx_handler,
                            const GroupOptions& options, BatchHandler batch_handler = {});
@@ -597,6 +614,15 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
                             std::int64_t* hold_ns) noexcept;
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
+  // Delays and expiry (delayed.cpp).
+  /// Shutdown: every in-memory topic's delayed slots not yet due are freed.
+  void discard_delayed() noexcept;
+  /// Before a handler call of an ephemeral message with an extension block:
+  /// true when its TTL has ended (counted, dead-lettered if the group asks;
+  /// the caller releases the slot).
+  bool expire_if_due(GroupLane* gl, Slot* s, std::uint32_t attempts, std::int64_t first_failure_ns) noexcept;
+  /// A retry's wait, cut to end at the slot's expiry (a retry never outlives the TTL).
+  static std::int64_t clip_to_expiry(const Slot* s, std::int64_t wait_ns) noexcept;
 
   // Delivery core (delivery.cpp, lib/core/delivery.hpp).
   Admission admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept;

@@ -219,6 +219,8 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
 
 Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
                           const PayloadFill* fill) noexcept {
+  // A due time or an expiry: the slot carries an extension block (delayed.cpp).
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill);
   if (owner.load(std::memory_order_relaxed) != 1) make_shared();
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
@@ -281,7 +283,8 @@ Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const Outg
   // So do a payload beyond the slot (a block of the payload pool) and a
   // topic of typed objects (publish refuses bytes there).
   const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
-  if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
+  // A due time or an expiry (delayed.cpp) also takes the shared path.
+  if (has_times(m, default_ttl_ns) || p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
       nsp->pub_limited.load(std::memory_order_relaxed) || need > options.slot_bytes ||
       objects_only.load(std::memory_order_relaxed))
     return publish(m, may_block, id);
@@ -386,9 +389,11 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
 namespace {
 constexpr std::uint32_t kBatchChunk = 64;
 
-bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes) noexcept {
+// Also true for a message with a due time or an expiry (publish takes it to delayed.cpp).
+bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes, std::int64_t default_ttl_ns) noexcept {
   for (const OutgoingMessage& m : ms)
-    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes) return true;
+    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes || has_times(m, default_ttl_ns))
+      return true;
   return false;
 }
 }  // namespace
@@ -398,7 +403,7 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
   if (objects_only.load(std::memory_order_relaxed)) return {0, bytes_to_typed()};
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed) ||
-      has_large(ms, options.slot_bytes)) {
+      has_large(ms, options.slot_bytes, default_ttl_ns)) {
     // A typed topic checks each record, a namespace with a publish quota
     // admits each message, a payload beyond the slot takes a block: publish
     // them one by one (same result as the fast path: the published prefix

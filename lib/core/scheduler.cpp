@@ -70,6 +70,10 @@ Status BusCore::start() {
         schedule(static_cast<WakeEntry*>(e)->lane);  // a parked message is due
         return;
       }
+      if (e->kind == TimerEntry::Kind::Delayed) {
+        static_cast<DelayEntry*>(e)->topic->release_due();  // delayed messages are due (delayed.cpp)
+        return;
+      }
       enqueue_lane(static_cast<GroupLane*>(e));
     });
   } catch (const std::exception& e) {
@@ -553,6 +557,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   // they read closing (publish_via): from here on each of them sees closing
   // or is counted in slots_in_use().
   if (AsymmetricFence::available()) AsymmetricFence::heavy();
+  discard_delayed();  // in-memory delayed messages end with the bus (doc/delays.md)
   Status result;
   const auto drain_deadline = std::chrono::steady_clock::now() + timeout;
   if (mode == ShutdownMode::Drain) {
@@ -565,6 +570,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
         break;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+      discard_delayed();  // a timed publish that passed its closing check late
     }
   }
   // From here on workers start no handler call.
@@ -601,6 +607,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   // Publishers that passed the closing check before it was set may still be
   // pushing into rings; they hold a slot (in_use) until done, so loop.
   for (;;) {
+    discard_delayed();
     release_remaining();
     if (slots_in_use() == 0) break;
     std::this_thread::yield();
