@@ -66,7 +66,9 @@ struct OutgoingMessage {
   /// the order of their due times (publish order among equal due times); a
   /// delayed message does not hold back the undelayed messages of its key
   /// published after it, and is delivered after the messages that were
-  /// already in its lane at its due time.
+  /// already in its lane at its due time. Its MessageHeader::created_at_ns is
+  /// its due time (latency metrics, seek by time and age retention count
+  /// from there); its TTL counts from publish.
   ///
   /// In-memory topics: the message holds its slot while it waits (it counts
   /// in slots_in_use and in the topic's backpressure); a message not yet due

@@ -373,6 +373,12 @@ class TopicImpl {
   /// extension block; a delayed one waits in `delays` until due.
   Status publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
                        const PayloadFill* fill = nullptr) noexcept;
+  /// publish_durable of a message with a due time or an expiry
+  /// (delayed_durable.cpp): sets req's expiry; a delayed one is stored in
+  /// the delayed index (*handled = true, `done` consumed), else the caller
+  /// appends `req`. Errors (refused times) undo the namespace admission.
+  Status publish_timed_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp, std::size_t need,
+                               PublishCallback& done, bool* handled);
   /// The timer thread: route every delayed slot that is due, re-arm for the next.
   void release_due() noexcept;
   /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
@@ -508,6 +514,15 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Status start();
   /// Fire `e` (a topic's DelayQueue entry) at wall-clock `due_wall_ns` or earlier (delayed.cpp).
   void arm_delayed(DelayEntry* e, std::int64_t due_wall_ns) noexcept;
+  /// Durable delays (delayed_durable.cpp): move due messages of the delayed
+  /// index to their lanes at `due_wall_ns` or earlier.
+  void arm_durable_delays(std::int64_t due_wall_ns) noexcept;
+  /// Arm for the index's earliest entry (start, maintenance: other processes' entries).
+  void refresh_durable_delays() noexcept;
+  /// The timer thread: one move transaction (async); its completion re-arms.
+  void move_durable_delayed() noexcept;
+  /// A stored message whose expiry has passed (doc/delays.md).
+  static bool stored_expired(const StoredMessage& m) noexcept;
   Result<TopicImpl*> create(std::string_view name, bool is_queue, const TopicOptions& options);
   Result<Consumer*> attach(TopicImpl* topic, std::string_view group, Handler handler, TxHandler tx_handler,
                            const GroupOptions& options, BatchHandler batch_handler = {});
@@ -740,6 +755,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::atomic<std::size_t> workers_ready_{0};
 
   std::unique_ptr<RetryTimer> timer_;
+  // Durable delays (delayed_durable.cpp): the timer entry of the delayed
+  // index (topic nullptr) and whether a move transaction is queued.
+  DelayEntry durable_delays_;
+  std::atomic<bool> moving_delays_{false};
   // Watchdog (attempt_timeout): groups with a budget, appended under mu_.
   std::vector<GroupImpl*> watched_ GUARDED_BY(mu_);
   std::thread watchdog_;

@@ -234,6 +234,7 @@ void TopicImpl::release_due() noexcept {
     const std::uint32_t n = delays.pop_due(now_ns(), items, kChunk, &next);
     for (std::uint32_t i = 0; i < n; ++i) {
       Slot* s = pool.at(items[i].index);
+      s->header.created_at_ns = items[i].due_ns;  // it enters its lane now (the order rule; latency from here)
       route(s, s->lane, false);
     }
     if (n < kChunk) break;

@@ -351,6 +351,12 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   AppendRequest req = append_request(m);
   req.header.schema_version = schema_version;
   const std::uint32_t lane = req.lane;
+  if (has_times(m, default_ttl_ns)) [[unlikely]] {
+    // A due time or an expiry (delayed_durable.cpp): a delayed message waits in the store's delayed index.
+    bool handled = false;
+    Status st = publish_timed_durable(m, req, nsp, need, done, &handled);
+    if (!st.ok() || handled) return st;
+  }
   if (!done) {
     auto r = bus->store()->append(std::move(req));
     if (!r.ok()) {

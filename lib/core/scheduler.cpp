@@ -71,7 +71,12 @@ Status BusCore::start() {
         return;
       }
       if (e->kind == TimerEntry::Kind::Delayed) {
-        static_cast<DelayEntry*>(e)->topic->release_due();  // delayed messages are due (delayed.cpp)
+        // Delayed messages are due (delayed.cpp; a durable store's index: delayed_durable.cpp).
+        if (TopicImpl* t = static_cast<DelayEntry*>(e)->topic) {
+          t->release_due();
+        } else {
+          move_durable_delayed();
+        }
         return;
       }
       enqueue_lane(static_cast<GroupLane*>(e));
@@ -79,6 +84,8 @@ Status BusCore::start() {
   } catch (const std::exception& e) {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
   }
+  durable_delays_.kind = TimerEntry::Kind::Delayed;
+  refresh_durable_delays();  // delayed messages stored before this start (a restart)
   std::size_t n = options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency());
   held_ = std::make_unique<HeldLanes[]>(n);
   worker_count_ = n;
