@@ -53,6 +53,7 @@ Result<Topic> reminders(Bus& bus) {
   BusOptions bo;
   bo.workers = 2;
   bo.store.directory = dir;
+  bo.log = [](LogLevel, std::string_view line) { std::fprintf(stderr, "child log: %.*s\n", int(line.size()), line.data()); };
   auto bus = Bus::open(bo);
   if (!bus.ok()) ::_exit(3);
   auto topic = reminders(**bus);
@@ -105,6 +106,7 @@ void kill_and_restart(bool consume, std::int64_t lead_ns, std::int64_t kill_afte
   BusOptions bo;
   bo.workers = 2;
   bo.store.directory = dir.path();
+  bo.log = [](LogLevel, std::string_view line) { MESSAGE("log: " << line); };
   auto bus = Bus::open(bo).value();
   auto topic = reminders(*bus).value();
   std::mutex mu;
@@ -120,10 +122,22 @@ void kill_and_restart(bool consume, std::int64_t lead_ns, std::int64_t kill_afte
                   if (++seen[due] == 1) lateness.push_back(now - due);
                   return Outcome::ack();
                 }).value();
-  REQUIRE(wait_until([&] {
+  const bool all = wait_until([&] {
     std::lock_guard l(mu);
     return seen.size() == static_cast<std::size_t>(kMessages);
-  }, 30s));
+  }, 30s);
+  if (!all) {
+    std::lock_guard l(mu);
+    for (const TopicStats& t : bus->stats().topics)
+      for (const GroupStats& g : t.groups)
+        MESSAGE("group " << g.name << " delivered " << g.total.delivered << " lag " << g.total.in_flight
+                         << " published " << t.published);
+    MESSAGE("seen " << seen.size() << " of " << kMessages);
+    for (int i = 0; i < kMessages; ++i)
+      if (seen.count(first_due + std::int64_t{i} * 10'000'000) == 0) MESSAGE("missing: message " << i);
+
+  }
+  REQUIRE(all);
   CHECK(early.load() == 0);
   std::lock_guard l(mu);
   std::sort(lateness.begin(), lateness.end());

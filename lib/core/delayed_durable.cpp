@@ -92,7 +92,15 @@ void BusCore::move_durable_delayed() noexcept {
   try {
     auto result = std::make_shared<MoveResult>();
     Status s = store_->write_async(
-        [result](StoreTxn& t) -> Status { return move_due_delayed(t, kMoveBatch, result.get()); },
+        [this, result](StoreTxn& t) -> Status {
+          return move_due_delayed(
+              t, kMoveBatch,
+              [this](std::uint32_t topic_id) {
+                MutexLock l(&durable_mu_);
+                return durable_topics_.count(topic_id) > 0;
+              },
+              result.get());
+        },
         [this, result](const Status& st) {
           moving_delays_.store(false, std::memory_order_release);
           if (!st.ok()) {

@@ -197,8 +197,11 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
   }
   topics_.emplace(std::string(name), std::move(t));
   if (o.durable) {
-    MutexLock dl(&durable_mu_);
-    durable_topics_[ref.id] = raw;
+    {
+      MutexLock dl(&durable_mu_);
+      durable_topics_[ref.id] = raw;
+    }
+    refresh_durable_delays();  // its delayed messages that came due while no bus had it open (delayed_durable.cpp)
   }
   return raw;
 }

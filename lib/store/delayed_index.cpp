@@ -90,17 +90,24 @@ Status put_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak) 
   return t.put(StoreTable::Delayed, k, encode_delayed(r));
 }
 
-Status move_due_delayed(StoreTxn& t, std::uint32_t max, MoveResult* out) {
+Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool(std::uint32_t)>& open,
+                        MoveResult* out) {
   *out = MoveResult{};
   const std::int64_t now = t.now_ns();
   std::vector<std::pair<std::string, std::string>> due;
+  std::uint32_t looked = 0;
   Status s = t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view v) {
     const std::int64_t at = k.size() >= 8 ? static_cast<std::int64_t>(get_be64(k.data())) : 0;
-    if (at > now || due.size() >= max) {
+    if (at > now) {
       out->next_due = at;
       return false;
     }
-    due.emplace_back(std::string(k), std::string(v));
+    if (due.size() >= max || ++looked > 4 * max) {
+      if (!due.empty()) out->next_due = now;  // more may be due: move again
+      return false;
+    }
+    // A malformed key is taken (and dropped below); another process's topic waits.
+    if (k.size() != kDelayedKeyBytes || open(get_be32(k.data() + 16))) due.emplace_back(std::string(k), std::string(v));
     return true;
   });
   if (!s.ok()) return s;

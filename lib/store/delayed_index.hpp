@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -49,9 +50,14 @@ struct MoveResult {
 };
 /// Append up to `max` entries due at t.now_ns() to their lanes' logs and
 /// delete them, inside `t` (a write transaction). Re-runnable (resets *out).
-/// A storage error aborts (nothing moved); an entry its topic refuses is
-/// deleted and counted in `dropped`.
-Status move_due_delayed(StoreTxn& t, std::uint32_t max, MoveResult* out);
+/// Only entries of topics for which `open(topic id)` is true are moved (a
+/// process appends only to topics it has open; the others wait for a bus
+/// that opens them); at most 4 × max entries are looked at. A storage error
+/// aborts (nothing moved); an entry its topic refuses is deleted and
+/// counted in `dropped`. next_due: the earliest entry not yet due, or now
+/// when due entries of open topics are left (the caller moves again).
+Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool(std::uint32_t)>& open,
+                        MoveResult* out);
 
 /// The earliest due time in the table (0 = empty), in a read transaction.
 Result<std::int64_t> earliest_delayed(DurableStore& store);
