@@ -155,7 +155,9 @@ int main() {
     for (int i = 0; i < 50; ++i) (void)presence.publish({.key = "ui", .payload = "alice: online"});
     std::this_thread::sleep_for(300ms);  // the pings are stale now
     busy = false;
-    (void)presence.publish({.key = "ui", .payload = "alice: away"});  // fresh
+    OutgoingMessage fresh{.key = "ui", .payload = "alice: away"};
+    fresh.ttl = 10s;  // its own ttl overrides the topic's (and survives a loaded machine's scheduling)
+    (void)presence.publish(fresh);
     const bool settled = wait_for([&] {
       for (const TopicStats& t : bus->stats().topics)
         if (t.name == "presence")
