@@ -858,7 +858,7 @@ int main(int argc, char** argv) {
       y.push_back(bus_publish_4p(false, fresh_dir("sync_4p_bus")));
     }
     ratio_line("delayed_sync_4p", "msg_per_s", x, "sync_4p_bus_undelayed", y,
-               " note=publish_to_delivery_through_a_Bus_delay_1ms");
+               "note=publish_to_delivery_through_a_Bus_delay_1ms ");
   }
   if (want("async_4p")) {
     Run x = lanebus_publish(4, lanebus::Durability::Async, fresh_dir("async_4p"));

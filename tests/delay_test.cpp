@@ -179,10 +179,11 @@ TEST_CASE("the order rule: due-time order within a key, undelayed messages not h
     m.deliver_at = due;
     REQUIRE(topic.publish(m).ok());
   };
-  at("A", now + 300'000'000);  // published first, due last
-  at("B", now + 150'000'000);
+  // E's delay counts from its own publish: the margins leave a loaded machine 400 ms for the publishes.
+  at("A", now + 700'000'000);  // published first, due last
+  at("B", now + 500'000'000);
   REQUIRE(topic.publish({.key = "order-1", .payload = "C"}).ok());  // undelayed: not held back
-  at("D", now + 150'000'000);  // same due time as B: publish order
+  at("D", now + 500'000'000);  // same due time as B: publish order
   OutgoingMessage e{.key = "order-1", .payload = "E"};
   e.delay = 100ms;
   REQUIRE(topic.publish(e).ok());
@@ -435,10 +436,11 @@ TEST_CASE("durable topics and queues: delayed messages on time, in due-time orde
       m.deliver_at = due;
       REQUIRE(topic.publish(m).ok());
     };
-    at("A", now + 600'000'000);
-    at("B", now + 300'000'000);
+    // E's delay counts from its own publish (after 4 Sync publishes): 650 ms of margin for a loaded disk.
+    at("A", now + 1'100'000'000);
+    at("B", now + 800'000'000);
     REQUIRE(topic.publish({.key = "order-1", .payload = "C"}).ok());
-    at("D", now + 300'000'000);
+    at("D", now + 800'000'000);
     bool async_done = false;
     std::mutex mu;
     OutgoingMessage e{.key = "order-1", .payload = "E"};
@@ -449,8 +451,8 @@ TEST_CASE("durable topics and queues: delayed messages on time, in due-time orde
                  }).ok());
     REQUIRE(wait_until([&] { return seen.size() == 5; }));
     CHECK(seen.order() == std::vector<std::string>{"C", "E", "B", "D", "A"});
-    CHECK(seen.at("B") >= now + 300'000'000 - 1'000'000);  // never early (store clock vs ours: 1 ms)
-    CHECK(seen.at("A") >= now + 600'000'000 - 1'000'000);
+    CHECK(seen.at("B") >= now + 800'000'000 - 1'000'000);  // never early (store clock vs ours: 1 ms)
+    CHECK(seen.at("A") >= now + 1'100'000'000 - 1'000'000);
     std::lock_guard l(mu);
     CHECK(async_done);
   }
