@@ -85,7 +85,8 @@ int main() {
         const std::int64_t due = first_due + (std::int64_t{r} * kUsers + u) * 40'000'000;
         char body[64];
         std::snprintf(body, sizeof body, "%lld:user-%d reminder %d", static_cast<long long>(due), u, r);
-        OutgoingMessage m{.key = "user-" + std::to_string(u), .payload = body};
+        const std::string user = "user-" + std::to_string(u);  // OutgoingMessage holds views: keep the string
+        OutgoingMessage m{.key = user, .payload = body};
         m.deliver_at = due;
         if (Status s = topic.publish(m); !s.ok()) {
           std::printf("publish failed: %s\n", std::string(s.message()).c_str());

@@ -67,7 +67,8 @@ Result<Topic> reminders(Bus& bus) {
     const std::int64_t due = first_due + std::int64_t{i} * 10'000'000;
     char payload[sizeof due];
     std::memcpy(payload, &due, sizeof due);
-    OutgoingMessage m{.key = "user-" + std::to_string(i % 7), .payload = std::string_view(payload, sizeof payload)};
+    const std::string key = "user-" + std::to_string(i % 7);  // outlives the message view
+    OutgoingMessage m{.key = key, .payload = std::string_view(payload, sizeof payload)};
     m.deliver_at = due;
     if (!topic->publish(m).ok()) ::_exit(6);
   }

@@ -140,7 +140,8 @@ TEST_CASE("delayed messages are delivered at their due time, never early (latene
     const std::int64_t due = wall_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count();
     char payload[sizeof due];
     std::memcpy(payload, &due, sizeof due);
-    OutgoingMessage m{.key = "k" + std::to_string(i % 16), .payload = std::string_view(payload, sizeof payload)};
+    const std::string key = "k" + std::to_string(i % 16);  // outlives the message view
+    OutgoingMessage m{.key = key, .payload = std::string_view(payload, sizeof payload)};
     m.deliver_at = due;
     REQUIRE(topic.publish(m).ok());
   }
