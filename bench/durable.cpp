@@ -246,6 +246,60 @@ Run sqlite_full(int threads, std::uint64_t batch, const std::string& dir) {
   return r;
 }
 
+// delayed_sync_4p (doc/delays.md): 4 producers publish_async through a Bus
+// (Durability::Sync, g_window in flight each) to a durable topic with one
+// consuming group, every message delayed by 1 ms (stored in the delayed
+// index, moved to its lane when due) or not; msgs/s from the first publish to
+// the last delivery, so the delayed side pays its store put, the move
+// transaction and the delivery.
+double bus_publish_4p(bool delayed, const std::string& dir) {
+  lanebus::BusOptions bo;
+  bo.workers = 1;
+  bo.store.directory = dir;
+  bo.store.durability = lanebus::Durability::Sync;
+  bo.store.map_size_initial = 256ull << 20;
+  auto bus = lanebus::Bus::open(bo);
+  if (!bus.ok()) std::exit(1);
+  lanebus::TopicOptions to;
+  to.durable = true;
+  auto topic = (*bus)->create_topic("bench.delayed", to);
+  if (!topic.ok()) std::exit(1);
+  std::atomic<std::uint64_t> delivered{0}, published{0};
+  auto sub = (*bus)->subscribe(*topic, "g", [&](const lanebus::MessageView&) {
+    delivered.fetch_add(1, std::memory_order_relaxed);
+    return lanebus::Outcome::ack();
+  });
+  if (!sub.ok()) std::exit(1);
+  std::atomic<bool> stop{false};
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int p = 0; p < 4; ++p) {
+    threads.emplace_back([&, p] {
+      std::atomic<int> in_flight{0};
+      for (std::uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+        while (in_flight.load(std::memory_order_acquire) >= g_window) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        const std::string key = "key" + std::to_string((i * 4 + static_cast<std::uint64_t>(p)) % 64);
+        lanebus::OutgoingMessage m{.key = key, .payload = kPayload};
+        if (delayed) m.delay = std::chrono::milliseconds(1);
+        in_flight.fetch_add(1, std::memory_order_relaxed);
+        auto s = topic->publish_async(m, [&](const lanebus::Status& st, std::uint64_t) {
+          if (st.ok()) published.fetch_add(1, std::memory_order_relaxed);
+          in_flight.fetch_sub(1, std::memory_order_release);
+        });
+        if (!s.ok()) std::exit(1);
+      }
+      while (in_flight.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(g_seconds));
+  stop.store(true);
+  for (auto& th : threads) th.join();
+  const std::uint64_t n = published.load();
+  while (delivered.load(std::memory_order_relaxed) < n) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  return static_cast<double>(n) / elapsed;
+}
+
 // Replay: a new group reads every lane of the sync_4p topic from offset 0.
 Run lanebus_replay(const std::string& dir) {
   lanebus::StoreOptions o;
@@ -744,7 +798,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--help") == 0) {
       std::printf("usage: durable [--smoke] [--seconds S] [--repeats R] [--messages N] [--run CASE]\n"
                   "cases: sync_1p sync_4p async_4p replay queue_consume_4c tx_consume_4c e2e_latency_queue\n"
-                  "       batch_sweep (only with --run: Sync throughput of 4 producers against the group-commit batch)\n");
+                  "       batch_sweep (only with --run: Sync throughput of 4 producers against the group-commit batch)\n"
+                  "       delayed_sync_4p (only with --run: sync_4p through a Bus with every message delayed 1 ms,\n"
+                  "       publish to delivery, against the same undelayed)\n");
       return 0;
     }
   }
@@ -794,6 +850,15 @@ int main(int argc, char** argv) {
       }
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor", y);
     }
+  }
+  if (only == "delayed_sync_4p") {
+    std::vector<double> x, y;
+    for (int r = 0; r < g_repeats; ++r) {
+      x.push_back(bus_publish_4p(true, fresh_dir("delayed_sync_4p")));
+      y.push_back(bus_publish_4p(false, fresh_dir("sync_4p_bus")));
+    }
+    ratio_line("delayed_sync_4p", "msg_per_s", x, "sync_4p_bus_undelayed", y,
+               "note=publish_to_delivery_through_a_Bus_delay_1ms ");
   }
   if (want("async_4p")) {
     Run x = lanebus_publish(4, lanebus::Durability::Async, fresh_dir("async_4p"));

@@ -8,7 +8,8 @@
 //   --smoke    tiny counts, one run per case (the bench-smoke test suite); checks
 //              that every case runs and loses nothing
 //   --run      one scenario: 1to1, 1to1_batch64, 2to2, fanout1to4, metrics_overhead, latency1to1,
-//              record_1to1, typed_1to1, typed_string_1to1, payload_4k_1to1, payload_64k_1to1
+//              record_1to1, typed_1to1, typed_string_1to1, payload_4k_1to1, payload_64k_1to1,
+//              delayed_1to1
 //   --msgs     messages published per run (throughput cases; latency uses N/10)
 //   --workers  override the lanebus worker count of every case
 //
@@ -1195,7 +1196,8 @@ double typed48_throughput(std::uint64_t n, const Config& cfg) {
       });
 }
 
-double bytes_throughput(std::size_t size, std::uint64_t n, const Config& cfg) {
+// `delay_ns` > 0: every message published with OutgoingMessage::delay (delayed_1to1, doc/delays.md).
+double bytes_throughput(std::size_t size, std::uint64_t n, const Config& cfg, std::int64_t delay_ns = 0) {
   auto bus = open_bus(1);
   auto topic = bus->create_topic("bench.bytes", {.lanes = 8});
   if (!topic.ok()) die("create_topic: " + topic.status().to_string());
@@ -1215,7 +1217,9 @@ double bytes_throughput(std::size_t size, std::uint64_t n, const Config& cfg) {
       },
       [&](std::uint64_t i) {
         std::memcpy(payload.data(), &i, sizeof i);
-        return topic->publish({.key = keys()[i % kKeys], .payload = payload});
+        lanebus::OutgoingMessage m{.key = keys()[i % kKeys], .payload = payload};
+        m.delay = std::chrono::nanoseconds(delay_ns);
+        return topic->publish(m);
       });
 }
 
@@ -1338,6 +1342,16 @@ void run_typed_1to1(const Config& cfg) {
              " payload_bytes=48 lanebus_workers=1 publish=Topic::publish_both");
 }
 
+void run_delayed_1to1(const Config& cfg) {
+  // Both sides through Topic::publish of 64-byte payloads, 1 worker; the
+  // delayed side adds the timer thread that routes due slots.
+  const std::uint64_t n = cfg.msgs;
+  Runs delayed = repeat(cfg.repeats, [&] { return bytes_throughput(64, n, cfg, 1'000'000); });
+  Runs plain = repeat(cfg.repeats, [&] { return bytes_throughput(64, n, cfg); });
+  print_line("delayed_1to1", n, delayed, "1to1_undelayed", plain,
+             " delay_ms=1 payload_bytes=64 lanebus_workers=1 publish=Topic::publish_both");
+}
+
 void run_typed_string_1to1(const Config& cfg) {
   const std::uint64_t n = cfg.msgs;
   Runs typed = repeat(cfg.repeats, [&] { return typed_string_throughput(n, cfg); });
@@ -1386,6 +1400,8 @@ const Scenario kScenarios[] = {
     {"payload_4k_1to1", "4 KiB bytes payloads (size-classed blocks) vs moodycamel moving 4 KiB buffers of a "
      "preallocated pool", run_payload_4k_1to1},
     {"payload_64k_1to1", "64 KiB bytes payloads (msgs/16) vs the same moodycamel buffer pool", run_payload_64k_1to1},
+    {"delayed_1to1", "1to1 with every message delayed by 1 ms (OutgoingMessage::delay, the topic's delay heap) vs "
+     "the same 1to1 undelayed (both Topic::publish, 64-byte payloads)", run_delayed_1to1},
 };
 
 [[noreturn]] void usage(int code) {

@@ -610,3 +610,39 @@ TEST_CASE("typed trivially copyable publishes and 4 KiB / 64 KiB payloads alloca
   CHECK(too_large);
   CHECK(b_bytes.load() == 105'000ull * sizeof p4k + (625ull + 12'500) * sizeof p64k);
 }
+
+TEST_CASE("100k delayed and expiring messages on an in-memory topic allocate nothing after warm-up") {
+  // Delayed delivery and TTL (doc/delays.md): the topic's delay heap is
+  // reserved by the first delayed publish; the timer thread routes due slots.
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2}).value();
+  auto topic = bus->create_topic("alloc.delayed", {.lanes = 8, .capacity = 8192}).value();
+  std::atomic<std::uint64_t> got{0};
+  auto sub = bus->subscribe(topic, "g", [&](const MessageView&) {
+                  got.fetch_add(1, std::memory_order_relaxed);
+                  return Outcome::ack();
+                }).value();
+  Publisher pub = bus->publisher();
+  char key[4] = {'k', '0', '0', 0};
+  char payload[48];
+  std::memset(payload, 'd', sizeof payload);
+  auto run = [&](int n, std::uint64_t base) {
+    for (int i = 0; i < n; ++i) {
+      key[1] = static_cast<char>('0' + i % 10);
+      key[2] = static_cast<char>('0' + (i / 10) % 10);
+      OutgoingMessage m{.key = std::string_view(key, 3), .payload = std::string_view(payload, sizeof payload)};
+      m.delay = std::chrono::milliseconds(1);  // every message delayed by 1 ms
+      if (i % 4 == 0) m.ttl = std::chrono::seconds(30);
+      REQUIRE(((i % 2) ? pub.publish(topic, m) : topic.publish(m)).ok());
+    }
+    REQUIRE(wait_until([&] { return got.load() == base + n; }));
+  };
+  run(20'000, 0);  // warm-up: the delay heap's one reservation, thread-locals
+  const std::uint64_t before = lanebus::test::alloc_count();  // the case before leaves its control's count
+  lanebus::test::alloc_counting(true);
+  run(kMessages, 20'000);
+  lanebus::test::alloc_counting(false);
+  const std::uint64_t allocs = lanebus::test::alloc_count() - before;
+  INFO("allocations during 100k delayed publishes and deliveries: " << allocs);
+  CHECK(allocs == 0);
+}

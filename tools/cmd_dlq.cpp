@@ -304,8 +304,8 @@ int cmd_dlq(int argc, char** argv) {
                 "\n",
                 c->pending, c->replayed, c->archived, c->entries, c->bytes);
     std::printf("oldest_pending_age_s=%.3f\n", static_cast<double>(c->oldest_pending_age_ns) / 1e9);
-    std::printf("arrivals transient=%" PRIu64 " permanent=%" PRIu64 " poison=%" PRIu64 "\n", c->arrivals[0],
-                c->arrivals[1], c->arrivals[2]);
+    std::printf("arrivals transient=%" PRIu64 " permanent=%" PRIu64 " poison=%" PRIu64 " expired=%" PRIu64 "\n",
+                c->arrivals[0], c->arrivals[1], c->arrivals[2], c->arrivals[3]);
     std::printf("replays=%" PRIu64 " auto_replays=%" PRIu64 " purged=%" PRIu64 " expired=%" PRIu64
                 " dropped=%" PRIu64 "\n",
                 c->replays, c->auto_replays, c->purged, c->expired, c->dropped);

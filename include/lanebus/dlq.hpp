@@ -29,6 +29,10 @@ enum class ErrorClass : std::uint8_t {
   /// The message was in flight when the consumer process died, at least
   /// DlqOptions::poison_after_crashes times. Waits for review.
   Poison = 2,
+  /// The message's TTL (OutgoingMessage::ttl) ended before a handler call
+  /// started, in a group with GroupOptions::dead_letter_expired. Never
+  /// replayed automatically. Waits for review.
+  Expired = 3,
 };
 
 /// Review state of an entry. Transitions: Pending → Replayed (replay),
@@ -40,7 +44,7 @@ enum class DlqState : std::uint8_t {
   Archived = 2,  ///< Reviewed and set aside; never replayed.
 };
 
-/// "transient" / "permanent" / "poison"; "unknown" for other values. Never null.
+/// "transient" / "permanent" / "poison" / "expired"; "unknown" for other values. Never null.
 LANEBUS_API const char* to_string(ErrorClass c) noexcept;
 /// "pending" / "replayed" / "archived"; "unknown" for other values. Never null.
 LANEBUS_API const char* to_string(DlqState s) noexcept;
@@ -206,7 +210,7 @@ struct DlqCounters {
   /// now − oldest_pending_at_ns at the time of the read, in ns; 0 = none.
   std::int64_t oldest_pending_age_ns = 0;
   /// Arrivals since the store was created, per class (index = ErrorClass).
-  std::uint64_t arrivals[3] = {0, 0, 0};
+  std::uint64_t arrivals[4] = {0, 0, 0, 0};
   std::uint64_t replays = 0;       ///< Entries replayed by operators (total).
   std::uint64_t auto_replays = 0;  ///< Entries replayed by replay_due_transient (total).
   std::uint64_t purged = 0;        ///< Entries deleted by purge (total).

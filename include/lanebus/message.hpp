@@ -3,7 +3,9 @@
 // MessageView, the non-owning view a handler receives.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "lanebus/export.hpp"
@@ -51,6 +53,39 @@ struct OutgoingMessage {
   std::uint64_t fencing_token = 0;
   std::uint16_t content_type = 0;
   std::uint16_t schema_version = 0;
+
+  // ---- time (doc/delays.md) ----
+  /// Delayed delivery: deliver no earlier than `delay` after publish, or at
+  /// the wall-clock time `deliver_at` (ns since the Unix epoch; a time in the
+  /// past means now). Set at most one of the two; 0 = none. Negative values,
+  /// both set, or a due time past 2200-01-01 are refused with InvalidArgument.
+  /// Works on in-memory and durable topics and queues.
+  ///
+  /// Order rule: a delayed message enters its lane at its due time, as if it
+  /// had been published then. Within a key, delayed messages are delivered in
+  /// the order of their due times (publish order among equal due times); a
+  /// delayed message does not hold back the undelayed messages of its key
+  /// published after it, and is delivered after the messages that were
+  /// already in its lane at its due time. Its MessageHeader::created_at_ns is
+  /// its due time (latency metrics, seek by time and age retention count
+  /// from there); its TTL counts from publish.
+  ///
+  /// In-memory topics: the message holds its slot while it waits (it counts
+  /// in slots_in_use and in the topic's backpressure); a message not yet due
+  /// when the bus closes is discarded. Durable topics and queues: stored with
+  /// its due time (surviving kill -9 and power loss like any Sync message),
+  /// indexed by due time, and appended to its lane's log when due.
+  std::chrono::nanoseconds delay{0};
+  std::int64_t deliver_at = 0;
+  /// Expiry: a message whose handler has not started within `ttl` of publish
+  /// is never delivered: it is counted as `expired` (LaneCounters) and
+  /// dead-lettered with class `expired` when the group asks for it
+  /// (GroupOptions::dead_letter_expired). A retry never starts after the
+  /// expiry. A delayed message whose expiry (publish + ttl) comes before its
+  /// due time is refused with InvalidArgument. Unset = the topic's
+  /// TopicOptions::default_ttl (none by default). Must be positive and at
+  /// most 100 years (else InvalidArgument).
+  std::optional<std::chrono::nanoseconds> ttl{};
 };
 
 /// A delivered message, valid only while the handler that received it runs

@@ -121,7 +121,7 @@ struct DlqMetrics {
   std::optional<double> oldest_age_seconds{};   ///< Age of its oldest entry.
   std::optional<double> arrival_rate{};         ///< Messages per second into it over the window.
   /// Arrivals since the store was created, per class (index = ErrorClass).
-  std::uint64_t arrivals[3] = {0, 0, 0};
+  std::uint64_t arrivals[4] = {0, 0, 0, 0};
   /// Depth now minus depth at the start of the window (> 0: growing).
   std::optional<std::int64_t> depth_change{};
 };

@@ -58,6 +58,10 @@ struct TopicOptions {
   std::uint32_t max_payload = 1u << 20;
   /// Most consumer groups the topic can have at once. Default 16.
   std::uint32_t max_groups = 16;
+  /// Expiry of every message published without OutgoingMessage::ttl
+  /// (doc/delays.md). 0 = none (the default); negative or over 100 years:
+  /// InvalidArgument at creation.
+  std::chrono::nanoseconds default_ttl{0};
 
   // ---- durability (doc/durable.md) ----
   /// Store every message in the bus's LMDB store (BusOptions::store) before
@@ -154,6 +158,11 @@ struct GroupOptions {
   std::chrono::milliseconds attempt_timeout{0};
   /// Outage pause (circuit breaker) of the group: see OutageOptions. Default off.
   OutageOptions outage{};
+  /// Dead-letter messages whose TTL ended before their handler started
+  /// (OutgoingMessage::ttl) with ErrorClass::Expired (doc/delays.md). They
+  /// are counted as `expired` either way. Needs a bus with a store (DLQ).
+  /// Default false.
+  bool dead_letter_expired = false;
 
   /// Per-key retry without head-of-line blocking (doc/retries.md). false (default):
   /// a message waiting out its retry backoff holds back its whole lane.

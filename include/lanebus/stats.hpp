@@ -59,6 +59,7 @@ struct LaneCounters {
   std::uint64_t set_aside = 0;  ///< Gauge: messages held back by key_parallel_retry (in backoff or behind one).
   std::uint64_t duplicates_skipped = 0;  ///< Idempotency key already done: acked without the handler.
   std::uint64_t dropped = 0;    ///< Discarded by DropOldest backpressure, or with no consumer.
+  std::uint64_t expired = 0;    ///< Messages whose TTL ended before their handler started (never delivered).
   std::uint64_t skipped = 0;    ///< Durable: messages deleted by retention before the group read them.
   std::uint64_t in_flight = 0;  ///< Gauge: queued for the group in this lane (ephemeral), or
                                 ///< stored and not yet consumed (durable: lag in messages).

@@ -74,6 +74,7 @@
 
 #include "access.hpp"
 #include "asym_fence.hpp"
+#include "delayed.hpp"
 #include "wall_clock.hpp"
 #include "delivery.hpp"
 #include "dlq.hpp"
@@ -205,6 +206,7 @@ struct alignas(64) GroupLane : TimerEntry {
   std::atomic<std::uint64_t> delivered{0}, acked{0}, retried{0}, rejected{0}, failed{0}, timed_out{0},
       duplicates_skipped{0};
   std::atomic<std::uint64_t> dropped{0};  // multi-writer (droppers, worker): fetch_add
+  std::atomic<std::uint64_t> expired{0};  // TTL ended before a handler call (delayed.cpp)
 
   // Metrics (BusOptions::metrics), written by the owner.
   LatencyRecorder latency;                  // created_at → handler done
@@ -363,11 +365,26 @@ class TopicImpl {
   /// Payloads larger than the slot and typed objects (large_payload.cpp):
   /// the checks before a slot is taken, then placing the payload in the
   /// slot or an external block (taken under the topic's backpressure).
-  Status check_large(const OutgoingMessage& m, const PayloadFill* fill) const noexcept;
+  /// `extra`: bytes between the keys and the payload (an extension block).
+  Status check_large(const OutgoingMessage& m, const PayloadFill* fill, std::size_t extra = 0) const noexcept;
   Status place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
                      bool may_block) noexcept;
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
+  /// A message with a due time or an expiry (delayed.cpp): the slot gets an
+  /// extension block; a delayed one waits in `delays` until due.
+  Status publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
+                       const PayloadFill* fill = nullptr) noexcept;
+  /// publish_durable of a message with a due time or an expiry
+  /// (delayed_durable.cpp): sets req's expiry; a delayed one is stored in
+  /// the delayed index (*handled = true, `done` consumed), else the caller
+  /// appends `req`. Errors (refused times) undo the namespace admission.
+  Status publish_timed_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp, std::size_t need,
+                               PublishCallback& done, bool* handled);
+  /// The timer thread: route every delayed slot that is due, re-arm for the next.
+  void release_due() noexcept;
+  /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
+  void discard_delayed() noexcept;
   /// The store append for `m` (durable topics; also the outbox of transactions).
   AppendRequest append_request(const OutgoingMessage& m) const;
 
@@ -411,6 +428,10 @@ class TopicImpl {
   /// In-memory typed topics: every payload is a constructed object, so a
   /// bytes publish is refused (a typed handler would read it as a T).
   std::atomic<bool> objects_only{false};
+  /// In-memory delayed messages waiting for their due time (delayed.hpp).
+  DelayQueue delays;
+  /// options.default_ttl in ns (0 = none), for has_times().
+  const std::int64_t default_ttl_ns;
 
  private:
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
@@ -507,6 +528,17 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   ~BusCore();
 
   Status start();
+  /// Fire `e` (a topic's DelayQueue entry) at wall-clock `due_wall_ns` or earlier (delayed.cpp).
+  void arm_delayed(DelayEntry* e, std::int64_t due_wall_ns) noexcept;
+  /// Durable delays (delayed_durable.cpp): move due messages of the delayed
+  /// index to their lanes at `due_wall_ns` or earlier.
+  void arm_durable_delays(std::int64_t due_wall_ns) noexcept;
+  /// Arm for the index's earliest entry (start, maintenance: other processes' entries).
+  void refresh_durable_delays() noexcept;
+  /// The timer thread: one move transaction (async); its completion re-arms.
+  void move_durable_delayed() noexcept;
+  /// A stored message whose expiry has passed (doc/delays.md).
+  static bool stored_expired(const StoredMessage& m) noexcept;
   Result<TopicImpl*> create(std::string_view name, bool is_queue, const TopicOptions& options);
   Result<Consumer*> attach(TopicImpl* topic, std::string_view group, Handler handler, TxHandler tx_handler,
                            const GroupOptions& options, BatchHandler batch_handler = {});
@@ -620,6 +652,15 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
                             std::int64_t* hold_ns) noexcept;
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
+  // Delays and expiry (delayed.cpp).
+  /// Shutdown: every in-memory topic's delayed slots not yet due are freed.
+  void discard_delayed() noexcept;
+  /// Before a handler call of an ephemeral message with an extension block:
+  /// true when its TTL has ended (counted, dead-lettered if the group asks;
+  /// the caller releases the slot).
+  bool expire_if_due(GroupLane* gl, Slot* s, std::uint32_t attempts, std::int64_t first_failure_ns) noexcept;
+  /// A retry's wait, cut to end at the slot's expiry (a retry never outlives the TTL).
+  static std::int64_t clip_to_expiry(const Slot* s, std::int64_t wait_ns) noexcept;
 
   // Delivery core (delivery.cpp, lib/core/delivery.hpp).
   Admission admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept;
@@ -745,6 +786,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::atomic<std::size_t> workers_ready_{0};
 
   std::unique_ptr<RetryTimer> timer_;
+  // Durable delays (delayed_durable.cpp): the timer entry of the delayed
+  // index (topic nullptr) and whether a move transaction is queued.
+  DelayEntry durable_delays_;
+  std::atomic<bool> moving_delays_{false};
   // Watchdog (attempt_timeout): groups with a budget, appended under mu_.
   std::vector<GroupImpl*> watched_ GUARDED_BY(mu_);
   std::thread watchdog_;

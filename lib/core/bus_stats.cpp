@@ -106,6 +106,7 @@ BusStats BusCore::stats() const {
         lc.set_aside = gl->parked_count.load(std::memory_order_relaxed);
         lc.duplicates_skipped = gl->duplicates_skipped.load(std::memory_order_relaxed);
         lc.dropped = gl->dropped.load(std::memory_order_relaxed);
+        lc.expired = gl->expired.load(std::memory_order_relaxed);
         lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
         lc.skipped = gl->skipped.load(std::memory_order_relaxed);
         std::int64_t oldest = gl->oldest_ns.load(std::memory_order_relaxed);

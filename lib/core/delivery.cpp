@@ -280,6 +280,7 @@ void BusCore::maintenance() noexcept {
     schemas_->refresh_all();
   }
   outage_poll_resume();
+  refresh_durable_delays();  // entries of other processes, or a failed move
   if (!dlq_) return;
   log_dlq_refusals();
   try {

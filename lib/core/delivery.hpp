@@ -48,6 +48,7 @@ enum class Admission : std::uint8_t {
   Proceed,  ///< claimed (or no key / no scope): call the handler
   Skip,     ///< the key is done: ack without calling the handler
   Later,    ///< another consumer holds the key, or a store error: hold and try again
+  Expired,  ///< its TTL ended (doc/delays.md): never delivered; counted, dead-lettered if the group asks
 };
 
 /// How admit treats a key: Claim takes an in-progress claim recorded with

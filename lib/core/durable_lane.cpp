@@ -250,10 +250,24 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
     if (retry_pending) break;
     const StoredMessage& m = *mp;
     const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *attempts + 1};
-    const Admission a = admit(gl, p, mode);
+    // A message whose TTL ended is never delivered (doc/delays.md); one branch without an expiry.
+    const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : admit(gl, p, mode);
     std::int64_t wait_ns = -1;
     if (a == Admission::Later) {
       wait_ns = kHoldBusyKeyNs;
+    } else if (a == Admission::Expired) [[unlikely]] {
+      ++handled;
+      if (g->options.dead_letter_expired && dlq_) {
+        // Commit the offset past it, but never past a parked message (as a dead letter below).
+        std::uint64_t commit_to = m.offset + 1;
+        for (std::size_t i = 0; i < gl->parked.size(); ++i)
+          if (static_cast<std::ptrdiff_t>(i) != pi) commit_to = std::min(commit_to, gl->parked[i].stored.offset);
+        if (pi >= 0) commit_to = std::min(commit_to, consumed_pos);
+        if (!dead_letter_topic(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"),
+                               *attempts, ErrorClass::Expired, *first_failure, commit_to))
+          wait_ns = kHoldDlqFullNs;
+      }
+      if (wait_ns < 0) gl->expired.fetch_add(1, std::memory_order_relaxed);
     } else if (a == Admission::Skip) {
       bump(gl->duplicates_skipped);
       ++handled;
@@ -376,6 +390,7 @@ struct QueueSettle {
   std::size_t index = 0;            // into QueueBatch::claims
   std::int64_t delay_ns = 0;        // Release
   bool complete_key = false;        // Ack: mark the idempotency key done in the same transaction
+  bool expired = false;             // Ack of an expired message (counted as expired, not acked)
   std::unique_ptr<TxnState> tx;     // Ack of a transactional handler: its effects
   std::unique_ptr<DlqEntry> entry;  // DeadLetter
 };
@@ -533,6 +548,7 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
   } else {
     switch (batch.results[k]) {
       case SettleResult::Acked:
+        if (op.expired) break;  // counted as expired when it was found (delayed_durable.cpp)
         gl->acked.fetch_add(1, std::memory_order_relaxed);  // only now is it acked
         if (op.tx) count_outbox(*op.tx);
         if (op.complete_key && idem != nullptr)
@@ -734,6 +750,20 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
         commit();
         continue;
       }
+    }
+    if (m.expires_ns != 0 && stored_expired(m)) [[unlikely]] {
+      // Its TTL ended (doc/delays.md): never delivered; acked uncounted, or dead-lettered as `expired`.
+      gl->expired.fetch_add(1, std::memory_order_relaxed);
+      if (gl->group->options.dead_letter_expired && dlq_) {
+        submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(
+            dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
+                      Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
+                      ErrorClass::Expired, 0));
+      } else {
+        submit(QueueSettle::Kind::Ack, i).expired = true;
+      }
+      commit();
+      continue;
     }
     if (const std::int64_t gate = outage_wait(gl, -1); gate >= 0 && (hold_back(i, gate), true)) continue;
     const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt};

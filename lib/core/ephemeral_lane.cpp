@@ -115,6 +115,7 @@ bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, F
   if (st.next == Settlement::Next::Retry) {
     gl->current = s;  // kept at the head of its lane: later messages must not overtake it
     *hold_ns = st.delay_ns;
+    if (s->kind & Slot::kExtension) [[unlikely]] *hold_ns = clip_to_expiry(s, *hold_ns);  // delayed.cpp
     return true;
   }
   if (st.next == Settlement::Next::DeadLetter)
@@ -173,6 +174,14 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
       const char* line = reinterpret_cast<const char*>(pool.at(next));
       __builtin_prefetch(line);
       __builtin_prefetch(line + 64);
+    }
+    if (s->kind & Slot::kExtension) [[unlikely]] {
+      // A due time or an expiry (delayed.cpp): an expired message is never delivered.
+      if (single) ring.release_taken();
+      if (expire_if_due(gl, s, 0, 0)) {
+        frees.release(s);
+        continue;
+      }
     }
     const std::int64_t created_at = s->header.created_at_ns;
     if (metrics) gl->oldest_ns.store(created_at, std::memory_order_relaxed);
@@ -254,12 +263,22 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
   while (handled < limit) {
     std::uint32_t n = 0;
     std::uint32_t idx;
-    // Each slot asked for as it is found, so the reads of the views below
-    // overlap (the slots' lines were last written on the publishing core).
+    bool expired = false;
     while (n < span_max && ring.peek_single(n, idx)) {
-      slots[n] = pool.at(idx);
-      __builtin_prefetch(slots[n++]);
+      Slot* s = pool.at(idx);
+      // An expired message (delayed.cpp) ends the span; at its head it is taken and never delivered.
+      if ((s->kind & Slot::kExtension) && slot_expired(s, now_ns())) [[unlikely]] {
+        if (n == 0) {
+          ring.advance_single(1);
+          expired = expire_if_due(gl, s, 0, 0);
+          frees.release(s);
+        }
+        break;
+      }
+      __builtin_prefetch(reinterpret_cast<const char*>(s) + 64);  // its second line, while the next is found
+      slots[n++] = s;
     }
+    if (expired) continue;
     if (n == 0) {
       if (!linger(frees, [&] { return ring.peek_single(0, idx); })) break;
       continue;
@@ -415,6 +434,19 @@ void BusCore::run_lane(GroupLane* gl) {
       continue;
     }
     if ((hold_ns = outage_wait(gl, pi)) >= 0) break;  // paused: wait for the next probe (not an attempt)
+    if (s->kind & Slot::kExtension) [[unlikely]] {
+      // An expiry (delayed.cpp): a message whose TTL ended is never delivered, a retry included.
+      if (expire_if_due(gl, s, *attempts, *first_failure)) {
+        if (gl->probing) outage_end_probe(gl);
+        if (pi >= 0) {
+          gl->parked.erase(gl->parked.begin() + pi);
+        } else {
+          gl->current = nullptr;
+        }
+        frees.release(s);
+        continue;
+      }
+    }
     const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1};
     // No idempotency scope (the common case): skip the out-of-line call.
     const Admission a = g->idempotency == nullptr ? Admission::Proceed : admit(gl, p, AdmitMode::Claim);
@@ -432,6 +464,7 @@ void BusCore::run_lane(GroupLane* gl) {
       if (st.uncounted) --*attempts;  // paused: the attempt is given back
       if (st.next == Settlement::Next::Retry) {
         wait_ns = st.delay_ns;
+        if (s->kind & Slot::kExtension) [[unlikely]] wait_ns = clip_to_expiry(s, wait_ns);  // delayed.cpp
       } else if (st.next == Settlement::Next::DeadLetter) {
         dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
       }

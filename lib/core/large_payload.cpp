@@ -8,8 +8,8 @@
 namespace lanebus::detail {
 
 // Hot-path refusals carry literal messages only: they allocate nothing.
-Status TopicImpl::check_large(const OutgoingMessage& m, const PayloadFill* fill) const noexcept {
-  const std::size_t keys = m.key.size() + m.idempotency_key.size();
+Status TopicImpl::check_large(const OutgoingMessage& m, const PayloadFill* fill, std::size_t extra) const noexcept {
+  const std::size_t keys = m.key.size() + m.idempotency_key.size() + extra;
   if (fill != nullptr && inline_object_offset(keys, *fill, options.slot_bytes) != 0) return Status();
   const std::size_t size = fill ? fill->size : m.payload.size();
   if (size > options.max_payload)
@@ -35,7 +35,7 @@ std::uint32_t TopicImpl::acquire_block(std::size_t n, std::uint32_t lane, bool m
 Status TopicImpl::place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
                               bool may_block) noexcept {
   std::uint32_t block = PayloadPool::kNil;
-  const std::size_t keys = m.key.size() + m.idempotency_key.size();
+  const std::size_t keys = s->payload_offset();  // the keys and an extension block (delayed.hpp)
   if (fill == nullptr || inline_object_offset(keys, *fill, options.slot_bytes) == 0) {
     block = acquire_block(fill ? fill->size : m.payload.size(), lane, may_block);
     if (block == PayloadPool::kNil) {

@@ -73,10 +73,23 @@ namespace lanebus::detail {
 ///   or in an external block, its address, destroy function and block id
 ///   (kNone: in the slot) stored after the keys; destroyed when the slot is
 ///   finally freed (MessagePool::recycle).
+///
+/// The extension block (delayed.hpp, doc/delays.md): a message with a due
+/// time or an expiry sets kExtension in `kind` (`kind & kKindMask` is the
+/// payload kind above) and carries a block right after the keys, before the
+/// payload or its reference: [key][idempotency key][extension][payload or
+/// reference]. The block starts with its own length (u16, the whole block),
+/// then u16 flags, u32 reserved, i64 due time, i64 expiry (wall clock ns, 0
+/// = none): 24 bytes today; later fields (message headers, trace context)
+/// are appended and the length grows. A message without one pays nothing:
+/// no bytes, and payload() and recycle() keep their one `kind != kInline`
+/// branch (the extension takes the out-of-line side).
 struct Slot {
   static constexpr std::uint16_t kInline = 0;
   static constexpr std::uint16_t kExternal = 1;
   static constexpr std::uint16_t kObject = 2;
+  static constexpr std::uint16_t kKindMask = 0xff;
+  static constexpr std::uint16_t kExtension = 0x100;
   static constexpr std::uint32_t kNone = 0xffffffffu;
   static constexpr std::size_t kMaxKeyBytes = 0xffff;
 
@@ -95,9 +108,22 @@ struct Slot {
   /// The payload bytes, wherever they live (see kind).
   std::string_view payload() const noexcept {
     const char* p = data() + key_len + idem_len;
-    if (kind != kInline) std::memcpy(static_cast<void*>(&p), static_cast<const void*>(p), sizeof(const char*));  // the stored address (unaligned)
+    if (kind != kInline) [[unlikely]] {
+      p += extension_len();
+      if ((kind & kKindMask) != kInline)
+        std::memcpy(static_cast<void*>(&p), static_cast<const void*>(p), sizeof(const char*));  // the stored address (unaligned)
+    }
     return {p, payload_len};
   }
+  /// Bytes of the extension block (0 without one).
+  std::uint32_t extension_len() const noexcept {
+    if ((kind & kExtension) == 0) return 0;
+    std::uint16_t n;
+    std::memcpy(&n, data() + key_len + idem_len, sizeof n);
+    return n;
+  }
+  /// Offset in data() of the payload (kInline) or its reference (kExternal, kObject).
+  std::uint32_t payload_offset() const noexcept { return std::uint32_t{key_len} + idem_len + extension_len(); }
 };
 
 static_assert(sizeof(Slot) == 56 && alignof(Slot) <= 8,

@@ -7,9 +7,14 @@ namespace lanebus::detail {
 
 // Invariant 3 of payload_pool.hpp: runs once per finally-freed slot.
 void recycle_payload(Slot* s, PayloadPool* blocks) noexcept {
-  const char* ref = s->data() + s->key_len + s->idem_len;
+  const char* ref = s->data() + s->payload_offset();
   std::uint32_t block;
-  if (s->kind == Slot::kObject) {
+  const std::uint16_t kind = s->kind & Slot::kKindMask;
+  if (kind == Slot::kInline) {  // an inline payload behind an extension block (message_pool.hpp)
+    s->kind = Slot::kInline;
+    return;
+  }
+  if (kind == Slot::kObject) {
     char* obj;
     void (*destroy)(void*) noexcept;
     std::memcpy(&obj, ref, sizeof obj);

@@ -183,17 +183,18 @@ inline std::size_t inline_object_offset(std::size_t keys, const PayloadFill& fil
 /// slot stays kInline, the block unused) if the object's constructor threw.
 inline bool place_payload(Slot* s, PayloadPool* blocks, std::uint32_t block, std::string_view bytes,
                           const PayloadFill* fill, std::size_t slot_bytes) noexcept {
-  char* ref = s->data() + s->key_len + s->idem_len;
+  char* ref = s->data() + s->payload_offset();
+  const std::uint16_t ext = s->kind & Slot::kExtension;
   if (fill == nullptr) {
     char* dst = blocks->at(block);
     std::memcpy(dst, bytes.data(), bytes.size());
     std::memcpy(ref, &dst, sizeof dst);
     std::memcpy(ref + sizeof dst, &block, sizeof block);
     s->payload_len = static_cast<std::uint32_t>(bytes.size());
-    s->kind = Slot::kExternal;
+    s->kind = static_cast<std::uint16_t>(Slot::kExternal | ext);
     return true;
   }
-  std::size_t off = inline_object_offset(s->key_len + s->idem_len, *fill, slot_bytes);
+  std::size_t off = inline_object_offset(s->payload_offset(), *fill, slot_bytes);
   char* dst = block == PayloadPool::kNil ? s->data() + off : blocks->at(block);
   if (!fill->construct(dst, fill->ctx)) return false;
   std::memcpy(ref, &dst, sizeof dst);
@@ -201,7 +202,7 @@ inline bool place_payload(Slot* s, PayloadPool* blocks, std::uint32_t block, std
   const std::uint32_t id = block == PayloadPool::kNil ? Slot::kNone : block;
   std::memcpy(ref + sizeof dst + sizeof fill->destroy, &id, sizeof id);
   s->payload_len = static_cast<std::uint32_t>(fill->size);
-  s->kind = Slot::kObject;
+  s->kind = static_cast<std::uint16_t>(Slot::kObject | ext);
   return true;
 }
 

@@ -222,6 +222,8 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
 
 Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
                           const PayloadFill* fill) noexcept {
+  // A due time or an expiry: the slot carries an extension block (delayed.cpp).
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill);
   if (owner.load(std::memory_order_relaxed) != 1) make_shared();
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
@@ -375,7 +377,8 @@ Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const Outg
   const std::size_t need = keys + (fill != nullptr ? fill->size : m.payload.size());
   // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the shared
   // path refuses it.)
-  if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
+  // A due time or an expiry (delayed.cpp) also takes the shared path.
+  if (has_times(m, default_ttl_ns) || p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
       nsp->pub_limited.load(std::memory_order_relaxed) ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
       (fill == nullptr ? need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)
@@ -451,6 +454,12 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   AppendRequest req = append_request(m);
   req.header.schema_version = schema_version;
   const std::uint32_t lane = req.lane;
+  if (has_times(m, default_ttl_ns)) [[unlikely]] {
+    // A due time or an expiry (delayed_durable.cpp): a delayed message waits in the store's delayed index.
+    bool handled = false;
+    Status st = publish_timed_durable(m, req, nsp, need, done, &handled);
+    if (!st.ok() || handled) return st;
+  }
   if (!done) {
     auto r = bus->store()->append(std::move(req));
     if (!r.ok()) {
@@ -493,9 +502,11 @@ constexpr std::uint32_t kBatchChunk = 64;
 constexpr std::uint32_t kSortLanes = 256;
 static_assert(kBatchChunk < 256, "run numbers fit a byte");
 
-bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes) noexcept {
+// Also true for a message with a due time or an expiry (publish takes it to delayed.cpp).
+bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes, std::int64_t default_ttl_ns) noexcept {
   for (const OutgoingMessage& m : ms)
-    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes) return true;
+    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes || has_times(m, default_ttl_ns))
+      return true;
   return false;
 }
 }  // namespace
@@ -505,7 +516,7 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
   if (objects_only.load(std::memory_order_relaxed)) return {0, bytes_to_typed()};
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed) ||
-      has_large(ms, options.slot_bytes)) {
+      has_large(ms, options.slot_bytes, default_ttl_ns)) {
     // A typed topic checks each record, a namespace with a publish quota
     // admits each message, a payload beyond the slot takes a block: publish
     // them one by one (same result as the fast path: the published prefix

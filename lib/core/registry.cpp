@@ -29,6 +29,7 @@ Status check_topic_options(std::string_view name, const TopicOptions& o) {
   if (o.max_groups == 0 || o.max_groups > 1024)
     return bad("max_groups must be 1..1024, got " + std::to_string(o.max_groups));
   if (o.block_timeout.count() < 0) return bad("block_timeout must not be negative");
+  if (Status s = check_default_ttl(o.default_ttl); !s.ok()) return bad(std::string(s.message()));
   const std::uint32_t most = o.durable ? (64u << 20) : static_cast<std::uint32_t>(PayloadPool::kMaxBlock);
   if (o.max_payload == 0 || o.max_payload > most)
     return bad("max_payload must be 1.." + std::to_string(most >> 20) + " MiB for " +
@@ -66,8 +67,11 @@ TopicImpl::TopicImpl(BusCore* b, std::string n, bool queue, const TopicOptions& 
       capacity(o.durable ? 2 : round_pow2(o.capacity)),
       pool(capacity, o.durable ? 1 : o.slot_bytes),
       groups(new std::atomic<GroupImpl*>[o.max_groups]),
-      lane_load(new LaneLoad[o.lanes]) {
+      lane_load(new LaneLoad[o.lanes]),
+      default_ttl_ns(o.default_ttl.count()) {
   for (std::uint32_t i = 0; i < o.max_groups; ++i) groups[i].store(nullptr, std::memory_order_relaxed);
+  delays.entry.topic = this;
+  delays.entry.kind = TimerEntry::Kind::Delayed;
   pool.attach_payloads(b->payloads());
 }
 
@@ -193,8 +197,11 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
   }
   topics_.emplace(std::string(name), std::move(t));
   if (o.durable) {
-    MutexLock dl(&durable_mu_);
-    durable_topics_[ref.id] = raw;
+    {
+      MutexLock dl(&durable_mu_);
+      durable_topics_[ref.id] = raw;
+    }
+    refresh_durable_delays();  // its delayed messages that came due while no bus had it open (delayed_durable.cpp)
   }
   return raw;
 }

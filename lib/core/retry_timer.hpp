@@ -19,7 +19,7 @@ namespace lanebus::detail {
 /// Embed in anything the timer holds. `due_ns` is steady_clock nanoseconds.
 struct TimerEntry : boost::intrusive::set_base_hook<boost::intrusive::link_mode<boost::intrusive::safe_link>> {
   /// What firing means to the owner (the timer does not look at it).
-  enum class Kind : std::uint8_t { Requeue, Wake };
+  enum class Kind : std::uint8_t { Requeue, Wake, Delayed };
   std::int64_t due_ns = 0;
   Kind kind = Kind::Requeue;
   friend bool operator<(const TimerEntry& a, const TimerEntry& b) noexcept { return a.due_ns < b.due_ns; }

@@ -71,11 +71,22 @@ Status BusCore::start() {
         schedule(static_cast<WakeEntry*>(e)->lane);  // a parked message is due
         return;
       }
+      if (e->kind == TimerEntry::Kind::Delayed) {
+        // Delayed messages are due (delayed.cpp; a durable store's index: delayed_durable.cpp).
+        if (TopicImpl* t = static_cast<DelayEntry*>(e)->topic) {
+          t->release_due();
+        } else {
+          move_durable_delayed();
+        }
+        return;
+      }
       enqueue_lane(static_cast<GroupLane*>(e));
     });
   } catch (const std::exception& e) {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
   }
+  durable_delays_.kind = TimerEntry::Kind::Delayed;
+  refresh_durable_delays();  // delayed messages stored before this start (a restart)
   std::size_t n = options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency());
   held_ = std::make_unique<HeldLanes[]>(n);
   worker_count_ = n;
@@ -554,6 +565,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   // they read closing (publish_via): from here on each of them sees closing
   // or is counted in slots_in_use().
   if (AsymmetricFence::available()) AsymmetricFence::heavy();
+  discard_delayed();  // in-memory delayed messages end with the bus (doc/delays.md)
   Status result;
   const auto drain_deadline = std::chrono::steady_clock::now() + timeout;
   if (mode == ShutdownMode::Drain) {
@@ -566,6 +578,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
         break;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+      discard_delayed();  // a timed publish that passed its closing check late
     }
   }
   // From here on workers start no handler call.
@@ -602,6 +615,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   // Publishers that passed the closing check before it was set may still be
   // pushing into rings; they hold a slot (in_use) until done, so loop.
   for (;;) {
+    discard_delayed();
     release_remaining();
     if (slots_in_use() == 0) break;
     std::this_thread::yield();

@@ -28,6 +28,7 @@ const char* to_string(ErrorClass c) noexcept {
     case ErrorClass::Transient: return "transient";
     case ErrorClass::Permanent: return "permanent";
     case ErrorClass::Poison: return "poison";
+    case ErrorClass::Expired: return "expired";
   }
   return "unknown";
 }
@@ -56,6 +57,7 @@ std::optional<ErrorClass> parse_error_class(std::string_view t) noexcept {
   if (t == "transient") return ErrorClass::Transient;
   if (t == "permanent") return ErrorClass::Permanent;
   if (t == "poison") return ErrorClass::Poison;
+  if (t == "expired") return ErrorClass::Expired;
   return std::nullopt;
 }
 
@@ -258,7 +260,7 @@ Result<DlqEntry> decode_dlq_entry(std::string_view bytes) {
   e.error_text = r.str32();
   e.topic = r.str32();
   e.group = r.str32();
-  if (!r.done() || ver != kEntryVersion || cls > 2 || st > 2) {
+  if (!r.done() || ver != kEntryVersion || cls > 3 || st > 2) {
     return Status(Code::Corruption, "dlq entry record is malformed (" + std::to_string(bytes.size()) +
                                         " bytes; foreign data or a newer layout)");
   }
@@ -273,14 +275,18 @@ Result<DlqEntry> decode_dlq_entry(std::string_view bytes) {
 struct DlqStore::Stats {
   std::uint64_t next_id = 1, next_seq = 1;
   std::uint64_t pending = 0, replayed = 0, archived = 0, entries = 0, bytes = 0;
-  std::uint64_t arrivals[3] = {0, 0, 0};
+  std::uint64_t arrivals[4] = {0, 0, 0, 0};
   std::uint64_t replays = 0, auto_replays = 0, purged = 0, expired = 0, dropped = 0;
 
-  static constexpr int kFields = 16;
+  // Field 16 (arrivals of class `expired`) was appended later: a record of
+  // kOldFields (written before) reads it as 0.
+  static constexpr int kOldFields = 16;
+  static constexpr int kFields = 17;
   std::uint64_t* field(int i) {
     std::uint64_t* f[kFields] = {nullptr,      &next_id,     &next_seq,    &pending,      &replayed, &archived,
                                  &entries,     &bytes,       &arrivals[0], &arrivals[1],  &arrivals[2],
-                                 &replays,     &auto_replays, &purged,     &expired,      &dropped};
+                                 &replays,     &auto_replays, &purged,     &expired,      &dropped,
+                                 &arrivals[3]};
     return f[i];
   }
 
@@ -293,7 +299,8 @@ struct DlqStore::Stats {
     }
     ByteReader r(*v);
     std::uint64_t ver = r.u64();
-    for (int i = 1; i < kFields; ++i) *s.field(i) = r.u64();
+    for (int i = 1; i < kOldFields; ++i) *s.field(i) = r.u64();
+    if (!r.done()) *s.field(kOldFields) = r.u64();
     if (!r.done() || ver != kStatsVersion) {
       return Status(Code::Corruption, "dlq stats record is malformed (foreign data or a newer layout)");
     }
@@ -522,7 +529,7 @@ Status DlqStore::validate(const DlqEntry& e) {
   if (e.reason.size() > kMaxTextBytes || e.error_text.size() > kMaxTextBytes) {
     return Status(Code::PayloadTooLarge, "dlq add: reason and error text are limited to 64 KiB each");
   }
-  if (static_cast<std::uint8_t>(e.error_class) > 2) return Status(Code::InvalidArgument, "dlq add: unknown error class");
+  if (static_cast<std::uint8_t>(e.error_class) > 3) return Status(Code::InvalidArgument, "dlq add: unknown error class");
   return Status();
 }
 
@@ -948,7 +955,7 @@ Result<DlqCounters> DlqStore::counters() {
     c.archived = x.archived;
     c.entries = x.entries;
     c.bytes = x.bytes;
-    for (int i = 0; i < 3; ++i) c.arrivals[i] = x.arrivals[i];
+    for (int i = 0; i < 4; ++i) c.arrivals[i] = x.arrivals[i];
     c.replays = x.replays;
     c.auto_replays = x.auto_replays;
     c.purged = x.purged;

@@ -282,11 +282,11 @@ DlqMetrics window_dlq(const BusStats& now, const BusStats& base, PerSecond per_s
   m.available = true;
   m.depth = d.pending;
   m.oldest_age_seconds = static_cast<double>(d.oldest_pending_age_ns) / 1e9;
-  for (int c = 0; c < 3; ++c) m.arrivals[c] = d.arrivals[c];
+  for (int c = 0; c < 4; ++c) m.arrivals[c] = d.arrivals[c];
   if (base.dlq_available) {
     const DlqCounters& b = base.dlq;
-    std::uint64_t now_arr = d.arrivals[0] + d.arrivals[1] + d.arrivals[2];
-    std::uint64_t base_arr = b.arrivals[0] + b.arrivals[1] + b.arrivals[2];
+    std::uint64_t now_arr = d.arrivals[0] + d.arrivals[1] + d.arrivals[2] + d.arrivals[3];
+    std::uint64_t base_arr = b.arrivals[0] + b.arrivals[1] + b.arrivals[2] + b.arrivals[3];
     m.arrival_rate = per_s(now_arr >= base_arr ? now_arr - base_arr : now_arr);
     m.depth_change = static_cast<std::int64_t>(d.pending) - static_cast<std::int64_t>(b.pending);
   }
@@ -607,8 +607,8 @@ void write_dlq(PromWriter& w, const MetricsSnapshot& s) {
     w.family("lanebus_dlq_oldest_age_seconds", "gauge", "Age of the oldest pending dead-letter entry (0 = none).");
     w.sample("lanebus_dlq_oldest_age_seconds", {}, s.dlq.oldest_age_seconds.value_or(0.0));
     w.family("lanebus_dlq_arrivals_total", "counter", "Messages dead-lettered since the store was created, per class.");
-    const char* classes[3] = {"transient", "permanent", "poison"};
-    for (int c = 0; c < 3; ++c) w.sample_u64("lanebus_dlq_arrivals_total", {{"class", classes[c]}}, s.dlq.arrivals[c]);
+    const char* classes[4] = {"transient", "permanent", "poison", "expired"};
+    for (int c = 0; c < 4; ++c) w.sample_u64("lanebus_dlq_arrivals_total", {{"class", classes[c]}}, s.dlq.arrivals[c]);
     if (s.dlq.arrival_rate) {
       w.family("lanebus_dlq_arrival_rate_per_second", "gauge", "Dead-letter arrivals per second over the window.");
       w.sample("lanebus_dlq_arrival_rate_per_second", {}, *s.dlq.arrival_rate);
@@ -667,6 +667,8 @@ void write_lane_counters(PromWriter& w, const MetricsSnapshot& s) {
       {"lanebus_stuck_total", "Handler calls seen still running past attempt_timeout (each call counted once).",
        &LaneCounters::stuck},
       {"lanebus_dropped_total", "Messages discarded (DropOldest backpressure, or no consumer).", &LaneCounters::dropped},
+      {"lanebus_expired_total", "Messages whose TTL ended before their handler started (never delivered).",
+       &LaneCounters::expired},
       {"lanebus_skipped_total", "Durable messages deleted by retention before the group read them.",
        &LaneCounters::skipped},
   };
@@ -983,6 +985,7 @@ void counters_json(detail::JsonWriter& j, const LaneCounters& c) {
   j.key("stuck_now"); j.u64(c.stuck_now);
   j.key("set_aside"); j.u64(c.set_aside);
   j.key("dropped"); j.u64(c.dropped);
+  j.key("expired"); j.u64(c.expired);
   j.key("skipped"); j.u64(c.skipped);
   j.key("in_flight"); j.u64(c.in_flight);
   j.key("claimed"); j.u64(c.claimed);
@@ -1007,6 +1010,7 @@ void dlq_json(detail::JsonWriter& j, const DlqMetrics& d) {
   j.key("transient"); j.u64(d.arrivals[0]);
   j.key("permanent"); j.u64(d.arrivals[1]);
   j.key("poison"); j.u64(d.arrivals[2]);
+  j.key("expired"); j.u64(d.arrivals[3]);
   j.end_object();
   j.key("growing");
   if (d.depth_change) {

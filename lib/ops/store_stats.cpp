@@ -26,6 +26,7 @@ void add_lane_counters(LaneCounters& into, const LaneCounters& c) noexcept {
   into.set_aside += c.set_aside;
   into.duplicates_skipped += c.duplicates_skipped;
   into.dropped += c.dropped;
+  into.expired += c.expired;
   into.in_flight += c.in_flight;
   into.skipped += c.skipped;
   into.claimed += c.claimed;

@@ -353,8 +353,8 @@ class Walker {
         if (k.size() != 9 || !v.empty()) return problem("dlq: a pending mark is malformed");
         pending_.push_back(get_be64(k.data() + 1));
         return;
-      case 's':
-        if (k.size() != 1 || v.size() != 16 * 8) problem("dlq: the stats record is malformed");
+      case 's':  // 16 u64 fields; 17 since arrivals of class `expired` were appended
+        if (k.size() != 1 || (v.size() != 16 * 8 && v.size() != 17 * 8)) problem("dlq: the stats record is malformed");
         return;
       case 'o':
         if (k.size() != 21 || v.size() != 4) problem("dlq: an outcome record is malformed");

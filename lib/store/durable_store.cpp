@@ -131,7 +131,7 @@ Status DurableStore::init_layout() {
 
 Status DurableStore::open_extension_tables(LmdbTxn& txn) {
   static const char* const kNames[kStoreTables] = {"idem", "idem_age", "dlq", "dlq_audit", "fence", "user",
-                                                    "tenancy", "schema"};
+                                                    "tenancy", "schema", "delayed"};
   for (int i = 0; i < kStoreTables; ++i) {
     auto d = env_->open_dbi(txn, kNames[i], !options_.read_only);
     if (!d.ok()) {

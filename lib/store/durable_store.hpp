@@ -87,6 +87,10 @@ struct AppendRequest {
   std::string key;
   std::string idempotency_key;
   std::string payload;
+  /// Delayed delivery and expiry (doc/delays.md), wall clock ns, 0 = none:
+  /// stored in the record's extension block (doc/storage-format.md).
+  std::int64_t due_ns = 0;
+  std::int64_t expires_ns = 0;
 };
 
 /// Where an appended message landed.
@@ -119,6 +123,10 @@ struct StoredMessage {
   std::string key;
   std::string idempotency_key;
   std::string payload;
+  /// From the record's extension block (format 2), else 0: its due time and
+  /// expiry (doc/delays.md), wall clock ns.
+  std::int64_t due_ns = 0;
+  std::int64_t expires_ns = 0;
 };
 
 /// Limits of one read call.
@@ -213,8 +221,9 @@ enum class StoreTable : std::uint8_t {
   User,            ///< `user`: handlers' own tables (transactional consume)
   Tenancy,         ///< `tenancy`: namespaces, credentials, usage by minute (doc/tenancy.md)
   Schema,          ///< `schema`: schema registry, contracts, usage audit (lib/features/schema_registry.cpp)
+  Delayed,         ///< `delayed`: durable messages waiting for their due time (lib/store/delayed_index.hpp)
 };
-inline constexpr int kStoreTables = 8;
+inline constexpr int kStoreTables = 9;
 
 class DurableStore;
 

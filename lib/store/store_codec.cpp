@@ -76,8 +76,14 @@ bool decode_topic(std::string_view name, std::string_view v, TopicRef* t) {
 }
 
 // ---- log record (see doc/storage-format.md) ----
+// Format 2 (a due time or an expiry, doc/delays.md) appends an extension
+// block after the payload, its length in header bytes 6..7: le16 length (24),
+// le16 flags (1 due, 2 expiry), 4 zero bytes, le64 due ns, le64 expiry ns.
+// Format 1 records are unchanged; an older lanebus refuses format 2.
+constexpr std::size_t kRecordExtension = 24;
 std::size_t record_size(const AppendRequest& r) {
-  return kRecordOverhead + r.key.size() + r.idempotency_key.size() + r.payload.size();
+  return kRecordOverhead + r.key.size() + r.idempotency_key.size() + r.payload.size() +
+         ((r.due_ns | r.expires_ns) != 0 ? kRecordExtension : 0);
 }
 void encode_record(char* p, std::size_t size, const AppendRequest& r, const MessageHeader& h,
                    std::int64_t index_ts) {
@@ -100,6 +106,16 @@ void encode_record(char* p, std::size_t size, const AppendRequest& r, const Mess
   std::memcpy(d, r.idempotency_key.data(), r.idempotency_key.size());
   d += r.idempotency_key.size();
   std::memcpy(d, r.payload.data(), r.payload.size());
+  if ((r.due_ns | r.expires_ns) != 0) [[unlikely]] {
+    p[0] = 2;
+    put_le16(p + 6, kRecordExtension);
+    d += r.payload.size();
+    put_le16(d, kRecordExtension);
+    put_le16(d + 2, static_cast<std::uint16_t>((r.due_ns != 0 ? 1 : 0) | (r.expires_ns != 0 ? 2 : 0)));
+    put_le32(d + 4, 0);
+    put_le64(d + 8, static_cast<std::uint64_t>(r.due_ns));
+    put_le64(d + 16, static_cast<std::uint64_t>(r.expires_ns));
+  }
   put_le32(p + size - 4, crc32c(p, size - 4));
 }
 
@@ -111,9 +127,11 @@ Status decode_record(std::string_view v, std::string_view topic, std::uint32_t l
   };
   if (v.size() < kRecordOverhead) return bad("record shorter than its header");
   const char* p = v.data();
-  if (p[0] != 1) return bad("unknown record format");
+  if (p[0] != 1 && p[0] != 2) return bad("unknown record format");
   std::size_t klen = get_le16(p + 2), ilen = get_le16(p + 4), plen = get_le32(p + 8);
-  if (kRecordOverhead + klen + ilen + plen != v.size()) return bad("record lengths do not add up");
+  const std::size_t elen = p[0] == 2 ? get_le16(p + 6) : 0;  // the extension block (format 2)
+  if (p[0] == 2 && elen < kRecordExtension) return bad("record extension block too short");
+  if (kRecordOverhead + klen + ilen + plen + elen != v.size()) return bad("record lengths do not add up");
   if (crc32c(p, v.size() - 4) != get_le32(p + v.size() - 4)) return bad("record checksum mismatch");
   m->lane = lane;
   m->offset = off;
@@ -129,6 +147,14 @@ Status decode_record(std::string_view v, std::string_view topic, std::uint32_t l
   m->key.assign(d, klen);
   m->idempotency_key.assign(d + klen, ilen);
   m->payload.assign(d + klen + ilen, plen);
+  m->due_ns = 0;
+  m->expires_ns = 0;
+  if (elen != 0) [[unlikely]] {
+    const char* e = d + klen + ilen + plen;
+    if (get_le16(e) != elen) return bad("record extension block length mismatch");
+    m->due_ns = static_cast<std::int64_t>(get_le64(e + 8));
+    m->expires_ns = static_cast<std::int64_t>(get_le64(e + 16));
+  }
   return Status();
 }
 

@@ -1,0 +1,130 @@
+// lanebus — MIT License.
+// Delayed delivery and expiry on durable topics and queues (doc/delays.md):
+// the timed publish (refused, stored in the delayed index, or appended with
+// its expiry), the mover that appends due messages to their lanes
+// (lib/store/delayed_index.hpp) on the bus's timer, and the expiry of
+// stored messages on delivery.
+#include <atomic>
+#include <memory>
+#include <random>
+
+#include "bus_impl.hpp"
+#include "delayed_index.hpp"
+
+namespace lanebus::detail {
+
+namespace {
+// Tie-break of delayed keys published in the same nanosecond: per process,
+// starting at a random point (another process's equal key is found and skipped by put_delayed).
+std::atomic<std::uint32_t> g_tiebreak{static_cast<std::uint32_t>(std::random_device{}())};
+// A move that failed (a storage error) is tried again after this long.
+constexpr std::int64_t kMoveRetryNs = 100'000'000;
+constexpr std::uint32_t kMoveBatch = 256;
+}  // namespace
+
+Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp,
+                                        std::size_t need, PublishCallback& done, bool* handled) {
+  *handled = false;
+  MessageTimes times;
+  Status st = resolve_times(m, default_ttl_ns, req.header.created_at_ns, &times);
+  if (st.ok() && times.due_ns > req.header.created_at_ns && !options.fence.empty())
+    st = Status::from_literal(Code::InvalidArgument,
+                              "publish: delayed delivery is not available on fenced topics (the lease generation "
+                              "may change before the message is due)");
+  if (!st.ok()) {
+    nsp->unadmit_publish(need);
+    refused.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+  req.expires_ns = times.expires_ns;
+  if (times.due_ns <= req.header.created_at_ns) return Status();  // not delayed: the normal append
+  req.due_ns = times.due_ns;
+  // It enters its lane at its due time, as if published then: created_at (the
+  // lane's time index for seek and age retention, the latency start) is the due time.
+  req.header.created_at_ns = times.due_ns;
+  *handled = true;
+  const std::int64_t due = times.due_ns;
+  const std::uint32_t lane = req.lane;
+  const std::uint32_t tiebreak = g_tiebreak.fetch_add(1, std::memory_order_relaxed);
+  auto put = [r = std::move(req), tiebreak](StoreTxn& t) -> Status { return put_delayed(t, r, tiebreak); };
+  if (!done) {
+    Status ws = bus->store()->write(put);
+    if (!ws.ok()) {
+      nsp->unadmit_publish(need);
+      refused.fetch_add(1, std::memory_order_relaxed);
+      return ws;
+    }
+    lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+    bus->arm_durable_delays(due);
+    return Status();
+  }
+  Status ws = bus->store()->write_async(
+      std::move(put), [this, lane, nsp, need, due, done = std::move(done)](const Status& s) {
+        if (s.ok()) {
+          lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+          bus->arm_durable_delays(due);
+        } else {
+          nsp->unadmit_publish(need);
+          refused.fetch_add(1, std::memory_order_relaxed);
+        }
+        done(s, 0);  // no offset yet: the message enters its lane when due
+      });
+  if (!ws.ok()) {
+    nsp->unadmit_publish(need);
+    refused.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ws;
+}
+
+void BusCore::arm_durable_delays(std::int64_t due_wall_ns) noexcept {
+  if (due_wall_ns != 0) arm_delayed(&durable_delays_, due_wall_ns);
+}
+
+void BusCore::refresh_durable_delays() noexcept {
+  if (!store_ || store_->read_only()) return;
+  auto first = earliest_delayed(*store_);
+  if (first.ok() && *first != 0) arm_durable_delays(*first);
+}
+
+void BusCore::move_durable_delayed() noexcept {
+  if (!store_ || store_->read_only() || closing()) return;
+  if (moving_delays_.exchange(true, std::memory_order_acq_rel)) return;  // one move at a time; it re-arms
+  try {
+    auto result = std::make_shared<MoveResult>();
+    Status s = store_->write_async(
+        [this, result](StoreTxn& t) -> Status {
+          return move_due_delayed(
+              t, kMoveBatch,
+              [this](std::uint32_t topic_id) {
+                MutexLock l(&durable_mu_);
+                return durable_topics_.count(topic_id) > 0;
+              },
+              result.get());
+        },
+        [this, result](const Status& st) {
+          moving_delays_.store(false, std::memory_order_release);
+          if (!st.ok()) {
+            arm_durable_delays(now_ns() + kMoveRetryNs);
+            return;
+          }
+          if (result->dropped > 0)
+            logger.log(LogLevel::Warn,
+                       "delayed delivery: %u due message(s) refused by their topic (gone, or fenced) were dropped",
+                       result->dropped);
+          if (result->next_due != 0) arm_durable_delays(result->next_due);
+        });
+    if (!s.ok()) {
+      moving_delays_.store(false, std::memory_order_release);
+      if (s.code() != Code::ShutDown) arm_durable_delays(now_ns() + kMoveRetryNs);
+    }
+  } catch (...) {
+    moving_delays_.store(false, std::memory_order_release);
+    arm_durable_delays(now_ns() + kMoveRetryNs);
+  }
+}
+
+bool BusCore::stored_expired(const StoredMessage& m) noexcept {
+  return m.expires_ns != 0 && now_ns() >= m.expires_ns;
+}
+
+}  // namespace lanebus::detail

@@ -1,0 +1,164 @@
+// lanebus — MIT License.
+// The durable delayed index (delayed_index.hpp).
+#include "delayed_index.hpp"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "coding.hpp"
+#include "crc32c.hpp"
+
+namespace lanebus::detail {
+
+namespace {
+constexpr std::size_t kFixed = 4 + 4 + 4 + 4 + 8 * 4 + 4 + 2 + 2 + 8 + 2 + 2 + 4;  // before the strings
+}  // namespace
+
+std::string delayed_key(std::int64_t due_ns, std::int64_t created_ns, std::uint32_t topic_id, std::uint32_t tiebreak) {
+  std::string k(kDelayedKeyBytes, '\0');
+  put_be64(k.data(), static_cast<std::uint64_t>(due_ns));
+  put_be64(k.data() + 8, static_cast<std::uint64_t>(created_ns));
+  put_be32(k.data() + 16, topic_id);
+  put_be32(k.data() + 20, tiebreak);
+  return k;
+}
+
+std::string encode_delayed(const AppendRequest& r) {
+  std::string v(kFixed + r.key.size() + r.idempotency_key.size() + r.payload.size() + 4, '\0');
+  char* p = v.data();
+  put_le32(p, 1);
+  put_le32(p + 4, r.topic_id);
+  put_le32(p + 8, r.lane);
+  put_le64(p + 16, r.header.id);
+  put_le64(p + 24, static_cast<std::uint64_t>(r.header.created_at_ns));
+  put_le64(p + 32, r.header.correlation_id);
+  put_le64(p + 40, r.header.fencing_token);
+  put_le32(p + 48, r.header.attempt);
+  put_le16(p + 52, r.header.content_type);
+  put_le16(p + 54, r.header.schema_version);
+  put_le64(p + 56, static_cast<std::uint64_t>(r.expires_ns));
+  put_le16(p + 64, static_cast<std::uint16_t>(r.key.size()));
+  put_le16(p + 66, static_cast<std::uint16_t>(r.idempotency_key.size()));
+  put_le32(p + 68, static_cast<std::uint32_t>(r.payload.size()));
+  char* d = p + kFixed;
+  std::memcpy(d, r.key.data(), r.key.size());
+  d += r.key.size();
+  std::memcpy(d, r.idempotency_key.data(), r.idempotency_key.size());
+  d += r.idempotency_key.size();
+  std::memcpy(d, r.payload.data(), r.payload.size());
+  put_le32(p + v.size() - 4, crc32c(p, v.size() - 4));
+  return v;
+}
+
+Status decode_delayed(std::string_view key, std::string_view v, AppendRequest* out) {
+  auto bad = [](const char* why) { return Status(Code::Corruption, std::string("delayed entry: ") + why); };
+  if (key.size() != kDelayedKeyBytes) return bad("key is not 24 bytes");
+  if (v.size() < kFixed + 4) return bad("value shorter than its header");
+  const char* p = v.data();
+  if (get_le32(p) != 1) return bad("unknown format");
+  const std::size_t klen = get_le16(p + 64), ilen = get_le16(p + 66), plen = get_le32(p + 68);
+  if (kFixed + klen + ilen + plen + 4 != v.size()) return bad("lengths do not add up");
+  if (crc32c(p, v.size() - 4) != get_le32(p + v.size() - 4)) return bad("checksum mismatch");
+  out->topic_id = get_le32(p + 4);
+  out->lane = get_le32(p + 8);
+  out->header.id = get_le64(p + 16);
+  out->header.created_at_ns = static_cast<std::int64_t>(get_le64(p + 24));
+  out->header.correlation_id = get_le64(p + 32);
+  out->header.fencing_token = get_le64(p + 40);
+  out->header.attempt = get_le32(p + 48);
+  out->header.content_type = get_le16(p + 52);
+  out->header.schema_version = get_le16(p + 54);
+  out->expires_ns = static_cast<std::int64_t>(get_le64(p + 56));
+  out->due_ns = static_cast<std::int64_t>(get_be64(key.data()));
+  const char* d = p + kFixed;
+  out->key.assign(d, klen);
+  out->idempotency_key.assign(d + klen, ilen);
+  out->payload.assign(d + klen + ilen, plen);
+  return Status();
+}
+
+Status put_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak) {
+  std::string k = delayed_key(r.due_ns, r.header.created_at_ns, r.topic_id, tiebreak);
+  for (int tries = 0;; ++tries) {
+    auto existing = t.get(StoreTable::Delayed, k);
+    if (!existing.ok() && existing.code() != Code::NotFound) return existing.status();
+    if (!existing.ok()) break;
+    if (tries == 64) return Status(Code::Internal, "delayed entry: no free key after 64 tie-breaks");
+    put_be32(k.data() + 20, ++tiebreak);
+  }
+  return t.put(StoreTable::Delayed, k, encode_delayed(r));
+}
+
+Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool(std::uint32_t)>& open,
+                        MoveResult* out) {
+  *out = MoveResult{};
+  const std::int64_t now = t.now_ns();
+  std::vector<std::pair<std::string, std::string>> due;
+  std::uint32_t looked = 0;
+  Status s = t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view v) {
+    const std::int64_t at = k.size() >= 8 ? static_cast<std::int64_t>(get_be64(k.data())) : 0;
+    if (at > now) {
+      out->next_due = at;
+      return false;
+    }
+    if (due.size() >= max || ++looked > 4 * max) {
+      if (!due.empty()) out->next_due = now;  // more may be due: move again
+      return false;
+    }
+    // A malformed key is taken (and dropped below); another process's topic waits.
+    if (k.size() != kDelayedKeyBytes || open(get_be32(k.data() + 16))) due.emplace_back(std::string(k), std::string(v));
+    return true;
+  });
+  if (!s.ok()) return s;
+  for (auto& [k, v] : due) {
+    AppendRequest r;
+    Status ds = decode_delayed(k, v, &r);
+    if (ds.ok()) {
+      // The log record keeps the expiry (and the due time it waited for).
+      auto a = t.append(std::move(r));
+      if (a.ok()) {
+        ++out->moved;
+      } else {
+        const Code c = a.code();
+        // Its topic refuses it (gone, a lane it no longer has, a fence): nothing was written for it.
+        if (c != Code::InvalidArgument && c != Code::NotFound && c != Code::StaleToken &&
+            c != Code::FenceViolation && c != Code::PayloadTooLarge)
+          return a.status();
+        ++out->dropped;
+      }
+    } else {
+      ++out->dropped;  // corrupt: it could never be delivered
+    }
+    if (Status del = t.del(StoreTable::Delayed, k); !del.ok()) return del;
+  }
+  return Status();
+}
+
+Result<std::int64_t> earliest_delayed(DurableStore& store) {
+  std::int64_t first = 0;
+  Status s = store.read([&](StoreTxn& t) -> Status {
+    first = 0;
+    return t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view) {
+      if (k.size() >= 8) first = static_cast<std::int64_t>(get_be64(k.data()));
+      return false;
+    });
+  });
+  if (!s.ok()) return s;
+  return first;
+}
+
+Result<std::uint64_t> count_delayed(DurableStore& store, std::uint32_t topic_id) {
+  std::uint64_t n = 0;
+  Status s = store.read([&](StoreTxn& t) -> Status {
+    n = 0;
+    return t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view) {
+      if (topic_id == 0 || (k.size() == kDelayedKeyBytes && get_be32(k.data() + 16) == topic_id)) ++n;
+      return true;
+    });
+  });
+  if (!s.ok()) return s;
+  return n;
+}
+
+}  // namespace lanebus::detail
