@@ -468,7 +468,11 @@ struct PublisherState {
 
   /// The link for `t` (created on first use; nullptr when all kLinks are
   /// taken: the shared path then serves that topic).
-  PublisherLink* link(TopicImpl* t) noexcept;
+  PublisherLink* link(TopicImpl* t) noexcept {
+    if (last_link != nullptr && last_link->topic == t) [[likely]] return last_link;
+    return find_link(t);
+  }
+  PublisherLink* find_link(TopicImpl* t) noexcept;
   /// The next message id, from this publisher's block (a block of kIdBlock
   /// from the bus when it runs out).
   std::uint64_t take_id() noexcept;
@@ -479,9 +483,12 @@ struct PublisherState {
   std::uint64_t next_id = 0;
   std::uint64_t end_id = 0;
   std::uint32_t slot = kNoPublisherSlot;  // BusCore::publisher_slot: solo ownership, usage tallies
+  /// AsymmetricFence::available(), read once: it never changes in a process.
+  const bool asym = AsymmetricFence::available();
   static constexpr std::uint32_t kLinks = 4;
   PublisherLink links[kLinks];
   std::uint32_t link_count = 0;
+  PublisherLink* last_link = nullptr;  // the last link used (one topic per stream, mostly)
 };
 
 /// The publishers behind Topic::publish, one per thread that publishes

@@ -3,7 +3,6 @@
 // through the delivery core (delivery.hpp); key_parallel_retry's parking.
 #include <algorithm>
 #include <exception>
-#include <optional>
 #include <string>
 
 #include "bus_impl.hpp"
@@ -81,23 +80,40 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
 template <class Found>
 bool BusCore::linger(FreeChain& frees, Found&& found) noexcept {
   if (other_work()) return false;
-  const std::int64_t linger_ns = std::max<std::int64_t>(options.spin.count(), 1'000);
-  std::int64_t until = 0;
+  // The deadline from the start: a PAUSE costs 10-140 cycles by CPU model,
+  // so a count of them is no measure of the wait.
+  const std::int64_t until = now_ns() + std::max<std::int64_t>(options.spin.count(), 1'000);
   for (std::uint32_t spin = 1;; ++spin) {
     cpu_relax();
     if (found()) return true;
     if ((spin & 15) != 0) continue;
     if (spin == 256) frees.flush();
-    if (other_work() || closing()) return false;
-    if ((spin & 63) != 0) continue;
-    const std::int64_t now = now_ns();
-    if (until == 0) {
-      until = now + linger_ns;
-    } else if (now >= until) {
-      return false;
-    }
+    if (other_work() || closing() || now_ns() >= until) return false;
   }
 }
+
+namespace {
+// The handler's call: an exception is a retry (doc/retries.md). Returned
+// straight into the caller's Outcome, nothing to clear or copy on an ack.
+inline Outcome call_handler(const Handler& handler, const MessageView& view) noexcept {
+  try {
+    return handler(view);
+  } catch (const std::exception&) {
+    return Outcome::retry("handler threw an exception");
+  } catch (...) {
+    return Outcome::retry("handler threw a non-standard exception");
+  }
+}
+inline BatchOutcome call_batch_handler(const BatchHandler& handler, std::span<const MessageView> views) noexcept {
+  try {
+    return handler(views);
+  } catch (const std::exception&) {
+    return BatchOutcome::stop_at(0, Outcome::retry("handler threw an exception"));
+  } catch (...) {
+    return BatchOutcome::stop_at(0, Outcome::retry("handler threw a non-standard exception"));
+  }
+}
+}  // namespace
 
 // A message of a plain run that was not acked (first attempt of the lane's
 // head message; plain groups never park): settle decides as in the general
@@ -160,6 +176,7 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   // ends (and before a failure is settled).
   auto take = [&](std::uint32_t& idx) { return single ? ring.take_deferred(idx) : ring.try_dequeue(idx); };
   if (single) frees.defer_cells_of(&ring);
+  const WallClock::Reading clock = WallClock::reading();
   while (handled < batch) {
     std::uint32_t idx;
     if (!take(idx)) {
@@ -191,23 +208,11 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
     gl->delivered.store(++delivered, std::memory_order_relaxed);
     bytes += payload.size();
     ++handled;
-    Outcome::Kind kind;
-    std::optional<Outcome> failure;  // engaged only when the handler did not ack
-    try {
-      Outcome out = handler(view);
-      kind = out.kind();
-      if (kind != Outcome::Kind::Ack) failure.emplace(out);
-    } catch (const std::exception&) {
-      kind = Outcome::Kind::Retry;
-      failure.emplace(Outcome::retry("handler threw an exception"));
-    } catch (...) {
-      kind = Outcome::Kind::Retry;
-      failure.emplace(Outcome::retry("handler threw a non-standard exception"));
-    }
-    if (kind == Outcome::Kind::Ack) {
+    const Outcome out = call_handler(handler, view);
+    if (out.kind() == Outcome::Kind::Ack) [[likely]] {
       gl->acked.store(++acked, std::memory_order_relaxed);
-      if (metrics) {  // record_latency, inlined
-        const std::int64_t d = now_ns() - created_at;
+      if (metrics) {  // record_latency, inlined; the run's copy of the clock's anchor
+        const std::int64_t d = WallClock::now_ns(clock) - created_at;
         gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
       }
       frees.release(s);
@@ -215,7 +220,7 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
     }
     // Not acked: the delivery core decides, as in the general loop.
     if (single) ring.release_taken();
-    if (settle_plain_failure(gl, s, *failure, frees, &hold_ns)) break;
+    if (settle_plain_failure(gl, s, out, frees, &hold_ns)) break;
   }
   if (single) {
     ring.release_taken();
@@ -289,16 +294,9 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
       Access::set_attempt(views[i], 1);
     }
     if (metrics) gl->oldest_ns.store(slots[0]->header.created_at_ns, std::memory_order_relaxed);
-    std::optional<BatchOutcome> result;
-    try {
-      result.emplace(handler(std::span<const MessageView>(views, n)));
-    } catch (const std::exception&) {
-      result.emplace(BatchOutcome::stop_at(0, Outcome::retry("handler threw an exception")));
-    } catch (...) {
-      result.emplace(BatchOutcome::stop_at(0, Outcome::retry("handler threw a non-standard exception")));
-    }
-    std::uint32_t acked = static_cast<std::uint32_t>(std::min<std::size_t>(result->acked(), n));
-    if (acked < n && result->next().kind() == Outcome::Kind::Ack) ++acked;  // an ack at the stop
+    const BatchOutcome result = call_batch_handler(handler, std::span<const MessageView>(views, n));
+    std::uint32_t acked = static_cast<std::uint32_t>(std::min<std::size_t>(result.acked(), n));
+    if (acked < n && result.next().kind() == Outcome::Kind::Ack) ++acked;  // an ack at the stop
     const std::uint32_t settled = acked + (acked < n ? 1 : 0);
     ring.advance_single(settled);
     gl->delivered.store(delivered += settled, std::memory_order_relaxed);
@@ -315,7 +313,7 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
     for (std::uint32_t i = 0; i < acked; ++i) frees.release(slots[i]);
     if (acked == n) continue;
     // Message `acked` failed: the delivery core decides, as in run_plain.
-    if (settle_plain_failure(gl, slots[acked], result->next(), frees, &hold_ns)) break;
+    if (settle_plain_failure(gl, slots[acked], result.next(), frees, &hold_ns)) break;
   }
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;

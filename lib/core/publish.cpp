@@ -11,6 +11,7 @@
 
 #include "backpressure.hpp"
 #include "bus_impl.hpp"
+#include "hash.hpp"
 
 namespace lanebus::detail {
 
@@ -94,7 +95,21 @@ Status shut_down() noexcept { return Status::from_literal(Code::ShutDown, "publi
 /// for publisher slot `slot`, and open its in_push window. True: the window
 /// is open and `t` is ours (append solo, then close_window). False: the topic
 /// is shared now (made so if it had another owner).
-bool open_window(TopicImpl& t, std::uint32_t slot) noexcept {
+bool open_window_slow(TopicImpl& t, std::uint32_t slot) noexcept;
+inline bool open_window(TopicImpl& t, std::uint32_t slot) noexcept {
+  // A stream: the topic is ours already.
+  const std::uintptr_t tag = std::uintptr_t{slot} + 2;
+  if (t.owner.load(std::memory_order_relaxed) == tag) [[likely]] {
+    PublisherSlot& ps = t.bus->publisher_slot(slot);
+    ps.in_push.store(1, std::memory_order_relaxed);
+    AsymmetricFence::light();  // the window, then the owner: make_shared runs the heavy fence
+    if (t.owner.load(std::memory_order_relaxed) == tag) [[likely]] return true;
+    ps.in_push.store(0, std::memory_order_release);
+  }
+  return open_window_slow(t, slot);
+}
+
+bool open_window_slow(TopicImpl& t, std::uint32_t slot) noexcept {
   const std::uintptr_t tag = std::uintptr_t{slot} + 2;
   std::uintptr_t o = t.owner.load(std::memory_order_relaxed);
   if (o == 0 && t.owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) {
@@ -387,19 +402,19 @@ Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const Outg
   if (fill == nullptr && m.payload.empty())
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (bus->closing()) return shut_down();
-  const std::uint32_t lane = lane_for_key(m.key, options.lanes);
+  const std::uint32_t lane = lane_index(m.key, options.lanes);
   Slot* s = pool.take(link.mag);  // plain loads and stores unless the magazine refills
   if (s == nullptr) s = acquire_slot(lane, may_block);
   if (s == nullptr) return no_slot(may_block);
   // The slot counts in in_use now; then read closing (shutdown's Dekker:
   // shutdown sets closing, runs the heavy fence, then counts slots).
-  const bool asym_ok = AsymmetricFence::available();
+  const bool asym_ok = p.asym;
   if (asym_ok) {
     AsymmetricFence::light();
   } else {
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  if (bus->closing()) {
+  if (bus->closing()) [[unlikely]] {
     pool.free(s);
     return shut_down();
   }
@@ -598,7 +613,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     std::uint32_t k = pool.try_alloc_bulk(slots, want);
     if (k == 0) {
       // Nothing free: this message waits (or fails, or drops) exactly as publish's.
-      const std::uint32_t lane = lane_for_key(chunk[0].key, options.lanes);
+      const std::uint32_t lane = lane_index(chunk[0].key, options.lanes);
       Slot* s = acquire_slot(lane, may_block);
       if (s == nullptr) {
         if (bus->closing()) {
@@ -657,7 +672,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     for (std::uint32_t i = 0; i < k && i < kFillAhead; ++i) MessagePool::prefetch_slot(slots[i]);
     for (std::uint32_t i = 0; i < k; ++i) {
       if (i + kFillAhead < k) MessagePool::prefetch_slot(slots[i + kFillAhead]);
-      lanes_of[i] = lane_for_key(chunk[i].key, options.lanes);
+      lanes_of[i] = lane_index(chunk[i].key, options.lanes);
       fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at, chunk[i].schema_version);
       // relaxed: the ring append's release stores (and fence) publish it with the slot.
       slots[i]->refs.store(n, std::memory_order_relaxed);

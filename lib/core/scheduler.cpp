@@ -131,14 +131,14 @@ void BusCore::release_publisher_slot(std::uint32_t k) noexcept {
   pub_slots_[k].used.store(false, std::memory_order_release);
 }
 
-PublisherLink* PublisherState::link(TopicImpl* t) noexcept {
+PublisherLink* PublisherState::find_link(TopicImpl* t) noexcept {
   for (std::uint32_t i = 0; i < link_count; ++i)
-    if (links[i].topic == t) return &links[i];
+    if (links[i].topic == t) return last_link = &links[i];
   if (link_count == kLinks) return nullptr;
   PublisherLink& l = links[link_count++];
   l.topic = t;
   t->pool.attach(&l.mag);
-  return &l;
+  return last_link = &l;
 }
 
 PublisherState::~PublisherState() {

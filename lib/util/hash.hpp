@@ -30,4 +30,14 @@ constexpr std::uint64_t fnv1a64(std::string_view s, std::uint64_t h = kFnv1a64Of
   return h;
 }
 
+/// The lane of `key` among `lanes` (lanebus::lane_for_key, inline for the
+/// publish path): FNV-1a 64 of the key, masked for a power-of-two count (the
+/// default 8: no 64-bit division), else modulo. Part of the durable format.
+inline std::uint32_t lane_index(std::string_view key, std::uint32_t lanes) noexcept {
+  const std::uint64_t h = fnv1a64(key);
+  if (lanes == 0) return 0;
+  if ((lanes & (lanes - 1)) == 0) return static_cast<std::uint32_t>(h & (lanes - 1));
+  return static_cast<std::uint32_t>(h % lanes);
+}
+
 }  // namespace lanebus::detail

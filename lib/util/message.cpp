@@ -8,12 +8,7 @@
 namespace lanebus {
 
 std::uint32_t lane_for_key(std::string_view key, std::uint32_t lanes) noexcept {
-  const std::uint64_t h = detail::fnv1a64(key);  // inline: this runs on every publish
-  if (lanes == 0) return 0;
-  // A power-of-two lane count (the default 8) takes a mask: the same result
-  // as the modulo without a 64-bit division on every publish.
-  if ((lanes & (lanes - 1)) == 0) return static_cast<std::uint32_t>(h & (lanes - 1));
-  return static_cast<std::uint32_t>(h % lanes);
+  return detail::lane_index(key, lanes);
 }
 
 }  // namespace lanebus
