@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Instruction counts per message of the in-process hot path (doc/performance.md):
-# runs bench/hotpath under callgrind and prints the inclusive Ir of publish,
-# publish_batch and run_lane divided by the message (delivery) count.
+# runs bench/hotpath under callgrind and prints the inclusive Ir of
+# Publisher::publish (the whole call), TopicImpl::publish_via (its work past
+# the API's checks), publish_batch and run_lane divided by the message
+# (delivery) count.
 # Usage: scripts/hotpath_counts.sh [BUILD_DIR] [hotpath args...]
 #   e.g. scripts/hotpath_counts.sh build --msgs 50000 --batch 64 --groups 4
 set -euo pipefail
@@ -24,8 +26,9 @@ valgrind --tool=callgrind --callgrind-out-file="$out" "$build/bench/hotpath" "${
 callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
   awk -v m="$msgs" -v g="$groups" '
     /\[/ { next }
-    match($0, /:lanebus::detail::(TopicImpl::publish_batch|TopicImpl::publish_via|TopicImpl::publish|BusCore::run_lane)\(/) {
-      name = substr($0, RSTART + 18, RLENGTH - 19);
+    match($0, /:lanebus::(Publisher::publish|detail::TopicImpl::publish_batch|detail::TopicImpl::publish_via|detail::TopicImpl::publish|detail::BusCore::run_lane)\(/) {
+      name = substr($0, RSTART + 10, RLENGTH - 11);
+      sub(/^detail::/, "", name);
       if (seen[name]++) next;
       ir = $1; gsub(",", "", ir);
       per = (name ~ /run_lane/) ? m * g : m;

@@ -33,8 +33,6 @@ Status publish_durable_noexcept(detail::TopicImpl* t, const OutgoingMessage& m) 
 }  // namespace
 
 namespace {
-Status publish_through(detail::PublisherState& st, detail::TopicImpl* t, const OutgoingMessage& m,
-                       bool may_block) noexcept;
 
 BatchPublishResult publish_batch_through(detail::PublisherState& st, detail::TopicImpl* t,
                                          std::span<const OutgoingMessage> messages) noexcept {
@@ -53,14 +51,14 @@ BatchPublishResult publish_batch_through(detail::PublisherState& st, detail::Top
 Status Topic::publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
   if (impl_->durable) return publish_durable_noexcept(impl_, message);
-  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return publish_through(*st, impl_, message, true);
+  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return impl_->publish_via(*st, message, true);
   return impl_->publish(message, true, impl_->bus->take_ids(1));
 }
 
 Status Topic::try_publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
   if (impl_->durable) return publish_durable_noexcept(impl_, message);
-  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return publish_through(*st, impl_, message, false);
+  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return impl_->publish_via(*st, message, false);
   return impl_->publish(message, false, impl_->bus->take_ids(1));
 }
 
@@ -135,25 +133,16 @@ Publisher::Publisher(Publisher&&) noexcept = default;
 Publisher& Publisher::operator=(Publisher&&) noexcept = default;
 Publisher::~Publisher() = default;
 
-namespace {
-Status publish_through(detail::PublisherState& st, detail::TopicImpl* t, const OutgoingMessage& m,
-                       bool may_block) noexcept {
-  const std::uint64_t id = st.take_id();
-  if (detail::PublisherLink* l = st.link(t)) return t->publish_via(st, *l, m, may_block, id);
-  return t->publish(m, may_block, id);
-}
-}  // namespace
-
 Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
   if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
-  return publish_through(*state_, topic.impl_, message, true);
+  return topic.impl_->publish_via(*state_, message, true);
 }
 
 Status Publisher::try_publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
   if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
-  return publish_through(*state_, topic.impl_, message, false);
+  return topic.impl_->publish_via(*state_, message, false);
 }
 
 BatchPublishResult Publisher::publish_batch(const Topic& topic, std::span<const OutgoingMessage> messages) noexcept {

@@ -345,12 +345,14 @@ class TopicImpl {
   /// `fill`: a typed object to construct in place of m.payload (typed.cpp).
   Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
                  const PayloadFill* fill = nullptr) noexcept;
-  /// Publish through a Publisher's link: its slot magazine, and the solo
-  /// path while the publisher owns the topic (see "Solo publishers").
-  /// `fill`: a typed object (typed.cpp); one that does not fit the slot
-  /// takes the shared path.
-  Status publish_via(PublisherState& p, PublisherLink& link, const OutgoingMessage& m, bool may_block,
-                     std::uint64_t id, const PayloadFill* fill = nullptr) noexcept;
+  /// Publish through a Publisher (or a thread's implicit one): the id from
+  /// its block, its link's slot magazine, and the solo path while the
+  /// publisher owns the topic (see "Solo publishers"). Without a link (all
+  /// kLinks taken) the shared path. `fill`: a typed object (typed.cpp); one
+  /// that does not fit the slot takes the shared path. Six arguments: all
+  /// in registers.
+  Status publish_via(PublisherState& p, const OutgoingMessage& m, bool may_block,
+                     const PayloadFill* fill = nullptr) noexcept;
   /// End solo ownership for good (owner = 1): after it returns, no solo
   /// publish of this topic runs, and its effects are visible.
   void make_shared() noexcept;

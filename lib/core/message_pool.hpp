@@ -373,25 +373,29 @@ class MessagePool {
     prefetch_for_write(s);
     prefetch_for_write(reinterpret_cast<const char*>(s) + 64);
   }
-  Slot* take(Magazine& m) noexcept {
-    if (m.count == 0) {
-      // Whole chains while they come (a worker's short runs free short ones),
-      // else the single-slot list.
-      std::uint32_t got = 0;
-      while (got < magazine_size_) {
-        const std::uint32_t k = take_chain(m.slots + got, magazine_size_ - got);
-        if (k == 0) break;
-        got += k;
-      }
-      if (got == 0) got = try_alloc_bulk(m.slots, magazine_size_);
-      if (got == 0) return nullptr;
-      m.count = got;
-      // release, after allocated_ grew: a reader that sees this held sees the refill.
-      m.held.store(got, std::memory_order_release);
-      // The slots of the next kWriteAhead publishes (this one's is asked for
-      // too late to help, but costs nothing to ask).
-      for (std::uint32_t i = 1; i <= kWriteAhead && i <= got; ++i) prefetch_slot(m.slots[got - i]);
+  /// Refill an empty magazine; false when the pool has no free slot.
+  /// Out of line: the publish that inlines take() keeps its registers.
+  [[gnu::noinline]] bool refill(Magazine& m) noexcept {
+    // Whole chains while they come (a worker's short runs free short ones),
+    // else the single-slot list.
+    std::uint32_t got = 0;
+    while (got < magazine_size_) {
+      const std::uint32_t k = take_chain(m.slots + got, magazine_size_ - got);
+      if (k == 0) break;
+      got += k;
     }
+    if (got == 0) got = try_alloc_bulk(m.slots, magazine_size_);
+    if (got == 0) return false;
+    m.count = got;
+    // release, after allocated_ grew: a reader that sees this held sees the refill.
+    m.held.store(got, std::memory_order_release);
+    // The slots of the next kWriteAhead publishes (this one's is asked for
+    // too late to help, but costs nothing to ask).
+    for (std::uint32_t i = 1; i <= kWriteAhead && i <= got; ++i) prefetch_slot(m.slots[got - i]);
+    return true;
+  }
+  Slot* take(Magazine& m) noexcept {
+    if (m.count == 0 && !refill(m)) [[unlikely]] return nullptr;
     --m.count;
     m.held.store(m.count, std::memory_order_relaxed);
     // The slot of the publish kWriteAhead places on, for writing: its lines

@@ -378,8 +378,12 @@ void BusCore::drop_thread_publishers() noexcept {
   }
 }
 
-Status TopicImpl::publish_via(PublisherState& p, PublisherLink& link, const OutgoingMessage& m, bool may_block,
-                              std::uint64_t id, const PayloadFill* fill) noexcept {
+Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool may_block,
+                              const PayloadFill* fill) noexcept {
+  const std::uint64_t id = p.take_id();
+  PublisherLink* const lp = p.link(this);
+  if (lp == nullptr) [[unlikely]] return publish(m, may_block, id, fill);
+  PublisherLink& link = *lp;
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   // A typed topic checks the record, a namespace with a publish quota
   // admits the message: the checked (shared) path. So does a publisher

@@ -65,9 +65,8 @@ Status TypedAccess::publish_object(const Topic& topic, const OutgoingMessage& en
   TopicImpl* t = topic.impl_;
   if (t == nullptr) return Status::from_literal(Code::InvalidArgument, "publish: the typed topic is empty");
   // Through the calling thread's own publisher ("Implicit publishers", publish.cpp).
-  if (PublisherState* st = t->durable ? nullptr : t->bus->thread_publisher()) {
-    if (PublisherLink* l = st->link(t)) return t->publish_via(*st, *l, envelope, may_block, st->take_id(), &fill);
-  }
+  if (PublisherState* st = t->durable ? nullptr : t->bus->thread_publisher())
+    return t->publish_via(*st, envelope, may_block, &fill);
   return t->publish(envelope, may_block, t->bus->take_ids(1), &fill);
 }
 
