@@ -81,6 +81,16 @@ void DurableStore::writer_main() {
     }
     space_cv_.notify_all();
     if (!batch.empty()) process_batch(batch);
+    if (wake_) {
+      // Other processes' consumers first (a few atomic adds, a FUTEX_WAKE per
+      // sleeping process): they then read while our completions run.
+      for (const WriteOp& op : batch) {
+        if (op.is_append && op.status.ok() && !op.result.duplicate) {
+          wake_->notify_others();
+          break;
+        }
+      }
+    }
     if (batch.size() > 0) {
       // Completions and the listener run here: after the commit, outside any txn and lock.
       for (WriteOp& op : batch) {
@@ -106,6 +116,7 @@ void DurableStore::writer_main() {
     if (stop) break;
     auto now = clock::now();
     if (now >= next_maint || force) {
+      if (wake_) (void)wake_->reclaim_dead();  // wake slots of dead processes
       auto dead = env_->reader_check();
       if (dead.ok() && *dead > 0) {
         counters_.stale_readers_cleared.fetch_add(static_cast<std::uint64_t>(*dead), std::memory_order_relaxed);
