@@ -53,6 +53,8 @@
 #include <thread>
 #include <vector>
 
+#include "access.hpp"
+#include "bus_impl.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
@@ -71,6 +73,7 @@ double g_seconds = 2.0;  // per measured case
 int g_repeats = 3;       // consume, replay and latency cases: median of this many runs
 std::uint64_t g_queue_messages = 50000;  // pre-filled queue size (consume cases)
 int g_window = 512;  // publishes each producer keeps in flight (batch_sweep varies it)
+double g_rate = 10000;  // offered msg/s of the e2e latency cases (--rate)
 const std::string kPayload(64, 'p');
 
 struct Run {
@@ -780,6 +783,12 @@ Latency e2e_queue_xproc(double rate, const std::string& dir, bool wake) {
   auto drain_until = Clock::now() + std::chrono::duration<double>(std::max(1.0, g_seconds));
   while (handled.load(std::memory_order_acquire) < sent && Clock::now() < drain_until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (std::getenv("BENCH_DEBUG") != nullptr) {
+    auto c = lanebus::detail::Access::core(**bus)->store()->counters();
+    std::fprintf(stderr, "xproc wake=%d wakes_received=%llu commits=%llu claims=%llu\n", wake ? 1 : 0,
+                 static_cast<unsigned long long>(c.commit_wakes_received), static_cast<unsigned long long>(c.commits),
+                 static_cast<unsigned long long>(c.claims));
+  }
   (void)sub->close();
   (void)(*bus)->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
   std::size_t n = std::min(handled.load(), cap);
@@ -905,8 +914,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) g_repeats = std::max(1, std::atoi(argv[++i]));
     if (std::strcmp(argv[i], "--messages") == 0 && i + 1 < argc) g_queue_messages = std::strtoull(argv[++i], nullptr, 10);
     if (std::strcmp(argv[i], "--run") == 0 && i + 1 < argc) only = argv[++i];
+    if (std::strcmp(argv[i], "--rate") == 0 && i + 1 < argc) g_rate = std::max(1.0, std::atof(argv[++i]));
     if (std::strcmp(argv[i], "--help") == 0) {
-      std::printf("usage: durable [--smoke] [--seconds S] [--repeats R] [--messages N] [--run CASE]\n"
+      std::printf("usage: durable [--smoke] [--seconds S] [--repeats R] [--messages N] [--rate MSG_PER_S] [--run CASE]\n"
                   "cases: sync_1p sync_4p async_4p replay queue_consume_4c tx_consume_4c e2e_latency_queue\n"
                   "       e2e_latency_queue_xproc (publisher in a child process; consumer woken by the commit or by the poll)\n"
                   "       batch_sweep (only with --run: Sync throughput of 4 producers against the group-commit batch)\n"
@@ -1003,7 +1013,7 @@ int main(int argc, char** argv) {
     }
   }
   if (want("e2e_latency_queue")) {
-    constexpr double kRate = 10000;
+    const double kRate = g_rate;
     std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate;
     std::uint64_t sent = 0, handled = 0;
     for (int r = 0; r < g_repeats; ++r) {
@@ -1026,7 +1036,7 @@ int main(int argc, char** argv) {
   if (want("e2e_latency_queue_xproc")) {
     // Another process publishes (same pacing); this one consumes, woken by
     // the commit (wake.shm) or by its 50 ms poll alone, alternating per repeat.
-    constexpr double kRate = 10000;
+    const double kRate = g_rate;
     for (bool wake : {false, true}) {
       std::vector<double> p50, p99, p999, rate;
       std::uint64_t sent = 0, handled = 0;

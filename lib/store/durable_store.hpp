@@ -563,6 +563,7 @@ class DurableStore {
   Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
   void writer_main();
   void process_batch(std::vector<WriteOp>& ops);
+  void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
   Status apply_append(WriteCtx& ctx, WriteOp& op);
   Status apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* more);
   Status check_open() const;
