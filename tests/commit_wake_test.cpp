@@ -127,7 +127,6 @@ TEST_CASE("many notifiers and one sleeper on separate mappings: every bump lands
   // Each notify bumps the sleeper and the other notifiers; the sleeper's word
   // moved once per notify, plus its own interrupt.
   CHECK(sleeper_wake->seq() - start == static_cast<std::uint32_t>(kNotifiers * kEach + 1));
-  CHECK(sleeper_wake->woken() >= 1);
 }
 
 TEST_CASE("a full table only notifies; the slot of a dead process is freed") {
