@@ -17,6 +17,9 @@
 //             10k msg/s (steady-clock stamp in the payload) vs lmdb_commit (latency of
 //             one raw LMDB put + fsynced commit: the floor of any durable hop);
 //             here ratio = lanebus p50 / lmdb_commit p50 (lower is better)
+//   e2e_latency_queue_xproc the same with the publisher in a child process (this binary,
+//             --publish-child): the consumer is woken by the commit (wake.shm) or, as
+//             its baseline in the same run, finds the messages by its 50 ms poll alone
 // Baselines: raw LMDB through lanebus's thin wrapper (lib/store/lmdb_store.hpp, one
 // write txn per batch with MDB_APPEND; batch = lanebus's average commit in the
 // matching case — the ceiling); SQLite WAL synchronous=FULL, one transaction
@@ -30,8 +33,11 @@
 // queue is pre-filled once (Async durability, closed = synced) and copied per
 // repeat. Consume/replay/latency lines print the median of --repeats runs
 // (default 3, smoke 1) and the spread (min..max) before `ratio=`.
+#include <fcntl.h>
+#include <spawn.h>
 #include <sqlite3.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +53,8 @@
 #include <thread>
 #include <vector>
 
+#include "access.hpp"
+#include "bus_impl.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
@@ -65,6 +73,7 @@ double g_seconds = 2.0;  // per measured case
 int g_repeats = 3;       // consume, replay and latency cases: median of this many runs
 std::uint64_t g_queue_messages = 50000;  // pre-filled queue size (consume cases)
 int g_window = 512;  // publishes each producer keeps in flight (batch_sweep varies it)
+double g_rate = 10000;  // offered msg/s of the e2e latency cases (--rate)
 const std::string kPayload(64, 'p');
 
 struct Run {
@@ -715,6 +724,113 @@ Latency e2e_queue(double rate, const std::string& dir) {
   return l;
 }
 
+// Cross-process: a child (this binary with --publish-child) publishes at
+// `rate` for g_seconds to a Sync durable queue; this process consumes it.
+// `wake`: StoreOptions::wake_on_commit in the consumer (false = found by the
+// poll alone, BusOptions::durable_poll at its default 50 ms).
+Latency e2e_queue_xproc(double rate, const std::string& dir, bool wake) {
+  lanebus::BusOptions o;
+  o.workers = 2;
+  o.store.directory = dir;
+  o.store.durability = lanebus::Durability::Sync;
+  o.store.map_size_initial = 256ull << 20;
+  o.store.wake_on_commit = wake;
+  auto bus = lanebus::Bus::open(o);
+  if (!bus.ok()) die("xproc open", bus.status());
+  auto q = (*bus)->create_queue("bench.latency", {.lanes = kQueueLanes, .durable = true});
+  if (!q.ok()) die("xproc create_queue", q.status());
+  const std::size_t cap = static_cast<std::size_t>(rate * g_seconds * 1.5) + 1024;
+  std::vector<std::uint64_t> lat(cap);
+  std::atomic<std::size_t> slot{0}, handled{0};
+  auto sub = (*bus)->consume(*q, [&](const lanebus::MessageView& m) {
+    std::uint64_t t0 = 0;
+    std::memcpy(&t0, m.payload().data(), sizeof t0);
+    std::uint64_t d = steady_ns() - t0;  // CLOCK_MONOTONIC: one clock for both processes
+    // Relaxed: each handler call owns its slot; `lat` is read after close() joins the calls.
+    std::size_t i = slot.fetch_add(1, std::memory_order_relaxed);
+    if (i < cap) lat[i] = d;
+    handled.fetch_add(1, std::memory_order_release);
+    return lanebus::Outcome::ack();
+  });
+  if (!sub.ok()) die("xproc consume", sub.status());
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) std::exit(1);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  char rate_s[32], secs_s[32];
+  std::snprintf(rate_s, sizeof rate_s, "%.0f", rate);
+  std::snprintf(secs_s, sizeof secs_s, "%.3f", g_seconds);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<char*> args = {self.data(), const_cast<char*>("--publish-child"), const_cast<char*>(dir.c_str()),
+                             rate_s, secs_s, nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, self.c_str(), &fa, nullptr, args.data(), environ) != 0) std::exit(1);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  std::string out;
+  char buf[256];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int wst = 0;
+  waitpid(pid, &wst, 0);
+  std::uint64_t sent = 0;
+  double offered = 0;
+  if (std::sscanf(out.c_str(), "sent %llu rate %lf", reinterpret_cast<unsigned long long*>(&sent), &offered) != 2) {
+    std::fprintf(stderr, "xproc: publisher child failed: %s\n", out.c_str());
+    std::exit(1);
+  }
+  auto drain_until = Clock::now() + std::chrono::duration<double>(std::max(1.0, g_seconds));
+  while (handled.load(std::memory_order_acquire) < sent && Clock::now() < drain_until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (std::getenv("BENCH_DEBUG") != nullptr) {
+    auto c = lanebus::detail::Access::core(**bus)->store()->counters();
+    std::fprintf(stderr, "xproc wake=%d wakes_received=%llu commits=%llu claims=%llu\n", wake ? 1 : 0,
+                 static_cast<unsigned long long>(c.commit_wakes_received), static_cast<unsigned long long>(c.commits),
+                 static_cast<unsigned long long>(c.claims));
+  }
+  (void)sub->close();
+  (void)(*bus)->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
+  std::size_t n = std::min(handled.load(), cap);
+  lat.resize(n);
+  Latency l = percentiles(lat);
+  l.sent = sent;
+  l.handled = handled.load();
+  l.msgs_per_sec = offered;
+  return l;
+}
+
+// The publisher process of e2e_queue_xproc: prints "sent N rate R" at the end.
+int publish_child(const char* dir, double rate, double seconds) {
+  lanebus::BusOptions o;
+  o.workers = 1;
+  o.store.directory = dir;
+  o.store.durability = lanebus::Durability::Sync;
+  o.store.map_size_initial = 256ull << 20;
+  auto bus = lanebus::Bus::open(o);
+  if (!bus.ok()) die("xproc child open", bus.status());
+  auto q = (*bus)->create_queue("bench.latency", {.lanes = kQueueLanes, .durable = true});
+  if (!q.ok()) die("xproc child create_queue", q.status());
+  std::string payload = kPayload;
+  auto start = Clock::now();
+  auto until = start + std::chrono::duration<double>(seconds);
+  const auto gap = std::chrono::nanoseconds(static_cast<std::int64_t>(1e9 / rate));
+  std::uint64_t sent = 0;
+  for (auto next = start; next < until; next += gap, ++sent) {
+    std::this_thread::sleep_until(next);
+    std::uint64_t now = steady_ns();
+    std::memcpy(payload.data(), &now, sizeof now);
+    std::string key = "key" + std::to_string(sent % 256);
+    auto st = q->publish_async({.key = key, .payload = payload}, [](const lanebus::Status&, std::uint64_t) {});
+    if (!st.ok()) die("xproc child publish", st);
+  }
+  double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  (void)(*bus)->shutdown(lanebus::ShutdownMode::Drain, std::chrono::seconds(10));
+  std::printf("sent %llu rate %.0f\n", static_cast<unsigned long long>(sent), static_cast<double>(sent) / elapsed);
+  std::fflush(stdout);
+  return 0;
+}
+
 // The floor of a durable hop: one put + fsynced commit, back to back, for g_seconds / 2.
 Latency lmdb_commit_latency(const std::string& dir) {
   lanebus::detail::LmdbEnv::Config c;
@@ -784,6 +900,9 @@ void banner() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--publish-child") == 0) {
+    return publish_child(argv[2], std::atof(argv[3]), std::atof(argv[4]));
+  }
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--smoke") == 0) {
@@ -795,9 +914,11 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) g_repeats = std::max(1, std::atoi(argv[++i]));
     if (std::strcmp(argv[i], "--messages") == 0 && i + 1 < argc) g_queue_messages = std::strtoull(argv[++i], nullptr, 10);
     if (std::strcmp(argv[i], "--run") == 0 && i + 1 < argc) only = argv[++i];
+    if (std::strcmp(argv[i], "--rate") == 0 && i + 1 < argc) g_rate = std::max(1.0, std::atof(argv[++i]));
     if (std::strcmp(argv[i], "--help") == 0) {
-      std::printf("usage: durable [--smoke] [--seconds S] [--repeats R] [--messages N] [--run CASE]\n"
+      std::printf("usage: durable [--smoke] [--seconds S] [--repeats R] [--messages N] [--rate MSG_PER_S] [--run CASE]\n"
                   "cases: sync_1p sync_4p async_4p replay queue_consume_4c tx_consume_4c e2e_latency_queue\n"
+                  "       e2e_latency_queue_xproc (publisher in a child process; consumer woken by the commit or by the poll)\n"
                   "       batch_sweep (only with --run: Sync throughput of 4 producers against the group-commit batch)\n"
                   "       delayed_sync_4p (only with --run: sync_4p through a Bus with every message delayed 1 ms,\n"
                   "       publish to delivery, against the same undelayed)\n");
@@ -892,7 +1013,7 @@ int main(int argc, char** argv) {
     }
   }
   if (want("e2e_latency_queue")) {
-    constexpr double kRate = 10000;
+    const double kRate = g_rate;
     std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate;
     std::uint64_t sent = 0, handled = 0;
     for (int r = 0; r < g_repeats; ++r) {
@@ -911,6 +1032,28 @@ int main(int argc, char** argv) {
                 spread(p999).max, spread(floor50).median, spread(floor99).median, spread(floor999).median,
                 spread(floor50).median > 0 ? spread(p50).median / spread(floor50).median : 0.0);
     std::fflush(stdout);
+  }
+  if (want("e2e_latency_queue_xproc")) {
+    // Another process publishes (same pacing); this one consumes, woken by
+    // the commit (wake.shm) or by its 50 ms poll alone, alternating per repeat.
+    const double kRate = g_rate;
+    for (bool wake : {false, true}) {
+      std::vector<double> p50, p99, p999, rate;
+      std::uint64_t sent = 0, handled = 0;
+      for (int r = 0; r < g_repeats; ++r) {
+        Latency l = e2e_queue_xproc(kRate, fresh_dir("e2e_xproc"), wake);
+        p50.push_back(l.p50_us), p99.push_back(l.p99_us), p999.push_back(l.p999_us), rate.push_back(l.msgs_per_sec);
+        sent += l.sent, handled += l.handled;
+      }
+      std::printf("bench=durable case=e2e_latency_queue_xproc consumer=%s repeats=%d target_rate=%.0f "
+                  "offered_msg_per_s=%.0f sent=%llu handled=%llu p50_us=%.1f p50_us_spread=%.1f..%.1f p99_us=%.1f "
+                  "p99_us_spread=%.1f..%.1f p999_us=%.1f p999_us_spread=%.1f..%.1f\n",
+                  wake ? "wake_on_commit" : "poll_50ms", g_repeats, kRate, spread(rate).median,
+                  static_cast<unsigned long long>(sent), static_cast<unsigned long long>(handled), spread(p50).median,
+                  spread(p50).min, spread(p50).max, spread(p99).median, spread(p99).min, spread(p99).max,
+                  spread(p999).median, spread(p999).min, spread(p999).max);
+      std::fflush(stdout);
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(std::filesystem::path(fresh_dir("x")).parent_path(), ec);

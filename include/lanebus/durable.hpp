@@ -89,6 +89,16 @@ struct StoreOptions {
   /// deletion never holds the writer (and the publishers queued behind it) for
   /// long. Default 2048.
   std::uint32_t retention_batch = 2048;
+  /// Wake the durable consumers of other processes after each commit that
+  /// appended, and be woken by theirs: a futex word per process in
+  /// `wake.shm` in the store's directory (doc/durable.md, "Multi-process").
+  /// Costs the writer one atomic add per process that has the store open and
+  /// a system call per sleeping one; nothing is locked, so a process killed
+  /// or frozen never holds the others up (they fall back to the poll,
+  /// BusOptions::durable_poll, which stays as the safety net). false: this
+  /// process neither wakes nor is woken; other processes' appends reach its
+  /// consumers by the poll alone. Ignored when read_only. Default true.
+  bool wake_on_commit = true;
 };
 
 /// Retention of a durable topic's or queue's log, applied in the background

@@ -273,7 +273,9 @@ struct BusOptions {
   DlqOptions dlq{};
   /// How often the bus looks for messages appended by other processes and for
   /// expired queue claims to redeliver. Appends by this process wake consumers
-  /// at once. Default 50 ms.
+  /// at once, and so do other processes' (StoreOptions::wake_on_commit): this
+  /// poll is then the fallback, which bounds the delay of a lost wake-up.
+  /// Default 50 ms.
   std::chrono::milliseconds durable_poll{50};
 
   // ---- tenancy (include/lanebus/tenancy.hpp, doc/tenancy.md) ----

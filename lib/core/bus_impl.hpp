@@ -759,6 +759,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
+  void scan_durable_ends(std::vector<TopicImpl*>& topics, std::vector<std::uint64_t>& ends,
+                         bool periodic);  // poller thread
   void wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept;
   std::int64_t slots_in_use() const;
   /// "topic "t" group "g" lane 3 (running for 812 ms), ..." for every handler call running now.

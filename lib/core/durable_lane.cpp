@@ -879,32 +879,65 @@ void BusCore::on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_
   }
 }
 
-// Finds appends made by other processes and expired queue claims.
+// Finds appends made by other processes, and (`periodic`) expired queue
+// claims: a queue lane with consumers is looked at on every periodic pass
+// even when its log did not grow. A wake-up from another process's commit
+// only schedules the lanes that grew.
+void BusCore::scan_durable_ends(std::vector<TopicImpl*>& topics, std::vector<std::uint64_t>& ends, bool periodic) {
+  topics.clear();
+  {
+    MutexLock l(&durable_mu_);
+    for (auto& [id, t] : durable_topics_) topics.push_back(t);
+  }
+  for (TopicImpl* t : topics) {
+    const std::uint32_t lanes = t->options.lanes;
+    if (ends.size() < lanes) ends.resize(lanes);  // grows to the widest topic once
+    if (!store_->end_offsets(t->store_topic, ends.data()).ok()) continue;
+    for (std::uint32_t lane = 0; lane < lanes; ++lane) {
+      const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
+      for (std::uint32_t i = 0; i < ng; ++i) {
+        GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
+        if (g == nullptr) continue;
+        // Relaxed: a hint; wake_durable_group re-checks with a CAS.
+        if (periodic || ends[lane] > g->lanes[lane]->known_end.load(std::memory_order_relaxed))
+          wake_durable_group(g, lane, ends[lane]);
+      }
+    }
+  }
+}
+
+// The poller: sleeps on the store's commit-wake word (another process's commit
+// that appended wakes it, doc/durable.md) with the poll interval as timeout,
+// so a lost or missing wake-up costs at most one interval. Without a wake word
+// it sleeps on poller_cv_ alone, as before.
 void BusCore::poller_main() {
+  using clock = std::chrono::steady_clock;
   std::vector<TopicImpl*> topics;
+  std::vector<std::uint64_t> ends;
   std::int64_t polls = 0;
+  const bool wake = store_->has_commit_wake();
+  auto next_poll = clock::now() + options.durable_poll;
   for (;;) {
+    // Read the word before the store (a commit after this line wakes the wait).
+    const std::uint32_t seen = store_->commit_wake_seq();
+    bool woken = false;
     {
       std::unique_lock l(poller_mu_);
-      if (poller_cv_.wait_for(l, options.durable_poll, [&] { return poller_stop_; })) return;
+      if (poller_stop_) return;
+      if (!wake && poller_cv_.wait_until(l, next_poll, [&] { return poller_stop_; })) return;
     }
-    if (++polls % std::max<std::int64_t>(1, 1000 / std::max<std::int64_t>(1, options.durable_poll.count())) == 0)
-      maintenance();
-    topics.clear();
-    {
-      MutexLock l(&durable_mu_);
-      for (auto& [id, t] : durable_topics_) topics.push_back(t);
+    if (wake) {
+      woken = store_->wait_for_commit(seen, next_poll - clock::now());
+      std::lock_guard l(poller_mu_);
+      if (poller_stop_) return;
     }
-    for (TopicImpl* t : topics) {
-      for (std::uint32_t lane = 0; lane < t->options.lanes; ++lane) {
-        auto end = store_->end_offset(t->store_topic, lane);
-        if (!end.ok()) continue;
-        const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
-        for (std::uint32_t i = 0; i < ng; ++i) {
-          GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
-          if (g != nullptr) wake_durable_group(g, lane, *end);
-        }
-      }
+    if (clock::now() >= next_poll) {
+      if (++polls % std::max<std::int64_t>(1, 1000 / std::max<std::int64_t>(1, options.durable_poll.count())) == 0)
+        maintenance();
+      scan_durable_ends(topics, ends, true);
+      next_poll = clock::now() + options.durable_poll;
+    } else if (woken) {
+      scan_durable_ends(topics, ends, false);
     }
   }
 }

@@ -626,6 +626,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
       poller_stop_ = true;
     }
     poller_cv_.notify_all();
+    store_->interrupt_commit_wait();  // after poller_stop_: see poller_main
     poller_.join();
   }
   if (tenancy_) tenancy_->close();  // flushes usage into the store

@@ -143,6 +143,17 @@ Result<std::uint64_t> DurableStore::end_offset(const TopicRef& topic, std::uint3
   return li->end_offset;
 }
 
+Status DurableStore::end_offsets(const TopicRef& topic, std::uint64_t* ends) {
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  for (std::uint32_t lane = 0; lane < topic.lanes; ++lane) {
+    auto ls = read_lane(view->txn, dbi_lanes_, topic.id, lane);
+    if (!ls.ok()) return ls.status();
+    ends[lane] = ls->next;
+  }
+  return Status();
+}
+
 Result<std::uint64_t> DurableStore::offset_for_time(const TopicRef& topic, std::uint32_t lane, std::int64_t ts_ns) {
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + quoted(topic.name) + " out of range");

@@ -48,6 +48,19 @@ Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& opt
   store->env_ = std::move(*env);
   Status s = store->init_layout();
   if (!s.ok()) return s;
+  if (!options.read_only && options.wake_on_commit) {
+    // Best effort: without it other processes' appends arrive by the poll.
+    auto wake = CommitWake::open(options.directory);
+    if (wake.ok()) {
+      store->wake_ = std::move(*wake);
+      if (!store->wake_->has_slot()) {
+        store->wake_status_ = Status(Code::Busy, "wake table " + quoted(options.directory + "/" + CommitWake::kFileName) +
+                                                     " is full: this process's consumers rely on the poll");
+      }
+    } else {
+      store->wake_status_ = wake.status();
+    }
+  }
   if (!options.read_only) {
     store->writer_ = std::thread([p = store.get()] { p->writer_main(); });
     store->writer_id_ = store->writer_.get_id();
@@ -213,12 +226,28 @@ StoreCounters DurableStore::counters() const noexcept {
   c.acks = ld(counters_.acks);
   c.stale_readers_cleared = ld(counters_.stale_readers_cleared);
   c.max_write_lock_wait_ns = ld(counters_.max_write_lock_wait_ns);
+  if (wake_) {
+    c.commit_wakes_sent = wake_->wakes_sent();
+    c.commit_wakes_received = wake_->woken();
+  }
   {
     std::shared_lock<std::shared_mutex> life(life_mutex_);
     c.map_growths = env_ ? env_->map_growths() : 0;
   }
   return c;
 }
+
+std::uint32_t DurableStore::commit_wake_seq() const noexcept { return wake_ ? wake_->seq() : 0; }
+
+bool DurableStore::wait_for_commit(std::uint32_t seen, std::chrono::nanoseconds timeout) noexcept {
+  return wake_ ? wake_->wait(seen, timeout) : false;
+}
+
+void DurableStore::interrupt_commit_wait() noexcept {
+  if (wake_) wake_->interrupt();
+}
+
+bool DurableStore::has_commit_wake() const noexcept { return wake_ && wake_->has_slot(); }
 
 void DurableStore::set_append_listener(
     std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> listener) {

@@ -23,6 +23,7 @@
 #include "lanebus/durable.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/status.hpp"
+#include "commit_wake.hpp"
 #include "fence_lane.hpp"
 #include "lmdb_store.hpp"
 #include "sync.hpp"
@@ -208,6 +209,8 @@ struct StoreCounters {
   std::uint64_t acks = 0;
   std::uint64_t stale_readers_cleared = 0;  ///< Reader slots of dead processes cleared.
   std::uint64_t max_write_lock_wait_ns = 0;  ///< Longest wait for LMDB's writer lock (watchdog).
+  std::uint64_t commit_wakes_sent = 0;      ///< FUTEX_WAKEs sent to other processes' sleeping consumers.
+  std::uint64_t commit_wakes_received = 0;  ///< wait_for_commit calls woken by another process's commit.
 };
 
 /// Tables that other lanebus components keep in the store's environment, so
@@ -389,6 +392,10 @@ class DurableStore {
   /// The lane's end offset (one past the last message): one read txn and one
   /// lookup, cheap enough to poll for new data from any process.
   [[nodiscard]] Result<std::uint64_t> end_offset(const TopicRef& topic, std::uint32_t lane);
+  /// The end offset of every lane of `topic`, in one read transaction, into
+  /// `ends` (topic.lanes entries; the poller's scan of other processes'
+  /// appends). Errors as end_offset.
+  [[nodiscard]] Status end_offsets(const TopicRef& topic, std::uint64_t* ends);
   [[nodiscard]] Result<LaneInfo> lane_info(const TopicRef& topic, std::uint32_t lane);
   /// The first offset whose timestamp index is >= ts_ns (end offset if none).
   [[nodiscard]] Result<std::uint64_t> offset_for_time(const TopicRef& topic, std::uint32_t lane,
@@ -485,6 +492,27 @@ class DurableStore {
   /// Run `fn` in a short read transaction (never blocks on writers).
   [[nodiscard]] Status read(const std::function<Status(StoreTxn&)>& fn);
 
+  // ---------------------------------------------------------------- commit wake
+
+  /// This process's commit-wake word (StoreOptions::wake_on_commit): read it
+  /// before looking at the store, then pass it to wait_for_commit. 0 without one.
+  std::uint32_t commit_wake_seq() const noexcept;
+  /// Sleep until another process commits an append (or interrupt_commit_wait)
+  /// after `seen` was read, or `timeout` passes. True when woken. Returns
+  /// false at once when this process has no wake word (wake_on_commit off,
+  /// read-only, wake.shm unusable or full): the caller sleeps by itself then.
+  /// One thread at a time (the bus's poller).
+  bool wait_for_commit(std::uint32_t seen, std::chrono::nanoseconds timeout) noexcept;
+  /// Wake the thread inside wait_for_commit (shutting down). Any thread.
+  void interrupt_commit_wait() noexcept;
+  /// True when this process has a wake word (wait_for_commit can sleep).
+  bool has_commit_wake() const noexcept;
+  /// Why there is no wake word (OK when there is one, or when turned off).
+  const Status& commit_wake_status() const noexcept { return wake_status_; }
+  /// The wake table itself, or nullptr (tests: statistics and the
+  /// set_between_bump_and_wake_for_testing hook, set before the first append).
+  CommitWake* commit_wake_for_testing() const noexcept { return wake_.get(); }
+
   StoreCounters counters() const noexcept;
   /// Where the writer reports failed commits and syncs (one line a second at
   /// most; lanebus/log.hpp). `logger` must outlive the store. Any thread.
@@ -535,6 +563,7 @@ class DurableStore {
   Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
   void writer_main();
   void process_batch(std::vector<WriteOp>& ops);
+  void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
   Status apply_append(WriteCtx& ctx, WriteOp& op);
   Status apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* more);
   Status check_open() const;
@@ -579,6 +608,10 @@ class DurableStore {
   std::thread::id writer_id_;
 
   std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> append_listener_;
+  // Set at open, never changed: the wake of other processes' consumers
+  // (commit_wake.hpp), nullptr when off or unusable (wake_status_ says why).
+  std::unique_ptr<CommitWake> wake_;
+  Status wake_status_;
   LaneFences fences_;  // fenced topics (lib/features/fence.cpp)
 
   // Counters: relaxed atomics — each is an independent statistic; no other

@@ -81,6 +81,7 @@ void DurableStore::writer_main() {
     }
     space_cv_.notify_all();
     if (!batch.empty()) process_batch(batch);
+    wake_other_processes(batch);
     if (batch.size() > 0) {
       // Completions and the listener run here: after the commit, outside any txn and lock.
       for (WriteOp& op : batch) {
@@ -106,6 +107,7 @@ void DurableStore::writer_main() {
     if (stop) break;
     auto now = clock::now();
     if (now >= next_maint || force) {
+      if (wake_) (void)wake_->reclaim_dead();  // wake slots of dead processes
       auto dead = env_->reader_check();
       if (dead.ok() && *dead > 0) {
         counters_.stale_readers_cleared.fetch_add(static_cast<std::uint64_t>(*dead), std::memory_order_relaxed);
@@ -136,6 +138,19 @@ void DurableStore::writer_main() {
         }
       }
       next_flush = clock::now() + options_.async_flush_interval;
+    }
+  }
+}
+
+// After a commit, before its completions: other processes' consumers first
+// (a few atomic adds, a FUTEX_WAKE per sleeping process), so they read while
+// our completions run. Only a commit that appended wakes anyone.
+void DurableStore::wake_other_processes(const std::vector<WriteOp>& batch) noexcept {
+  if (!wake_) return;
+  for (const WriteOp& op : batch) {
+    if (op.is_append && op.status.ok() && !op.result.duplicate) {
+      wake_->notify_others();
+      return;
     }
   }
 }
