@@ -162,11 +162,24 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
     return Status::from_literal(Code::PayloadTooLarge,
                                 "publish: the key or idempotency key exceeds 65535 bytes (the limit of an "
                                 "in-memory topic's slot)");
+  // Headers, and the calling handler's trace context (trace.hpp), after the times.
+  HeaderBlock headers;
+  if (Status st = stored_headers(m, &headers); !st.ok()) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+  const std::size_t ext = kExtensionBytes + headers.bytes().size();
   const std::size_t keys = m.key.size() + m.idempotency_key.size();
   const std::size_t need = keys + (fill ? fill->size : m.payload.size());
-  const bool large = need + kExtensionBytes > options.slot_bytes || fill != nullptr;
+  const bool large = need + ext > options.slot_bytes || fill != nullptr;
   if (large) {
-    if (Status st = check_large(m, fill, kExtensionBytes); !st.ok()) return st;
+    if (keys + ext > options.slot_bytes) {
+      refused.fetch_add(1, std::memory_order_relaxed);
+      return Status::from_literal(Code::PayloadTooLarge,
+                                  "publish: key + idempotency key + the headers (and trace context) exceed the "
+                                  "topic's slot_bytes (raise TopicOptions::slot_bytes; doc/tracing.md)");
+    }
+    if (Status st = check_large(m, fill, ext); !st.ok()) return st;
   }
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
@@ -194,8 +207,8 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   char* d = s->data();
   if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
   if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
-  write_extension(d + keys, times);
-  if (!large) std::memcpy(d + keys + kExtensionBytes, m.payload.data(), m.payload.size());
+  write_extension(d + keys, times, headers.bytes());
+  if (!large) std::memcpy(d + keys + ext, m.payload.data(), m.payload.size());
   s->header.id = id;
   s->header.created_at_ns = now;
   s->header.correlation_id = m.correlation_id;
