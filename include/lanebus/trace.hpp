@@ -53,7 +53,7 @@ enum class SpanKind : std::uint8_t {
 enum class SpanOutcome : std::uint8_t {
   Ok,      ///< Publish: accepted (SpanEnd::status is OK)
   Failed,  ///< Publish: refused (SpanEnd::status says why)
-  Ack,     ///< Handle: the handler acked (also a duplicate skipped by idempotency)
+  Ack,     ///< Handle: the handler acked
   Retry,   ///< Handle: retry, or the handler threw
   Reject,  ///< Handle: rejected
 };
