@@ -13,6 +13,7 @@
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lease.hpp"
+#include "header_block.hpp"
 #include "lanebus/record.hpp"
 #include "lmdb_store.hpp"
 #include "store_codec.hpp"
@@ -52,6 +53,19 @@ int main(int argc, char** argv) {
     r.header.id = 100 + static_cast<std::uint64_t>(i);
     r.header.created_at_ns = 1700000000000000000 + i;
     put("record_fuzz", detail::encode_log_record(r, r.header.created_at_ns));
+  }
+  {
+    // Format 2 (an expiry) and format 3 (message headers, doc/tracing.md).
+    detail::AppendRequest r;
+    r.key = "key-3";
+    r.payload = "timed";
+    r.expires_ns = 1700000000000000000;
+    put("record_fuzz", detail::encode_log_record(r, 1));
+    detail::HeaderBlock h;
+    h.add("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    h.add("tenant", "acme");
+    r.headers.assign(h.bytes());
+    put("record_fuzz", detail::encode_log_record(r, 1));
   }
   // DLQ entries.
   for (int i = 0; i < 2; ++i) {

@@ -193,6 +193,8 @@ struct PyMessage {
   std::uint32_t lane = 0;
   std::uint64_t offset = 0;
   std::string topic;
+  /// The message headers (doc/tracing.md), name -> value, in publish order.
+  py::dict headers;
 };
 
 struct PyTopic {
@@ -200,7 +202,7 @@ struct PyTopic {
   lanebus::Topic topic;
 
   void publish(const py::object& payload, const py::object& key, const py::object& idempotency_key,
-               std::uint64_t correlation_id) const {
+               std::uint64_t correlation_id, const py::object& headers) const {
     const std::string p = to_bytes(payload, "payload");
     const std::string k = to_bytes(key, "key");
     const std::string ik = to_bytes(idempotency_key, "idempotency_key");
@@ -209,6 +211,20 @@ struct PyTopic {
     m.key = k;
     m.idempotency_key = ik;
     m.correlation_id = correlation_id;
+    // Headers: a mapping of str/bytes to str/bytes (doc/tracing.md); the
+    // library checks the limits and rules.
+    std::vector<std::string> texts;
+    std::vector<lanebus::Header> hs;
+    if (!headers.is_none()) {
+      const py::dict d = py::dict(headers);
+      texts.reserve(2 * d.size());
+      for (auto item : d) {
+        texts.push_back(to_bytes(py::reinterpret_borrow<py::object>(item.first), "header name"));
+        texts.push_back(to_bytes(py::reinterpret_borrow<py::object>(item.second), "header value"));
+      }
+      for (std::size_t i = 0; i + 1 < texts.size(); i += 2) hs.push_back({texts[i], texts[i + 1]});
+      m.headers = hs;
+    }
     Status s;
     {
       py::gil_scoped_release unlocked;
@@ -256,6 +272,8 @@ lanebus::Outcome call_python(SubState* sub, std::string_view topic, const lanebu
     msg.lane = m.lane();
     msg.offset = m.offset();
     msg.topic = std::string(topic);
+    for (lanebus::Header h : m.headers())
+      msg.headers[py::str(std::string(h.name))] = py::bytes(h.value.data(), h.value.size());
     py::object result = sub->callable(std::move(msg));
     if (result.is_none() || (py::isinstance<py::bool_>(result) && result.cast<bool>()))
       return lanebus::Outcome::ack();
@@ -493,6 +511,7 @@ PYBIND11_MODULE(lanebus, m) {
       .def_readonly("lane", &PyMessage::lane)
       .def_readonly("offset", &PyMessage::offset)
       .def_readonly("topic", &PyMessage::topic)
+      .def_readonly("headers", &PyMessage::headers)
       .def("__repr__", [](const PyMessage& msg) {
         return "<lanebus.Message " + msg.topic + " id=" + std::to_string(msg.id) +
                " lane=" + std::to_string(msg.lane) + " attempt=" + std::to_string(msg.attempt) + ">";
@@ -522,9 +541,9 @@ PYBIND11_MODULE(lanebus, m) {
       .def_property_readonly("is_queue", [](const PyTopic& t) { return t.topic.is_queue(); })
       .def_property_readonly("durable", [](const PyTopic& t) { return t.topic.is_durable(); })
       .def("publish", &PyTopic::publish, py::arg("payload"), py::kw_only(), py::arg("key") = py::none(),
-           py::arg("idempotency_key") = py::none(), py::arg("correlation_id") = 0,
-           "Publish one message (payload and key: bytes or str, UTF-8). Blocks, GIL released, while the topic "
-           "is full (up to 1 s) or, durable, until the commit is fsynced.")
+           py::arg("idempotency_key") = py::none(), py::arg("correlation_id") = 0, py::arg("headers") = py::none(),
+           "Publish one message (payload and key: bytes or str, UTF-8; headers: a dict of str/bytes, doc/tracing.md). "
+           "Blocks, GIL released, while the topic is full (up to 1 s) or, durable, until the commit is fsynced.")
       .def("__repr__", [](const PyTopic& t) {
         return std::string("<lanebus.") + (t.topic.is_queue() ? "Queue " : "Topic ") + std::string(t.topic.name()) +
                " lanes=" + std::to_string(t.topic.lanes()) + (t.topic.is_durable() ? " durable>" : ">");

@@ -100,6 +100,58 @@ TEST_CASE("100k publishes and deliveries after warm-up allocate nothing") {
   CHECK(bytes.load() == (20'000ull + kMessages) * sizeof(payload));
 }
 
+TEST_CASE("publishing and delivering messages with headers and trace context allocates nothing after warm-up") {
+  lanebus::test::skip_if_sanitized();
+  auto bus = Bus::open({.workers = 2}).value();
+  auto in = bus->create_topic("alloc.traced", {.lanes = 4, .capacity = 8192}).value();
+  auto out = bus->create_topic("alloc.relayed", {.lanes = 4, .capacity = 8192}).value();
+  std::atomic<std::uint64_t> relayed{0}, ended{0}, with_parent{0};
+  // The relay reads a header and publishes without headers of its own: the
+  // message gets the handler's traceparent and tracestate (lib/core/trace.hpp).
+  auto relay = bus->subscribe(in, "relay", [&](const MessageView& m) {
+                      if (m.headers().find("tenant").has_value()) (void)out.publish({.key = m.key(), .payload = m.payload()});
+                      relayed.fetch_add(1, std::memory_order_relaxed);
+                      return Outcome::ack();
+                    }).value();
+  auto end = bus->subscribe(out, "end", [&](const MessageView& m) {
+                    if (m.headers().find("traceparent").has_value()) with_parent.fetch_add(1, std::memory_order_relaxed);
+                    ended.fetch_add(1, std::memory_order_relaxed);
+                    return Outcome::ack();
+                  }).value();
+  Publisher pub = bus->publisher();
+  const Header headers[] = {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+                            {"tracestate", "vendor=abc"},
+                            {"tenant", "acme"}};
+  char payload[64];
+  std::memset(payload, 'x', sizeof(payload));
+  const std::string_view ps(payload, sizeof(payload));
+  auto run = [&](int n, std::uint64_t base) {
+    for (int i = 0; i < n; ++i) {
+      const char key[2] = {'k', static_cast<char>('a' + i % 26)};
+      const OutgoingMessage m{.key = std::string_view(key, 2), .payload = ps, .headers = headers};
+      REQUIRE(((i % 2) ? pub.publish(in, m) : in.publish(m)).ok());
+    }
+    REQUIRE(wait_until([&] { return relayed.load() == base + n && ended.load() == base + n; }));
+  };
+  run(10'000, 0);  // warm-up
+  lanebus::test::alloc_count_reset();
+  lanebus::test::alloc_counting(true);
+  run(kMessages / 2, 10'000);
+  // The refusals of bad headers allocate nothing either.
+  Header many[kMaxHeaders + 1];
+  for (Header& h : many) h = {"same", "v"};
+  const bool too_many = in.publish({.key = "k", .payload = ps, .headers = many}).code() == Code::PayloadTooLarge;
+  const Header bad_tp[] = {{"traceparent", "00-zz"}};
+  const bool malformed = in.publish({.key = "k", .payload = ps, .headers = bad_tp}).code() == Code::InvalidArgument;
+  lanebus::test::alloc_counting(false);
+  const std::uint64_t allocs = lanebus::test::alloc_count();
+  INFO("allocations during 50k publishes with headers, 50k relayed with trace context, 100k deliveries: " << allocs);
+  CHECK(allocs == 0);
+  CHECK(too_many);
+  CHECK(malformed);
+  CHECK(with_parent.load() == 10'000 + kMessages / 2);
+}
+
 TEST_CASE("Topic::publish: a thread's first publish to a bus makes its publisher, and nothing after allocates") {
   lanebus::test::skip_if_sanitized();
   auto bus = Bus::open({.workers = 1}).value();

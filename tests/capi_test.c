@@ -472,6 +472,51 @@ static void log_callback_is_silent_on_the_hot_path(const char* root) {
   printf("ok: lanebus_open_logged: 10,050 publishes, 0 log lines\n");
 }
 
+/* Headers (doc/tracing.md): published with lanebus_publish_headers, read in the
+ * handler with lanebus_message_header; bad ones refused with a code. */
+static char header_seen[256];
+static atomic_int header_calls;
+static lanebus_outcome read_headers(lanebus_message* m, void* user) {
+  (void)user;
+  size_t n = lanebus_message_header_count(m);
+  size_t at = 0;
+  for (size_t i = 0; i < n && at + 80 < sizeof header_seen; ++i) {
+    lanebus_header h;
+    if (lanebus_message_header(m, i, &h) != 0) break;
+    at += (size_t)snprintf(header_seen + at, sizeof header_seen - at, "%.*s=%.*s;", (int)h.name_len, h.name,
+                           (int)h.value_len, h.value);
+  }
+  lanebus_header none;
+  if (lanebus_message_header(m, n, &none) != -1) header_seen[0] = '!';
+  atomic_fetch_add(&header_calls, 1);
+  return LANEBUS_ACK;
+}
+
+static void headers_travel(void) {
+  lanebus_bus* bus = NULL;
+  MUST(lanebus_open("capi-headers", NULL, 1, &bus, &err));
+  lanebus_topic* topic = NULL;
+  MUST(lanebus_create_topic(bus, "capi.traced", 1, 0, &topic, &err));
+  atomic_init(&header_calls, 0);
+  lanebus_subscription* sub = NULL;
+  MUST(lanebus_subscribe(bus, topic, "reader", read_headers, NULL, 0, &sub, &err));
+  static const char tp[] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  lanebus_header hs[2] = {{"traceparent", 11, tp, sizeof tp - 1}, {"tenant", 6, "acme", 4}};
+  MUST(lanebus_publish_headers(topic, "k", 1, "x", 1, hs, 2, &err));
+  CHECK(wait_count(&header_calls, 1));
+  CHECK(strcmp(header_seen, "traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01;tenant=acme;") == 0);
+  lanebus_header bad_tp = {"traceparent", 11, "00-zz", 5};
+  EXPECT_ERROR(LANEBUS_INVALID_ARGUMENT, "traceparent", lanebus_publish_headers(topic, "k", 1, "x", 1, &bad_tp, 1, &err));
+  lanebus_header many[17];
+  for (int i = 0; i < 17; ++i) many[i] = hs[1];
+  EXPECT_ERROR(LANEBUS_PAYLOAD_TOO_LARGE, "at most 16",
+               lanebus_publish_headers(topic, "k", 1, "x", 1, many, 17, &err));
+  EXPECT_ERROR(LANEBUS_INVALID_ARGUMENT, "NULL", lanebus_publish_headers(topic, "k", 1, "x", 1, NULL, 1, &err));
+  MUST(lanebus_unsubscribe(sub, &err));
+  MUST(lanebus_close(bus, &err));
+  printf("ok: headers reach the C handler; bad headers are refused\n");
+}
+
 int main(void) {
   char root[] = "/tmp/lanebus-capi-XXXXXX";
   if (mkdtemp(root) == NULL) {
@@ -480,6 +525,7 @@ int main(void) {
   }
   names_and_version();
   publish_reaches_handler();
+  headers_travel();
   retry_then_ack();
   reject_to_dlq_then_replay(root);
   durable_queue_survives_reopen(root);

@@ -180,6 +180,28 @@ LANEBUS_C_API lanebus_code lanebus_find(lanebus_bus* bus, const char* name, lane
 LANEBUS_C_API lanebus_code lanebus_publish(lanebus_topic* topic, const void* key, size_t key_len, const void* payload,
                                            size_t payload_len, lanebus_error* error);
 
+/** One message header (doc/tracing.md): a name and a value, both copied by
+ *  publish. Names are 1-64 bytes of visible ASCII without ':'; values hold no
+ *  CR, LF or NUL. A `traceparent` header carries W3C trace context. */
+typedef struct lanebus_header {
+  const char* name;
+  size_t name_len;
+  const char* value;
+  size_t value_len;
+} lanebus_header;
+
+/** lanebus_publish with headers (headers may be NULL when header_count is 0).
+ *  Called from inside a handler, a message without its own `traceparent`
+ *  gets the handler message's trace context.
+ *  Errors: as lanebus_publish, plus PAYLOAD_TOO_LARGE (more than 16 headers,
+ *  more than 1024 bytes of names and values) and INVALID_ARGUMENT (a bad
+ *  name or value, a name twice, a malformed traceparent, NULL headers with
+ *  header_count > 0). */
+LANEBUS_C_API lanebus_code lanebus_publish_headers(lanebus_topic* topic, const void* key, size_t key_len,
+                                                   const void* payload, size_t payload_len,
+                                                   const lanebus_header* headers, size_t header_count,
+                                                   lanebus_error* error);
+
 /* ---------------------------------------------------------------- consuming */
 
 /** What a handler returns. */
@@ -210,7 +232,18 @@ typedef struct lanebus_message {
    *  REJECT (kept in the DLQ entry; the first 95 bytes are copied when the
    *  handler returns). NULL: a default reason. */
   const char* reason;
+  /** The message's headers in their stored form (doc/storage-format.md);
+   *  read them with lanebus_message_header. NULL when it has none. */
+  const void* headers;
+  size_t headers_len;
 } lanebus_message;
+
+/** The number of headers of a message being handled. */
+LANEBUS_C_API size_t lanebus_message_header_count(const lanebus_message* message);
+/** Header `index` (0-based, in publish order) of a message being handled into
+ *  *out (views into the message: valid until the handler returns; not
+ *  NUL-terminated). Returns 0, or -1 when index is out of range. */
+LANEBUS_C_API int lanebus_message_header(const lanebus_message* message, size_t index, lanebus_header* out);
 
 /** A message handler. Runs on a bus worker thread with no lanebus lock held;
  *  at most one call at a time per lane and group. It may publish and read

@@ -22,6 +22,7 @@
 #include "lanebus/schema.hpp"
 #include "lanebus/stats.hpp"
 #include "lanebus/status.hpp"
+#include "lanebus/trace.hpp"
 #include "lanebus/transaction.hpp"
 #include "lanebus/typed.hpp"
 #include "lanebus/version.hpp"

@@ -1,11 +1,15 @@
 // lanebus — MIT License.
 // The message header (stored form: doc/storage-format.md), the outgoing message a publisher fills in, and
-// MessageView, the non-owning view a handler receives.
+// MessageView, the non-owning view a handler receives; message headers
+// (Header, HeadersView, their limits: doc/tracing.md).
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "lanebus/export.hpp"
@@ -38,6 +42,99 @@ struct MessageHeader {
   std::uint16_t schema_version = 0;
 };
 
+// ---------------------------------------------------------------- headers (doc/tracing.md)
+
+/// One message header: a name and a value, both copied by publish.
+/// Names are case-sensitive; W3C trace context uses `traceparent` and
+/// `tracestate` (lanebus/trace.hpp).
+struct Header {
+  std::string_view name{};
+  std::string_view value{};
+};
+
+/// At most this many headers per message (OutgoingMessage::headers), not
+/// counting the `traceparent` / `tracestate` pair the library adds to a
+/// message published inside a handler call (doc/tracing.md). More:
+/// PayloadTooLarge.
+inline constexpr std::size_t kMaxHeaders = 16;
+/// At most this many bytes of names and values together per message, with the
+/// same exception for the pair the library adds (at most 55 + 512 bytes of
+/// values). More: PayloadTooLarge.
+inline constexpr std::size_t kMaxHeaderBytes = 1024;
+/// A header name is 1 to this many bytes of visible ASCII (0x21-0x7e) except
+/// ':' (the rule of NATS and HTTP header names). Else InvalidArgument.
+inline constexpr std::size_t kMaxHeaderNameBytes = 64;
+
+/// The headers of a delivered message: a non-owning view of their stored
+/// form, valid as long as the MessageView it came from. Iterates in publish
+/// order, yielding Header values.
+///
+/// Stored form (the same in a slot and in a durable record,
+/// doc/storage-format.md): u8 count, u8 0, le16 bytes of the entries, then
+/// per header u8 name length, le16 value length, the name, the value. The
+/// library checks the form before it makes a view (a durable record's at
+/// decode), so iteration never reads outside it.
+///
+/// Thread safety: const methods are safe.
+class HeadersView {
+ public:
+  class iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = Header;
+    using difference_type = std::ptrdiff_t;
+    using pointer = void;
+    using reference = Header;
+    iterator() noexcept = default;
+    Header operator*() const noexcept {
+      const std::size_t nlen = static_cast<unsigned char>(p_[0]);
+      const std::size_t vlen = static_cast<std::size_t>(static_cast<unsigned char>(p_[1])) |
+                               static_cast<std::size_t>(static_cast<unsigned char>(p_[2])) << 8;
+      return Header{std::string_view(p_ + 3, nlen), std::string_view(p_ + 3 + nlen, vlen)};
+    }
+    iterator& operator++() noexcept {
+      const Header h = **this;
+      p_ += 3 + h.name.size() + h.value.size();
+      --left_;
+      return *this;
+    }
+    iterator operator++(int) noexcept {
+      iterator t = *this;
+      ++*this;
+      return t;
+    }
+    bool operator==(const iterator& o) const noexcept { return left_ == o.left_; }
+
+   private:
+    friend class HeadersView;
+    iterator(const char* p, std::size_t left) noexcept : p_(p), left_(left) {}
+    const char* p_ = nullptr;
+    std::size_t left_ = 0;
+  };
+
+  HeadersView() noexcept = default;
+  /// A view of a stored header block. REQUIRES: `encoded` is empty or a block
+  /// in the stored form above (the library's own views are checked).
+  explicit HeadersView(std::string_view encoded) noexcept : encoded_(encoded) {}
+
+  iterator begin() const noexcept { return encoded_.empty() ? iterator() : iterator(encoded_.data() + 4, size()); }
+  iterator end() const noexcept { return iterator(); }
+  /// Number of headers.
+  std::size_t size() const noexcept { return encoded_.empty() ? 0 : static_cast<unsigned char>(encoded_[0]); }
+  bool empty() const noexcept { return size() == 0; }
+  /// The value of the first header named `name` (exact, case-sensitive match), or nullopt.
+  std::optional<std::string_view> find(std::string_view name) const noexcept {
+    for (Header h : *this)
+      if (h.name == name) return h.value;
+    return std::nullopt;
+  }
+  /// The stored form (empty when there are no headers).
+  std::string_view encoded() const noexcept { return encoded_; }
+
+ private:
+  std::string_view encoded_{};
+};
+
 /// What a publisher hands to publish(). All views are read during the call
 /// only: publish copies key, idempotency key and payload into the bus.
 struct OutgoingMessage {
@@ -53,6 +150,21 @@ struct OutgoingMessage {
   std::uint64_t fencing_token = 0;
   std::uint16_t content_type = 0;
   std::uint16_t schema_version = 0;
+  /// Message headers (doc/tracing.md): name/value pairs copied by publish and
+  /// given to every handler (MessageView::headers), kept in a durable record,
+  /// carried across the NATS bridge as NATS headers. At most kMaxHeaders
+  /// headers and kMaxHeaderBytes of names and values (else PayloadTooLarge,
+  /// naming the limit); a name of 1-kMaxHeaderNameBytes bytes of visible ASCII
+  /// without ':', a value without CR, LF or NUL, no name twice (else
+  /// InvalidArgument, naming the header). A `traceparent` header must be a W3C
+  /// trace context (version 00: `00-<32 hex>-<16 hex>-<2 hex>`, lowercase,
+  /// non-zero ids; else InvalidArgument). Published inside a handler call
+  /// without its own `traceparent`, a message gets the handler's trace
+  /// context (lanebus/trace.hpp). On an in-memory topic the headers live in
+  /// the message's slot: key + idempotency key + 24 + their stored size (4 +
+  /// 3 per header + names + values) + the payload or its 12-byte block
+  /// reference must fit TopicOptions::slot_bytes (else PayloadTooLarge).
+  std::span<const Header> headers{};
 
   // ---- time (doc/delays.md) ----
   /// Delayed delivery: deliver no earlier than `delay` after publish, or at
@@ -121,6 +233,9 @@ class MessageView {
   std::uint32_t lane() const noexcept { return lane_; }
   /// The message's offset in its lane's log (durable topics); 0 for ephemeral ones.
   std::uint64_t offset() const noexcept { return offset_; }
+  /// The message's headers (OutgoingMessage::headers, plus the trace context
+  /// the library added); empty when it has none. Valid as long as this view.
+  HeadersView headers() const noexcept { return HeadersView(headers_); }
 
   /// Wall-clock deadline of this handler call (GroupOptions::attempt_timeout),
   /// in nanoseconds since the Unix epoch; 0 = none.
@@ -136,6 +251,7 @@ class MessageView {
   std::uint32_t attempt_override_ = 0;
   std::uint64_t offset_;
   std::int64_t deadline_ns_ = 0;
+  std::string_view headers_{};  // the stored header block (HeadersView)
 };
 
 /// The lane a key maps to: 64-bit FNV-1a of the key bytes, modulo `lanes`.

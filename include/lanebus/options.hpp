@@ -11,6 +11,7 @@
 #include "lanebus/dlq.hpp"
 #include "lanebus/durable.hpp"
 #include "lanebus/log.hpp"
+#include "lanebus/trace.hpp"
 
 namespace lanebus {
 
@@ -304,6 +305,14 @@ struct BusOptions {
   /// "<name>/<namespace>"). Must stay callable until the Bus is destroyed.
   /// Default empty: silent.
   LogHook log{};
+  /// The tracing hook (lanebus/trace.hpp, doc/tracing.md): told of the start
+  /// and end of every publish and every handler call, with topic, group, lane,
+  /// attempt and outcome; its span contexts travel in the messages'
+  /// `traceparent` headers. Must outlive the Bus. With a tracer, in-memory
+  /// lanes take the general delivery loop instead of the plain fast path.
+  /// Default nullptr: no tracer (a null check per publish and per lane run);
+  /// trace context in headers is carried either way.
+  Tracer* tracer = nullptr;
 };
 
 }  // namespace lanebus

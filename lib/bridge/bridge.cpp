@@ -42,6 +42,7 @@
 #include <condition_variable>
 #include <deque>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -51,6 +52,7 @@
 #include "access.hpp"
 #include "bus_impl.hpp"
 #include "coding.hpp"
+#include "header_block.hpp"
 #include "idempotency.hpp"
 #include "names.hpp"
 #include "store_stats.hpp"
@@ -347,7 +349,8 @@ class BridgeImpl {
   /// A message as published: subject, headers, Nats-Msg-Id. *bytes: payload + headers.
   natsMsg* build_msg(OutMirror& m, std::string_view key, std::string_view idem, std::string_view payload,
                      std::int64_t created_at_ns, std::uint32_t attempt, std::uint32_t lane, std::uint64_t offset,
-                     const char* reply, bool id_header, std::uint64_t* bytes);
+                     const char* reply, bool id_header, std::uint64_t* bytes,
+                     std::string_view headers);
   /// OK: the stream exists (or was created). NotFound: it does not and may
   /// not be created. Other codes: could not tell (server unreachable).
   Status ensure_stream(OutMirror& m);
@@ -603,7 +606,8 @@ Status BridgeImpl::ensure_stream(OutMirror& m) {
 
 natsMsg* BridgeImpl::build_msg(OutMirror& m, std::string_view key, std::string_view idem, std::string_view payload,
                                std::int64_t created_at_ns, std::uint32_t attempt, std::uint32_t lane,
-                               std::uint64_t offset, const char* reply, bool id_header, std::uint64_t* bytes) {
+                               std::uint64_t offset, const char* reply, bool id_header, std::uint64_t* bytes,
+                               std::string_view headers) {
   std::string subject;
   for (std::size_t i = 0; i < m.tokens.size(); ++i) {
     if (i) subject += '.';
@@ -635,6 +639,14 @@ natsMsg* BridgeImpl::build_msg(OutMirror& m, std::string_view key, std::string_v
   header(kHdrCreated, std::to_string(created_at_ns));
   header(kHdrAttempt, std::to_string(attempt));
   header(kHdrTopic, encode_header(m.topic->name));
+  // The message's own headers (traceparent, tracestate, ...; doc/tracing.md)
+  // as NATS headers of the same names; mirror_in takes them back.
+  for (Header h : HeadersView(headers)) {
+    const std::string name(h.name);
+    if (name.rfind("Nats-", 0) == 0 || name.rfind("Lanebus-", 0) == 0) continue;  // the bridge's and the server's own
+    (void)natsMsgHeader_Set(msg, name.c_str(), std::string(h.value).c_str());
+    header_bytes += h.name.size() + h.value.size() + 4;
+  }
   *bytes = payload.size() + header_bytes;
   return msg;
 }
@@ -652,7 +664,7 @@ Outcome BridgeImpl::publish_one(OutMirror& m, const MessageView& v) {
   if (!m.topic->is_queue && options_.publish_window > 1) return publish_window(m, v);
   std::uint64_t total = 0;
   natsMsg* msg = build_msg(m, v.key(), v.idempotency_key(), v.payload(), v.created_at_ns(), v.attempt(), v.lane(),
-                           v.offset(), nullptr, false, &total);
+                           v.offset(), nullptr, false, &total, v.headers().encoded());
   if (msg == nullptr) return Outcome::retry("bridge: natsMsg_Create failed");
   const std::int64_t max_payload = connected() ? natsConnection_GetMaxPayload(nc_) : 0;
   if (max_payload > 0 && total > static_cast<std::uint64_t>(max_payload)) {
@@ -795,9 +807,9 @@ Outcome BridgeImpl::publish_window(OutMirror& m, const MessageView& v) {
     const std::string reply = lw.prefix + "." + std::to_string(gen) + "." + std::to_string(off);
     std::uint64_t bytes = 0;
     natsMsg* msg = sm ? build_msg(m, sm->key, sm->idempotency_key, sm->payload, sm->header.created_at_ns,
-                                  k == 0 ? v.attempt() : 1, v.lane(), off, reply.c_str(), true, &bytes)
+                                  k == 0 ? v.attempt() : 1, v.lane(), off, reply.c_str(), true, &bytes, sm->headers)
                       : build_msg(m, v.key(), v.idempotency_key(), v.payload(), v.created_at_ns(), v.attempt(),
-                                  v.lane(), off, reply.c_str(), true, &bytes);
+                                  v.lane(), off, reply.c_str(), true, &bytes, v.headers().encoded());
     if (msg == nullptr) break;
     if (k == 0) head_bytes = bytes;
     if (max_payload > 0 && bytes > static_cast<std::uint64_t>(max_payload)) {
@@ -1083,6 +1095,32 @@ struct InBatch {
 
 // Decide, message by message, what of `list` to store (see run_in for the
 // order guard).
+// The NATS headers of `msg` other than the server's (Nats-*) and the bridge's
+// own (Lanebus-*), as message headers (doc/tracing.md): the first value of
+// each, in the server's order, while they pass the rules and limits of
+// OutgoingMessage::headers; one that does not is left out.
+void in_headers(natsMsg* msg, HeaderBlock* out) {
+  const char** keys = nullptr;
+  int count = 0;
+  if (natsMsgHeader_Keys(msg, &keys, &count) != NATS_OK || keys == nullptr) return;
+  Header kept[kMaxHeaders];
+  std::size_t n = 0, bytes = 0;
+  for (int i = 0; i < count && n < kMaxHeaders; ++i) {
+    const std::string_view name(keys[i]);
+    if (name.rfind("Nats-", 0) == 0 || name.rfind("Lanebus-", 0) == 0) continue;
+    const char* value = nullptr;
+    if (natsMsgHeader_Get(msg, keys[i], &value) != NATS_OK || value == nullptr) continue;
+    const Header h{name, value};
+    if (bytes + name.size() + h.value.size() > kMaxHeaderBytes) continue;
+    kept[n] = h;
+    if (!check_headers(std::span<const Header>(kept, n + 1)).ok()) continue;
+    bytes += name.size() + h.value.size();
+    ++n;
+  }
+  for (std::size_t i = 0; i < n; ++i) out->add(kept[i].name, kept[i].value);
+  std::free(static_cast<void*>(keys));
+}
+
 void plan_in_batch(InMirror& m, const natsMsgList& list, InBatch* b) {
   b->reqs.clear();
   b->seqs.clear();
@@ -1138,7 +1176,9 @@ void plan_in_batch(InMirror& m, const natsMsgList& list, InBatch* b) {
     om.key = key;
     om.idempotency_key = idem;
     om.payload = std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
-    AppendRequest r = m.topic->append_request(om);
+    HeaderBlock headers;
+    in_headers(msg, &headers);
+    AppendRequest r = m.topic->append_request(om, headers.bytes());
     r.header.created_at_ns = created > 0 ? created : (ts > 0 ? ts : r.header.created_at_ns);
     b->reqs.push_back(std::move(r));
     b->seqs.push_back(std::to_string(seq));

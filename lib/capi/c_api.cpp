@@ -194,6 +194,9 @@ lanebus::Handler c_handler(lanebus_handler handler, void* user_data) {
     message.lane = m.lane();
     message.offset = m.offset();
     message.reason = nullptr;
+    const std::string_view headers = m.headers().encoded();
+    message.headers = headers.empty() ? nullptr : headers.data();
+    message.headers_len = headers.size();
     const lanebus_outcome outcome = handler(&message, user_data);
     switch (outcome) {
       case LANEBUS_ACK:
@@ -319,6 +322,52 @@ lanebus_code lanebus_publish(lanebus_topic* topic, const void* key, size_t key_l
   if (key_len != 0) message.key = std::string_view(static_cast<const char*>(key), key_len);
   message.payload = std::string_view(static_cast<const char*>(payload), payload_len);
   return from(error, "lanebus_publish", topic->topic.publish(message));
+}
+
+lanebus_code lanebus_publish_headers(lanebus_topic* topic, const void* key, size_t key_len, const void* payload,
+                                     size_t payload_len, const lanebus_header* headers, size_t header_count,
+                                     lanebus_error* error) {
+  if (topic == nullptr)
+    return fail(error, LANEBUS_INVALID_ARGUMENT, "lanebus_publish_headers: the topic must not be NULL");
+  if (payload == nullptr || payload_len == 0 || (key == nullptr && key_len != 0) ||
+      (headers == nullptr && header_count != 0))
+    return fail(error, LANEBUS_INVALID_ARGUMENT,
+                "lanebus_publish_headers \"%.*s\": empty payload, or a NULL key or headers with a non-zero length",
+                static_cast<int>(topic->topic.name().size()), topic->topic.name().data());
+  if (header_count > lanebus::kMaxHeaders)
+    return fail(error, LANEBUS_PAYLOAD_TOO_LARGE, "lanebus_publish_headers \"%.*s\": %zu headers, at most %zu",
+                static_cast<int>(topic->topic.name().size()), topic->topic.name().data(), header_count,
+                lanebus::kMaxHeaders);
+  lanebus::Header hs[lanebus::kMaxHeaders];
+  for (size_t i = 0; i < header_count; ++i) {
+    if ((headers[i].name == nullptr && headers[i].name_len != 0) ||
+        (headers[i].value == nullptr && headers[i].value_len != 0))
+      return fail(error, LANEBUS_INVALID_ARGUMENT, "lanebus_publish_headers: header %zu has a NULL name or value", i);
+    hs[i].name = std::string_view(headers[i].name == nullptr ? "" : headers[i].name, headers[i].name_len);
+    hs[i].value = std::string_view(headers[i].value == nullptr ? "" : headers[i].value, headers[i].value_len);
+  }
+  lanebus::OutgoingMessage message;
+  if (key_len != 0) message.key = std::string_view(static_cast<const char*>(key), key_len);
+  message.payload = std::string_view(static_cast<const char*>(payload), payload_len);
+  message.headers = std::span<const lanebus::Header>(hs, header_count);
+  return from(error, "lanebus_publish_headers", topic->topic.publish(message));
+}
+
+size_t lanebus_message_header_count(const lanebus_message* message) {
+  if (message == nullptr || message->headers == nullptr) return 0;
+  return lanebus::HeadersView(std::string_view(static_cast<const char*>(message->headers), message->headers_len))
+      .size();
+}
+
+int lanebus_message_header(const lanebus_message* message, size_t index, lanebus_header* out) {
+  if (message == nullptr || out == nullptr || message->headers == nullptr) return -1;
+  const lanebus::HeadersView hv(std::string_view(static_cast<const char*>(message->headers), message->headers_len));
+  if (index >= hv.size()) return -1;
+  auto it = hv.begin();
+  for (size_t i = 0; i < index; ++i) ++it;
+  const lanebus::Header h = *it;
+  *out = lanebus_header{h.name.data(), h.name.size(), h.value.data(), h.value.size()};
+  return 0;
 }
 
 lanebus_code lanebus_subscribe(lanebus_bus* bus, lanebus_topic* topic, const char* group, lanebus_handler handler,

@@ -13,6 +13,7 @@
 #include "tenancy.hpp"
 #include "lanebus/lease.hpp"
 #include "names.hpp"
+#include "trace.hpp"
 
 namespace lanebus {
 
@@ -47,28 +48,61 @@ BatchPublishResult publish_batch_through(detail::PublisherState& st, detail::Top
 }
 }  // namespace
 
+namespace {
+/// The Tracer's publish span around `publish` (trace.hpp); without a tracer,
+/// one null check. The lane is the message's (hash of its key).
+template <class Publish>
+Status traced(detail::TopicImpl* t, const OutgoingMessage& m, Publish&& publish) {
+  if (Tracer* tracer = t->bus->options.tracer) [[unlikely]]
+    return detail::traced_publish(tracer, t->name, lane_for_key(m.key, t->options.lanes), m, publish);
+  return publish(m);
+}
+
 // Through the calling thread's own publisher ("Implicit publishers", publish.cpp).
+Status publish_one(detail::TopicImpl* t, const OutgoingMessage& m, bool may_block) noexcept {
+  if (t->durable) return publish_durable_noexcept(t, m);
+  if (detail::PublisherState* st = t->bus->thread_publisher()) return t->publish_via(*st, m, may_block);
+  return t->publish(m, may_block, t->bus->take_ids(1));
+}
+
+/// publish_batch with a tracer: one span per message, published one by one
+/// (the same result: the published prefix and the first refusal).
+template <class Publish>
+BatchPublishResult traced_batch(detail::TopicImpl* t, std::span<const OutgoingMessage> ms, Publish&& publish) {
+  BatchPublishResult r;
+  for (const OutgoingMessage& m : ms) {
+    r.status = traced(t, m, publish);
+    if (!r.status.ok()) return r;
+    ++r.published;
+  }
+  return r;
+}
+}  // namespace
+
 Status Topic::publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
-  if (impl_->durable) return publish_durable_noexcept(impl_, message);
-  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return impl_->publish_via(*st, message, true);
-  return impl_->publish(message, true, impl_->bus->take_ids(1));
+  return traced(impl_, message, [t = impl_](const OutgoingMessage& m) { return publish_one(t, m, true); });
 }
 
 Status Topic::try_publish(const OutgoingMessage& message) const noexcept {
   if (impl_ == nullptr) return no_topic();
-  if (impl_->durable) return publish_durable_noexcept(impl_, message);
-  if (detail::PublisherState* st = impl_->bus->thread_publisher()) return impl_->publish_via(*st, message, false);
-  return impl_->publish(message, false, impl_->bus->take_ids(1));
+  return traced(impl_, message, [t = impl_](const OutgoingMessage& m) { return publish_one(t, m, false); });
 }
 
 Status Topic::publish_async(const OutgoingMessage& message, PublishCallback done) const {
   if (impl_ == nullptr) return no_topic();
   if (!done) return Status(Code::InvalidArgument, "publish_async: the completion callback is empty");
-  if (impl_->durable) return impl_->publish_durable(message, std::move(done));
-  Status s = impl_->publish(message, true, impl_->bus->take_ids(1));
-  if (s.ok()) done(s, 0);
-  return s;
+  // With a tracer, the span ends when this call returns (not at the commit).
+  return traced(impl_, message, [t = impl_, &done](const OutgoingMessage& m) -> Status {
+    try {
+      if (t->durable) return t->publish_durable(m, std::move(done));
+    } catch (const std::exception&) {
+      return Status::from_literal(Code::Internal, "publish: out of memory copying the message for the store");
+    }
+    Status s = t->publish(m, true, t->bus->take_ids(1));
+    if (s.ok()) done(s, 0);
+    return s;
+  });
 }
 
 namespace {
@@ -76,7 +110,7 @@ namespace {
 BatchPublishResult publish_batch_durable(detail::TopicImpl* t, std::span<const OutgoingMessage> ms) noexcept {
   BatchPublishResult r;
   for (const OutgoingMessage& m : ms) {
-    r.status = publish_durable_noexcept(t, m);
+    r.status = traced(t, m, [t](const OutgoingMessage& m2) { return publish_durable_noexcept(t, m2); });
     if (!r.status.ok()) return r;
     ++r.published;
   }
@@ -88,6 +122,8 @@ BatchPublishResult Topic::publish_batch(std::span<const OutgoingMessage> message
   if (impl_ == nullptr) return {0, no_topic()};
   if (impl_->durable) return publish_batch_durable(impl_, messages);
   if (messages.empty()) return {};
+  if (impl_->bus->options.tracer != nullptr) [[unlikely]]
+    return traced_batch(impl_, messages, [t = impl_](const OutgoingMessage& m) { return publish_one(t, m, true); });
   if (detail::PublisherState* st = impl_->bus->thread_publisher()) return publish_batch_through(*st, impl_, messages);
   return impl_->publish_batch(messages, true, impl_->bus->take_ids(messages.size()));
 }
@@ -135,20 +171,26 @@ Publisher::~Publisher() = default;
 
 Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
-  if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
-  return topic.impl_->publish_via(*state_, message, true);
+  return traced(topic.impl_, message, [t = topic.impl_, st = state_.get()](const OutgoingMessage& m) {
+    return t->durable ? publish_durable_noexcept(t, m) : t->publish_via(*st, m, true);
+  });
 }
 
 Status Publisher::try_publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
-  if (topic.impl_->durable) return publish_durable_noexcept(topic.impl_, message);
-  return topic.impl_->publish_via(*state_, message, false);
+  return traced(topic.impl_, message, [t = topic.impl_, st = state_.get()](const OutgoingMessage& m) {
+    return t->durable ? publish_durable_noexcept(t, m) : t->publish_via(*st, m, false);
+  });
 }
 
 BatchPublishResult Publisher::publish_batch(const Topic& topic, std::span<const OutgoingMessage> messages) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return {0, no_topic()};
   if (topic.impl_->durable) return publish_batch_durable(topic.impl_, messages);
   if (messages.empty()) return {};
+  if (topic.impl_->bus->options.tracer != nullptr) [[unlikely]]
+    return traced_batch(topic.impl_, messages, [t = topic.impl_, st = state_.get()](const OutgoingMessage& m) {
+      return t->publish_via(*st, m, true);
+    });
   return publish_batch_through(*state_, topic.impl_, messages);
 }
 

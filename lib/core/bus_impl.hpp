@@ -387,8 +387,9 @@ class TopicImpl {
   void release_due() noexcept;
   /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
   void discard_delayed() noexcept;
-  /// The store append for `m` (durable topics; also the outbox of transactions).
-  AppendRequest append_request(const OutgoingMessage& m) const;
+  /// The store append for `m` (durable topics; also the outbox of
+  /// transactions), with `headers` (stored form: stored_headers, trace.hpp).
+  AppendRequest append_request(const OutgoingMessage& m, std::string_view headers = {}) const;
 
   BusCore* const bus;
   const std::string name;

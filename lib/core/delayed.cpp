@@ -136,6 +136,34 @@ std::size_t DelayQueue::size() const noexcept {
 
 // ---------------------------------------------------------------- the timed publish
 
+namespace {
+/// A slot with an extension block: the keys, the block (times, then the
+/// stored headers), the payload unless `inline_payload` is false (place_large
+/// puts it), and the header.
+void fill_extended_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t now,
+                        std::uint16_t schema_version, const MessageTimes& times, std::string_view headers,
+                        bool inline_payload) noexcept {
+  const std::size_t keys = m.key.size() + m.idempotency_key.size();
+  s->lane = static_cast<std::uint16_t>(lane);
+  s->kind = Slot::kExtension;  // a free slot is kInline (MessagePool::recycle)
+  s->key_len = static_cast<std::uint16_t>(m.key.size());
+  s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
+  s->payload_len = static_cast<std::uint32_t>(m.payload.size());
+  char* d = s->data();
+  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
+  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
+  write_extension(d + keys, times, headers);
+  if (inline_payload) std::memcpy(d + keys + kExtensionBytes + headers.size(), m.payload.data(), m.payload.size());
+  s->header.id = id;
+  s->header.created_at_ns = now;
+  s->header.correlation_id = m.correlation_id;
+  s->header.fencing_token = m.fencing_token;
+  s->header.attempt = 0;
+  s->header.content_type = m.content_type;
+  s->header.schema_version = schema_version;
+}
+}  // namespace
+
 Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
                                 const PayloadFill* fill) noexcept {
   if (owner.load(std::memory_order_relaxed) != 1) make_shared();
@@ -162,11 +190,24 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
     return Status::from_literal(Code::PayloadTooLarge,
                                 "publish: the key or idempotency key exceeds 65535 bytes (the limit of an "
                                 "in-memory topic's slot)");
+  // Headers, and the calling handler's trace context (trace.hpp), after the times.
+  HeaderBlock headers;
+  if (Status st = stored_headers(m, &headers); !st.ok()) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+  const std::size_t ext = kExtensionBytes + headers.bytes().size();
   const std::size_t keys = m.key.size() + m.idempotency_key.size();
   const std::size_t need = keys + (fill ? fill->size : m.payload.size());
-  const bool large = need + kExtensionBytes > options.slot_bytes || fill != nullptr;
+  const bool large = need + ext > options.slot_bytes || fill != nullptr;
   if (large) {
-    if (Status st = check_large(m, fill, kExtensionBytes); !st.ok()) return st;
+    if (keys + ext > options.slot_bytes) {
+      refused.fetch_add(1, std::memory_order_relaxed);
+      return Status::from_literal(Code::PayloadTooLarge,
+                                  "publish: key + idempotency key + the headers (and trace context) exceed the "
+                                  "topic's slot_bytes (raise TopicOptions::slot_bytes; doc/tracing.md)");
+    }
+    if (Status st = check_large(m, fill, ext); !st.ok()) return st;
   }
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
@@ -186,23 +227,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
     nsp->unadmit_publish(need);
     return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   }
-  s->lane = static_cast<std::uint16_t>(lane);
-  s->kind = Slot::kExtension;  // a free slot is kInline (MessagePool::recycle)
-  s->key_len = static_cast<std::uint16_t>(m.key.size());
-  s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
-  s->payload_len = static_cast<std::uint32_t>(m.payload.size());
-  char* d = s->data();
-  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
-  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
-  write_extension(d + keys, times);
-  if (!large) std::memcpy(d + keys + kExtensionBytes, m.payload.data(), m.payload.size());
-  s->header.id = id;
-  s->header.created_at_ns = now;
-  s->header.correlation_id = m.correlation_id;
-  s->header.fencing_token = m.fencing_token;
-  s->header.attempt = 0;
-  s->header.content_type = m.content_type;
-  s->header.schema_version = schema_version;
+  fill_extended_slot(s, m, lane, id, now, schema_version, times, headers.bytes(), !large);
   if (large) {
     if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
       pool.free(s);

@@ -34,6 +34,7 @@
 #include "lanebus/status.hpp"
 #include "message_pool.hpp"
 #include "retry_timer.hpp"
+#include "trace.hpp"
 
 namespace lanebus::detail {
 
@@ -46,9 +47,12 @@ struct MessageTimes {
 };
 
 /// True when `m` (on a topic whose default TTL is `default_ttl_ns`) needs
-/// resolve_times: a delay, a due time or an expiry. One branch.
+/// the slot's extension block: a delay, a due time or an expiry
+/// (resolve_times), headers, or the calling thread's trace context to add
+/// (trace.hpp). One branch.
 inline bool has_times(const OutgoingMessage& m, std::int64_t default_ttl_ns) noexcept {
-  return (m.delay.count() | m.deliver_at | default_ttl_ns | static_cast<std::int64_t>(m.ttl.has_value())) != 0;
+  return (m.delay.count() | m.deliver_at | default_ttl_ns | static_cast<std::int64_t>(m.ttl.has_value()) |
+          static_cast<std::int64_t>(m.headers.size()) | reinterpret_cast<std::intptr_t>(tl_trace)) != 0;
 }
 
 /// The due time and expiry of `m` published at `now_ns`, or InvalidArgument
@@ -63,21 +67,38 @@ Status check_default_ttl(std::chrono::nanoseconds ttl);
 
 // ---------------------------------------------------------------- the slot's extension block
 
+/// The block's fixed part; message headers (doc/tracing.md) follow it in
+/// their stored form (HeadersView), flag kExtHeaders, and the length grows.
 inline constexpr std::uint16_t kExtensionBytes = 24;
 inline constexpr std::uint16_t kExtDue = 1;
 inline constexpr std::uint16_t kExtExpiry = 2;
+inline constexpr std::uint16_t kExtHeaders = 4;
 
-/// Write the block at `at` (the slot's data() + key_len + idem_len).
-inline void write_extension(char* at, const MessageTimes& t) noexcept {
-  const std::uint16_t len = kExtensionBytes;
+/// Write the block at `at` (the slot's data() + key_len + idem_len): the
+/// times, then `headers` (a stored header block, may be empty).
+inline void write_extension(char* at, const MessageTimes& t, std::string_view headers = {}) noexcept {
+  const std::uint16_t len = static_cast<std::uint16_t>(kExtensionBytes + headers.size());
   const std::uint16_t flags =
-      static_cast<std::uint16_t>((t.due_ns != 0 ? kExtDue : 0) | (t.expires_ns != 0 ? kExtExpiry : 0));
+      static_cast<std::uint16_t>((t.due_ns != 0 ? kExtDue : 0) | (t.expires_ns != 0 ? kExtExpiry : 0) |
+                                 (headers.empty() ? 0 : kExtHeaders));
   const std::uint32_t reserved = 0;
   std::memcpy(at, &len, 2);
   std::memcpy(at + 2, &flags, 2);
   std::memcpy(at + 4, &reserved, 4);
   std::memcpy(at + 8, &t.due_ns, 8);
   std::memcpy(at + 16, &t.expires_ns, 8);
+  if (!headers.empty()) std::memcpy(at + kExtensionBytes, headers.data(), headers.size());
+}
+
+/// The stored header block a slot carries (empty without one).
+inline std::string_view slot_headers(const Slot* s) noexcept {
+  if ((s->kind & Slot::kExtension) == 0) return {};
+  const char* at = s->data() + s->key_len + s->idem_len;
+  std::uint16_t len, flags;
+  std::memcpy(&len, at, 2);
+  std::memcpy(&flags, at + 2, 2);
+  if ((flags & kExtHeaders) == 0) return {};
+  return {at + kExtensionBytes, static_cast<std::size_t>(len - kExtensionBytes)};
 }
 
 /// The times a slot carries (zeros without an extension block).

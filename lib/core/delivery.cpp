@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bus_impl.hpp"
+#include "trace.hpp"
 
 namespace lanebus::detail {
 
@@ -63,6 +64,13 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
   const GroupOptions& o = gl->group->options;
   MessageView view(*p.header, p.key, p.idempotency_key, p.payload, p.lane, p.offset);
   Access::set_attempt(view, p.attempt);
+  Access::set_headers(view, p.headers);
+  // Trace context and the tracer's span (trace.hpp): only with headers or a tracer.
+  HandlerTrace trace;
+  if (options.tracer != nullptr || !p.headers.empty()) [[unlikely]] {
+    const GroupImpl* g = gl->group;
+    trace.begin(options.tracer, g->topic->name, g->topic->is_queue ? std::string_view("queue") : g->name, view);
+  }
   std::int64_t deadline = 0;
   bump(gl->delivered);
   if (o.attempt_timeout.count() > 0) {
@@ -106,6 +114,7 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
   } catch (...) {
     inv.outcome = Outcome::retry("handler threw a non-standard exception");
   }
+  trace.end(inv.outcome.kind());
   tl_running_consumer = nullptr;
   tl_running_bus = nullptr;
   tl_running_lane = nullptr;

@@ -41,6 +41,7 @@ struct Parcel {
   std::uint32_t lane = 0;
   std::uint64_t offset = 0;   ///< durable: log offset (ephemeral: 0)
   std::uint32_t attempt = 0;  ///< this delivery, 1-based
+  std::string_view headers{};  ///< the stored header block (doc/tracing.md), or empty
 };
 
 /// Idempotency before a handler call.

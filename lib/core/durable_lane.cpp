@@ -249,7 +249,7 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
     retry_pending = outage_held(gl, pi);  // paused: the lane waits for the next probe (not an attempt)
     if (retry_pending) break;
     const StoredMessage& m = *mp;
-    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *attempts + 1};
+    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *attempts + 1, m.headers};
     // A message whose TTL ended is never delivered (doc/delays.md); one branch without an expiry.
     const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : admit(gl, p, mode);
     std::int64_t wait_ns = -1;
@@ -766,7 +766,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       continue;
     }
     if (const std::int64_t gate = outage_wait(gl, -1); gate >= 0 && (hold_back(i, gate), true)) continue;
-    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt};
+    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt, m.headers};
     Admission a = Admission::Proceed;
     if (mode == AdmitMode::Check && !m.idempotency_key.empty() && keys_done.count(m.idempotency_key) > 0) {
       a = Admission::Skip;  // a duplicate of a message acked earlier in this batch

@@ -95,9 +95,11 @@ bool BusCore::linger(FreeChain& frees, Found&& found) noexcept {
 namespace {
 // The handler's call: an exception is a retry (doc/retries.md). Returned
 // straight into the caller's Outcome, nothing to clear or copy on an ack.
-inline Outcome call_handler(const Handler& handler, const MessageView& view) noexcept {
+// `in_context`: the message has headers, and the handler runs inside its
+// trace context (trace.hpp).
+inline Outcome call_handler(const Handler& handler, const MessageView& view, bool in_context) noexcept {
   try {
-    return handler(view);
+    return in_context ? handle_in_context(handler, view) : handler(view);
   } catch (const std::exception&) {
     return Outcome::retry("handler threw an exception");
   } catch (...) {
@@ -192,6 +194,7 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
       __builtin_prefetch(line);
       __builtin_prefetch(line + 64);
     }
+    std::string_view headers{};  // headers and trace context (trace.hpp)
     if (s->kind & Slot::kExtension) [[unlikely]] {
       // A due time or an expiry (delayed.cpp): an expired message is never delivered.
       if (single) ring.release_taken();
@@ -199,16 +202,18 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
         frees.release(s);
         continue;
       }
+      headers = slot_headers(s);
     }
     const std::int64_t created_at = s->header.created_at_ns;
     if (metrics) gl->oldest_ns.store(created_at, std::memory_order_relaxed);
     const std::string_view payload = s->payload();
     MessageView view(s->header, s->key(), s->idempotency_key(), payload, s->lane, 0);
     Access::set_attempt(view, 1);
+    Access::set_headers(view, headers);
     gl->delivered.store(++delivered, std::memory_order_relaxed);
     bytes += payload.size();
     ++handled;
-    const Outcome out = call_handler(handler, view);
+    const Outcome out = call_handler(handler, view, !headers.empty());
     if (out.kind() == Outcome::Kind::Ack) [[likely]] {
       gl->acked.store(++acked, std::memory_order_relaxed);
       if (metrics) {  // record_latency, inlined; the run's copy of the clock's anchor
@@ -292,6 +297,7 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
       const Slot* s = slots[i];
       new (&views[i]) MessageView(s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0);
       Access::set_attempt(views[i], 1);
+      if (s->kind & Slot::kExtension) [[unlikely]] Access::set_headers(views[i], slot_headers(s));  // trace.hpp
     }
     if (metrics) gl->oldest_ns.store(slots[0]->header.created_at_ns, std::memory_order_relaxed);
     const BatchOutcome result = call_batch_handler(handler, std::span<const MessageView>(views, n));
@@ -361,14 +367,14 @@ void BusCore::run_lane(GroupLane* gl) {
   std::uint32_t handled = 0;
   std::int64_t hold_ns = -1;  // >= 0: the head message waits this long, the lane with it
   // The plain fast path (doc/performance.md): a group with no idempotency
-  // scope, no key_parallel_retry, no attempt_timeout and no retry pending
+  // scope, no key_parallel_retry, no attempt_timeout, no tracer and no retry pending
   // hands each message of the ring straight to its handler. The general loop
   // below takes the lane again when a message is held for a retry.
   // A batch handler takes the batch path, which needs a single dequeuer;
   // with DropOldest it runs in the general loop (spans of one, via invoke).
   const bool plain = c != nullptr && gl->current == nullptr && gl->parked.empty() && !kp &&
                      g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler &&
-                     !g->options.outage.enabled &&
+                     !g->options.outage.enabled && options.tracer == nullptr &&
                      (!c->batch_handler || single);
   if (plain) {
     hold_ns = c->batch_handler ? run_plain_batch(gl, c, frees, &handled) : run_plain(gl, c, single, frees, &handled);
@@ -445,7 +451,7 @@ void BusCore::run_lane(GroupLane* gl) {
         continue;
       }
     }
-    const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1};
+    const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1, slot_headers(s)};
     // No idempotency scope (the common case): skip the out-of-line call.
     const Admission a = g->idempotency == nullptr ? Admission::Proceed : admit(gl, p, AdmitMode::Claim);
     std::int64_t wait_ns = -1;  // the message stays (not an attempt, or a retry) and waits this long

@@ -438,7 +438,7 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
   return Status();
 }
 
-AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
+AppendRequest TopicImpl::append_request(const OutgoingMessage& m, std::string_view headers) const {
   AppendRequest req;
   req.topic_id = store_topic.id;
   req.lane = lane_for_key(m.key, options.lanes);
@@ -451,6 +451,7 @@ AppendRequest TopicImpl::append_request(const OutgoingMessage& m) const {
   req.key.assign(m.key);
   req.idempotency_key.assign(m.idempotency_key);
   req.payload.assign(m.payload);
+  req.headers.assign(headers);
   return req;
 }
 
@@ -463,6 +464,8 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   std::uint16_t schema_version;
   if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  HeaderBlock headers;  // headers and the calling handler's trace context (trace.hpp)
+  if (Status st = stored_headers(m, &headers); !st.ok()) return st;
   // Tenancy: the namespace's publish quota and usage (lib/features/tenancy.hpp).
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
@@ -470,7 +473,7 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
                                     options.block_timeout);
       !q.ok())
     return q;
-  AppendRequest req = append_request(m);
+  AppendRequest req = append_request(m, headers.bytes());
   req.header.schema_version = schema_version;
   const std::uint32_t lane = req.lane;
   if (has_times(m, default_ttl_ns)) [[unlikely]] {

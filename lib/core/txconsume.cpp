@@ -9,6 +9,7 @@
 
 #include "bus_impl.hpp"
 #include "names.hpp"
+#include "trace.hpp"
 
 namespace lanebus {
 namespace detail {
@@ -198,18 +199,29 @@ Status Transaction::del(std::string_view table, std::string_view key) {
   return Status();
 }
 
-Status Transaction::publish(const Topic& topic, const OutgoingMessage& m) {
+Status Transaction::publish(const Topic& topic, const OutgoingMessage& message) {
   if (state_->is_void()) return state_->refused;
   if (topic.impl_ == nullptr || topic.impl_->bus != state_->bus || !topic.impl_->durable)
     return Status(Code::InvalidArgument, "outbox publish: the topic must be a durable topic or queue of this bus");
-  if (m.payload.empty()) return Status(Code::InvalidArgument, "outbox publish: the payload is empty");
-  // A typed topic checks the record like a normal publish (doc/schemas.md):
-  // a bad record is refused here and never reaches the outbox.
-  std::uint16_t schema_version;
-  if (Status st = topic.impl_->check_schema(m, &schema_version); !st.ok()) return st;
-  state_->outbox.push_back(topic.impl_->append_request(m));
-  state_->outbox.back().header.schema_version = schema_version;
-  state_->outbox_ns.push_back(topic.impl_->ns.load(std::memory_order_acquire));
-  return Status();
+  detail::TopicImpl* t = topic.impl_;
+  auto enqueue = [this, t](const OutgoingMessage& m) -> Status {
+    if (m.payload.empty()) return Status(Code::InvalidArgument, "outbox publish: the payload is empty");
+    // A typed topic checks the record like a normal publish (doc/schemas.md):
+    // a bad record is refused here and never reaches the outbox.
+    std::uint16_t schema_version;
+    if (Status st = t->check_schema(m, &schema_version); !st.ok()) return st;
+    // Headers, and the handler's trace context as the parent (trace.hpp).
+    detail::HeaderBlock headers;
+    if (Status st = detail::stored_headers(m, &headers); !st.ok()) return st;
+    state_->outbox.push_back(t->append_request(m, headers.bytes()));
+    state_->outbox.back().header.schema_version = schema_version;
+    state_->outbox_ns.push_back(t->ns.load(std::memory_order_acquire));
+    return Status();
+  };
+  // The Tracer's publish span (trace.hpp): it ends when the message is in the
+  // outbox, not at the transaction's commit.
+  if (Tracer* tracer = t->bus->options.tracer)
+    return detail::traced_publish(tracer, t->name, lane_for_key(message.key, t->options.lanes), message, enqueue);
+  return enqueue(message);
 }
 }  // namespace lanebus

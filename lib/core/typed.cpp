@@ -5,6 +5,7 @@
 #include <string>
 
 #include "bus_impl.hpp"
+#include "trace.hpp"
 #include "lanebus/typed.hpp"
 
 namespace lanebus::detail {
@@ -64,10 +65,16 @@ Status TypedAccess::publish_object(const Topic& topic, const OutgoingMessage& en
                                    bool may_block) noexcept {
   TopicImpl* t = topic.impl_;
   if (t == nullptr) return Status::from_literal(Code::InvalidArgument, "publish: the typed topic is empty");
-  // Through the calling thread's own publisher ("Implicit publishers", publish.cpp).
-  if (PublisherState* st = t->durable ? nullptr : t->bus->thread_publisher())
-    return t->publish_via(*st, envelope, may_block, &fill);
-  return t->publish(envelope, may_block, t->bus->take_ids(1), &fill);
+  auto publish = [t, &fill, may_block](const OutgoingMessage& m) {
+    // Through the calling thread's own publisher ("Implicit publishers", publish.cpp).
+    if (PublisherState* st = t->durable ? nullptr : t->bus->thread_publisher())
+      return t->publish_via(*st, m, may_block, &fill);
+    return t->publish(m, may_block, t->bus->take_ids(1), &fill);
+  };
+  // The Tracer's publish span (trace.hpp): one null check without one.
+  if (Tracer* tracer = t->bus->options.tracer) [[unlikely]]
+    return traced_publish(tracer, t->name, lane_for_key(envelope.key, t->options.lanes), envelope, publish);
+  return publish(envelope);
 }
 
 Status TypedAccess::publish_encoded(const Topic& topic, const OutgoingMessage& envelope, const Status& codec_status,
@@ -82,6 +89,9 @@ Status TypedAccess::publish_encoded(const Topic& topic, const OutgoingMessage& e
     if (envelope.payload.empty())
       return Status(Code::InvalidArgument, "publish to " + q(t->name) + ": " + std::string(codec) + " encoded " +
                                                std::string(type) + " as no bytes (nothing published)");
+    if (Tracer* tracer = t->bus->options.tracer) [[unlikely]]
+      return traced_publish(tracer, t->name, lane_for_key(envelope.key, t->options.lanes), envelope,
+                            [t](const OutgoingMessage& m) { return t->publish_durable(m, {}); });
     return t->publish_durable(envelope, {});
   } catch (const std::exception&) {
     return Status::from_literal(Code::Internal, "publish: out of memory copying the message for the store");

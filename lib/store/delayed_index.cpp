@@ -2,6 +2,8 @@
 // The durable delayed index (delayed_index.hpp).
 #include "delayed_index.hpp"
 
+#include "header_block.hpp"
+
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -25,9 +27,12 @@ std::string delayed_key(std::int64_t due_ns, std::int64_t created_ns, std::uint3
 }
 
 std::string encode_delayed(const AppendRequest& r) {
-  std::string v(kFixed + r.key.size() + r.idempotency_key.size() + r.payload.size() + 4, '\0');
+  // Format 2 (message headers, doc/tracing.md): le16 length and the stored
+  // header block after the three strings. Without headers: format 1, unchanged.
+  const std::size_t hext = r.headers.empty() ? 0 : 2 + r.headers.size();
+  std::string v(kFixed + r.key.size() + r.idempotency_key.size() + r.payload.size() + hext + 4, '\0');
   char* p = v.data();
-  put_le32(p, 1);
+  put_le32(p, hext == 0 ? 1 : 2);
   put_le32(p + 4, r.topic_id);
   put_le32(p + 8, r.lane);
   put_le64(p + 16, r.header.id);
@@ -47,6 +52,11 @@ std::string encode_delayed(const AppendRequest& r) {
   std::memcpy(d, r.idempotency_key.data(), r.idempotency_key.size());
   d += r.idempotency_key.size();
   std::memcpy(d, r.payload.data(), r.payload.size());
+  if (hext != 0) {
+    d += r.payload.size();
+    put_le16(d, static_cast<std::uint16_t>(r.headers.size()));
+    std::memcpy(d + 2, r.headers.data(), r.headers.size());
+  }
   put_le32(p + v.size() - 4, crc32c(p, v.size() - 4));
   return v;
 }
@@ -56,9 +66,17 @@ Status decode_delayed(std::string_view key, std::string_view v, AppendRequest* o
   if (key.size() != kDelayedKeyBytes) return bad("key is not 24 bytes");
   if (v.size() < kFixed + 4) return bad("value shorter than its header");
   const char* p = v.data();
-  if (get_le32(p) != 1) return bad("unknown format");
+  const std::uint32_t format = get_le32(p);
+  if (format != 1 && format != 2) return bad("unknown format");
   const std::size_t klen = get_le16(p + 64), ilen = get_le16(p + 66), plen = get_le32(p + 68);
-  if (kFixed + klen + ilen + plen + 4 != v.size()) return bad("lengths do not add up");
+  std::size_t hlen = 0;
+  if (format == 2) {
+    if (v.size() < kFixed + klen + ilen + plen + 2 + 4) return bad("lengths do not add up");
+    hlen = get_le16(p + kFixed + klen + ilen + plen);
+    if (kFixed + klen + ilen + plen + 2 + hlen + 4 != v.size()) return bad("lengths do not add up");
+  } else if (kFixed + klen + ilen + plen + 4 != v.size()) {
+    return bad("lengths do not add up");
+  }
   if (crc32c(p, v.size() - 4) != get_le32(p + v.size() - 4)) return bad("checksum mismatch");
   out->topic_id = get_le32(p + 4);
   out->lane = get_le32(p + 8);
@@ -75,6 +93,12 @@ Status decode_delayed(std::string_view key, std::string_view v, AppendRequest* o
   out->key.assign(d, klen);
   out->idempotency_key.assign(d + klen, ilen);
   out->payload.assign(d + klen + ilen, plen);
+  out->headers.clear();
+  if (format == 2) {
+    const std::string_view block(d + klen + ilen + plen + 2, hlen);
+    if (block.empty() || !valid_header_block(block)) return bad("headers are malformed");
+    out->headers.assign(block);
+  }
   return Status();
 }
 

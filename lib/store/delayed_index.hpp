@@ -13,7 +13,9 @@
 //   header (le64 id, created, correlation, fencing token; le32 attempt; le16
 //   content type, schema version), le64 expiry ns, le16 key length, le16
 //   idempotency key length, le32 payload length, the three strings, le32
-//   CRC-32C of everything before it.
+//   CRC-32C of everything before it. Format 2 (a message with headers,
+//   doc/tracing.md) puts le16 length and the stored header block between the
+//   strings and the CRC.
 // - Moving is one write transaction: each due entry is appended to its lane
 //   (StoreTxn::append, the same append as a publish) and deleted. A crash
 //   before the commit leaves it waiting; after, it is in the log: delivered

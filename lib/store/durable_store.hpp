@@ -92,6 +92,10 @@ struct AppendRequest {
   /// stored in the record's extension block (doc/storage-format.md).
   std::int64_t due_ns = 0;
   std::int64_t expires_ns = 0;
+  /// Message headers in their stored form (lanebus/message.hpp HeadersView;
+  /// doc/tracing.md), empty = none: stored in the extension block of a
+  /// format-3 record (doc/storage-format.md).
+  std::string headers;
 };
 
 /// Where an appended message landed.
@@ -128,6 +132,9 @@ struct StoredMessage {
   /// expiry (doc/delays.md), wall clock ns.
   std::int64_t due_ns = 0;
   std::int64_t expires_ns = 0;
+  /// From a format-3 record's extension block, else empty: the message
+  /// headers in their stored form (checked at decode; HeadersView).
+  std::string headers;
 };
 
 /// Limits of one read call.

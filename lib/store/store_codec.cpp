@@ -9,6 +9,7 @@
 #include "coding.hpp"
 #include "crc32c.hpp"
 #include "durable_store_impl.hpp"
+#include "header_block.hpp"
 #include "quote.hpp"
 
 namespace lanebus::detail {
@@ -79,11 +80,18 @@ bool decode_topic(std::string_view name, std::string_view v, TopicRef* t) {
 // Format 2 (a due time or an expiry, doc/delays.md) appends an extension
 // block after the payload, its length in header bytes 6..7: le16 length (24),
 // le16 flags (1 due, 2 expiry), 4 zero bytes, le64 due ns, le64 expiry ns.
-// Format 1 records are unchanged; an older lanebus refuses format 2.
+// Format 3 (message headers, doc/tracing.md) is format 2 with flag 4 and the
+// stored header block (HeadersView) right after those 24 bytes; the length
+// covers both. Format 1 records are unchanged; an older lanebus refuses
+// format 2 and 3 ("unknown record format") instead of losing the extension.
 constexpr std::size_t kRecordExtension = 24;
+constexpr std::uint16_t kRecordHeadersFlag = 4;
+std::size_t record_extension(const AppendRequest& r) {
+  if ((r.due_ns | r.expires_ns) == 0 && r.headers.empty()) return 0;
+  return kRecordExtension + r.headers.size();
+}
 std::size_t record_size(const AppendRequest& r) {
-  return kRecordOverhead + r.key.size() + r.idempotency_key.size() + r.payload.size() +
-         ((r.due_ns | r.expires_ns) != 0 ? kRecordExtension : 0);
+  return kRecordOverhead + r.key.size() + r.idempotency_key.size() + r.payload.size() + record_extension(r);
 }
 void encode_record(char* p, std::size_t size, const AppendRequest& r, const MessageHeader& h,
                    std::int64_t index_ts) {
@@ -106,15 +114,17 @@ void encode_record(char* p, std::size_t size, const AppendRequest& r, const Mess
   std::memcpy(d, r.idempotency_key.data(), r.idempotency_key.size());
   d += r.idempotency_key.size();
   std::memcpy(d, r.payload.data(), r.payload.size());
-  if ((r.due_ns | r.expires_ns) != 0) [[unlikely]] {
-    p[0] = 2;
-    put_le16(p + 6, kRecordExtension);
+  if (const std::size_t elen = record_extension(r); elen != 0) [[unlikely]] {
+    p[0] = r.headers.empty() ? 2 : 3;
+    put_le16(p + 6, static_cast<std::uint16_t>(elen));
     d += r.payload.size();
-    put_le16(d, kRecordExtension);
-    put_le16(d + 2, static_cast<std::uint16_t>((r.due_ns != 0 ? 1 : 0) | (r.expires_ns != 0 ? 2 : 0)));
+    put_le16(d, static_cast<std::uint16_t>(elen));
+    put_le16(d + 2, static_cast<std::uint16_t>((r.due_ns != 0 ? 1 : 0) | (r.expires_ns != 0 ? 2 : 0) |
+                                               (r.headers.empty() ? 0 : kRecordHeadersFlag)));
     put_le32(d + 4, 0);
     put_le64(d + 8, static_cast<std::uint64_t>(r.due_ns));
     put_le64(d + 16, static_cast<std::uint64_t>(r.expires_ns));
+    if (!r.headers.empty()) std::memcpy(d + kRecordExtension, r.headers.data(), r.headers.size());
   }
   put_le32(p + size - 4, crc32c(p, size - 4));
 }
@@ -127,10 +137,10 @@ Status decode_record(std::string_view v, std::string_view topic, std::uint32_t l
   };
   if (v.size() < kRecordOverhead) return bad("record shorter than its header");
   const char* p = v.data();
-  if (p[0] != 1 && p[0] != 2) return bad("unknown record format");
+  if (p[0] != 1 && p[0] != 2 && p[0] != 3) return bad("unknown record format");
   std::size_t klen = get_le16(p + 2), ilen = get_le16(p + 4), plen = get_le32(p + 8);
-  const std::size_t elen = p[0] == 2 ? get_le16(p + 6) : 0;  // the extension block (format 2)
-  if (p[0] == 2 && elen < kRecordExtension) return bad("record extension block too short");
+  const std::size_t elen = p[0] != 1 ? get_le16(p + 6) : 0;  // the extension block (formats 2 and 3)
+  if (p[0] != 1 && elen < kRecordExtension) return bad("record extension block too short");
   if (kRecordOverhead + klen + ilen + plen + elen != v.size()) return bad("record lengths do not add up");
   if (crc32c(p, v.size() - 4) != get_le32(p + v.size() - 4)) return bad("record checksum mismatch");
   m->lane = lane;
@@ -149,11 +159,19 @@ Status decode_record(std::string_view v, std::string_view topic, std::uint32_t l
   m->payload.assign(d + klen + ilen, plen);
   m->due_ns = 0;
   m->expires_ns = 0;
+  m->headers.clear();
   if (elen != 0) [[unlikely]] {
     const char* e = d + klen + ilen + plen;
     if (get_le16(e) != elen) return bad("record extension block length mismatch");
     m->due_ns = static_cast<std::int64_t>(get_le64(e + 8));
     m->expires_ns = static_cast<std::int64_t>(get_le64(e + 16));
+    const bool has_headers = (get_le16(e + 2) & kRecordHeadersFlag) != 0;
+    if (has_headers != (p[0] == 3)) return bad("record headers flag does not match its format");
+    if (has_headers) {
+      const std::string_view block(e + kRecordExtension, elen - kRecordExtension);
+      if (block.empty() || !valid_header_block(block)) return bad("record headers are malformed");
+      m->headers.assign(block);
+    }
   }
   return Status();
 }

@@ -43,6 +43,8 @@ struct Access {
   static void set_deadline_ns(MessageView& view, std::int64_t deadline_ns) noexcept {
     view.deadline_ns_ = deadline_ns;
   }
+  /// `headers`: a checked stored header block (lib/util/header_block.hpp), or empty.
+  static void set_headers(MessageView& view, std::string_view headers) noexcept { view.headers_ = headers; }
   /// A record view read through a reader schema (`fields`: its field list),
   /// counting reads into `tap` as writer version `version` (nullptr: none).
   /// A view of a record checked before (at publish): only the magic byte is

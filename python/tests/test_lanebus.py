@@ -58,6 +58,24 @@ def test_topic_fan_out_to_groups_in_key_order():
         billing.close()  # idempotent
 
 
+def test_headers_and_trace_context_reach_the_handler():
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with lanebus.open(name="py-headers", workers=1) as bus:
+        t = bus.create_topic("py.traced")
+        seen = []
+        bus.subscribe(t, "g", lambda m: seen.append(dict(m.headers)))
+        t.publish(b"x", key="k", headers={"traceparent": tp, "tenant": b"acme"})
+        t.publish(b"y", key="k")
+        assert wait_for(lambda: len(seen) == 2)
+        assert seen[0] == {"traceparent": tp.encode(), "tenant": b"acme"}
+        assert seen[1] == {}
+        try:
+            t.publish(b"z", headers={"traceparent": "00-zz"})
+            assert False, "a malformed traceparent must raise"
+        except lanebus.Error as e:
+            assert e.code == "InvalidArgument" and "traceparent" in str(e)
+
+
 def test_retry_then_ack_and_exceptions_are_retries_not_crashes():
     with lanebus.open(workers=1) as bus:
         jobs = bus.create_queue("jobs", lanes=1)
