@@ -83,9 +83,12 @@ void DelayQueue::init(std::uint32_t capacity) {
   // The pool's capacity is a power of two (the ring needs one).
   auto ring = std::make_unique<LaneRing>(capacity);
   auto due = std::make_unique<std::int64_t[]>(capacity);
+  auto run = std::make_unique<Item[]>(capacity);
   heap_.reserve(capacity);  // once per topic (design notes)
   ring_ = std::move(ring);
   due_ = std::move(due);
+  run_ = std::move(run);
+  run_mask_ = capacity - 1;
   ready_.store(true, std::memory_order_release);  // pairs with push's and pop_due's acquire
 }
 
@@ -116,7 +119,32 @@ void DelayQueue::push_heap(const Item& it) noexcept {
 
 void DelayQueue::take_staged() noexcept {
   std::uint32_t index;
-  while (ring_->try_dequeue(index)) push_heap(Item{due_[index], seq_++, index});
+  while (ring_->try_dequeue(index)) {
+    const Item it{due_[index], seq_++, index};
+    // Not before the run's last item (a steady delay: always): the run's
+    // tail, O(1); else the heap. Both stay sorted by (due time, sequence).
+    if (run_tail_ == run_head_ || !before(it, run_[(run_tail_ - 1) & run_mask_])) {
+      run_[run_tail_++ & run_mask_] = it;
+    } else {
+      push_heap(it);
+    }
+  }
+}
+
+const DelayQueue::Item* DelayQueue::first() const noexcept {
+  const Item* r = run_tail_ != run_head_ ? &run_[run_head_ & run_mask_] : nullptr;
+  const Item* h = heap_.empty() ? nullptr : &heap_.front();
+  if (r == nullptr) return h;
+  if (h == nullptr) return r;
+  return before(*h, *r) ? h : r;
+}
+
+void DelayQueue::pop_first(const Item* f) noexcept {
+  if (!heap_.empty() && f == &heap_.front()) {
+    pop_root();
+  } else {
+    ++run_head_;
+  }
 }
 
 void DelayQueue::pop_root() noexcept {
@@ -143,22 +171,23 @@ std::uint32_t DelayQueue::pop_due(std::int64_t now_ns, Item* out, std::uint32_t 
   std::uint32_t n = 0;
   for (int round = 0;; ++round) {
     take_staged();
-    while (n < max && !heap_.empty() && heap_.front().due_ns <= now_ns) {
-      out[n++] = heap_.front();
-      pop_root();
+    for (const Item* f; n < max && (f = first()) != nullptr && f->due_ns <= now_ns;) {
+      out[n++] = *f;
+      pop_first(f);
     }
-    const std::int64_t first = heap_.empty() ? kNone : heap_.front().due_ns;
+    const Item* e = first();
+    const std::int64_t earliest = e == nullptr ? kNone : e->due_ns;
     if (n == max) {  // the caller comes back at once
-      *next = first == kNone ? 0 : first;
+      *next = earliest == kNone ? 0 : earliest;
       return n;
     }
     // Everything due is taken: publish the next due time, then look at the
     // ring again (design notes: a racing append is seen here, or its
     // publisher sees armed_ and arms the timer itself).
-    armed_.store(first, std::memory_order_seq_cst);
+    armed_.store(earliest, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (!ring_->ready()) {
-      *next = first == kNone ? 0 : first;
+      *next = earliest == kNone ? 0 : earliest;
       return n;
     }
     if (round == 16) {  // publishers keep appending: come back at once
@@ -173,9 +202,9 @@ std::uint32_t DelayQueue::pop_any(Item* out, std::uint32_t max) noexcept {
   std::lock_guard l(mu_);
   take_staged();
   std::uint32_t n = 0;
-  while (n < max && !heap_.empty()) {
-    out[n++] = heap_.front();
-    pop_root();
+  for (const Item* f; n < max && (f = first()) != nullptr;) {
+    out[n++] = *f;
+    pop_first(f);
   }
   return n;
 }
@@ -183,7 +212,7 @@ std::uint32_t DelayQueue::pop_any(Item* out, std::uint32_t max) noexcept {
 std::size_t DelayQueue::size() const noexcept {
   if (!ready_.load(std::memory_order_acquire)) return 0;
   std::lock_guard l(mu_);
-  return heap_.size() + ring_->size_approx();
+  return heap_.size() + static_cast<std::size_t>(run_tail_ - run_head_) + ring_->size_approx();
 }
 
 // ---------------------------------------------------------------- the timed publish
@@ -326,7 +355,10 @@ void BusCore::discard_delayed() noexcept {
 }
 
 bool BusCore::expire_if_due(GroupLane* gl, Slot* s, std::uint32_t attempts, std::int64_t first_failure_ns) noexcept {
-  if (!slot_expired(s, now_ns())) return false;
+  // A delayed message without an expiry reads no clock (one per delivery was
+  // 6 % of delayed_1to1's samples: clock_gettime and the wall clock's refresh).
+  const MessageTimes t = slot_times(s);
+  if (t.expires_ns == 0 || now_ns() < t.expires_ns) return false;
   gl->expired.fetch_add(1, std::memory_order_relaxed);
   if (gl->group->options.dead_letter_expired)
     dead_letter_ephemeral(gl, s, Outcome::reject("expired: its ttl ended before a handler call started"), attempts,

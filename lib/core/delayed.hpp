@@ -15,7 +15,9 @@
 //   instruction. The timer thread moves the ring into a binary min-heap of
 //   {due time, sequence, slot index} ordered by due time, then sequence
 //   (ring order): equal due times keep publish order, so per-key order among
-//   delayed messages is due-time order. Every entry pins a slot of the
+//   delayed messages is due-time order. Items not earlier than the last one
+//   taken in skip the heap: they go to a FIFO run (already sorted), and pops
+//   take the earlier front of the two. Every entry pins a slot of the
 //   topic's pool, so neither part holds more than the pool's capacity: their
 //   storage is allocated once (the first delayed publish of the topic), and
 //   nothing allocates after that.
@@ -181,7 +183,9 @@ class DelayQueue {
     return a.due_ns < b.due_ns || (a.due_ns == b.due_ns && a.seq < b.seq);
   }
   void init(std::uint32_t capacity);
-  void take_staged() noexcept;  // REQUIRES: mu_ held
+  void take_staged() noexcept;  // REQUIRES: mu_ held (and so for the three below)
+  const Item* first() const noexcept;  // the earliest of the run and the heap, or nullptr
+  void pop_first(const Item* f) noexcept;
   void push_heap(const Item& it) noexcept;
   void pop_root() noexcept;
 
@@ -190,6 +194,12 @@ class DelayQueue {
   std::atomic<bool> ready_{false};
   std::unique_ptr<LaneRing> ring_;         // staged slot indices, publish order
   std::unique_ptr<std::int64_t[]> due_;    // [slot index]: written before the index is staged
+  // Staged items whose due time is not before the last one's (a steady
+  // delay: all of them) go to the run, a FIFO already in (due, sequence)
+  // order: O(1) in and out. The others go to the heap (the sift-down was
+  // 13 % of delayed_1to1's samples). Pops take the earlier of the two fronts.
+  std::unique_ptr<Item[]> run_;            // [capacity], a ring; guarded by mu_
+  std::uint64_t run_head_ = 0, run_tail_ = 0, run_mask_ = 0;  // guarded by mu_
   std::vector<Item> heap_;                 // guarded by mu_; capacity reserved once
   std::uint64_t seq_ = 0;                  // guarded by mu_
   alignas(64) std::atomic<std::int64_t> armed_{kNone};

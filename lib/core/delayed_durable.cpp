@@ -50,7 +50,12 @@ Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest&
   const std::int64_t due = times.due_ns;
   const std::uint32_t lane = req.lane;
   const std::uint32_t tiebreak = g_tiebreak.fetch_add(1, std::memory_order_relaxed);
-  auto put = [r = std::move(req), tiebreak](StoreTxn& t) -> Status { return put_delayed(t, r, tiebreak); };
+  // Stored in the index, or appended at once when it is due by the time the
+  // writer runs it (store_delayed: a delay shorter than the writer's queue).
+  auto put = [r = std::move(req), tiebreak](StoreTxn& t) -> Status {
+    bool appended = false;
+    return store_delayed(t, r, tiebreak, &appended);
+  };
   if (!done) {
     Status ws = bus->store()->write(put);
     if (!ws.ok()) {

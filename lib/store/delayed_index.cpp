@@ -91,6 +91,25 @@ Status put_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak) 
   return t.put(StoreTable::Delayed, k, encode_delayed(r));
 }
 
+Status store_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak, bool* appended) {
+  *appended = false;
+  if (r.due_ns <= t.now_ns()) {
+    bool earlier_waiting = false;
+    Status s = t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view) {
+      earlier_waiting = k.size() < 8 || static_cast<std::int64_t>(get_be64(k.data())) <= r.due_ns;
+      return false;  // the first key only
+    });
+    if (!s.ok()) return s;
+    if (!earlier_waiting) {
+      auto a = t.append(r);  // a copy: a write function may run again (DurableStore::write)
+      if (!a.ok()) return a.status();
+      *appended = true;
+      return Status();
+    }
+  }
+  return put_delayed(t, r, tiebreak);
+}
+
 Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool(std::uint32_t)>& open,
                         MoveResult* out) {
   *out = MoveResult{};
