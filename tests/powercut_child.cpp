@@ -14,7 +14,7 @@
 //         J TAG.T SEQ CRC MS     publish to pc.jobs
 //         I SCOPE KEY            complete() of an idempotency key
 //       In Sync mode every odd SEQ is also published delayed to durable
-//       topic pc.later (2 lanes), due 0..60 ms later (deliver_at, wall
+//       topic pc.later (2 lanes), due 1..61 ms later (deliver_at, wall
 //       clock): the child's own bus moves the due ones to their lanes while
 //       it runs, so cuts land before, during and after those moves. Line:
 //         L TAG.T SEQ CRC DUE_NS publish to pc.later (DUE_NS: its deliver_at)
@@ -116,7 +116,7 @@ int publish(const Args& a, int threads) {
         say("E " + tag + " " + std::to_string(seq) + " " + crc + " " + std::to_string(pc::now_ms()));
         if (delayed && seq % 2 == 1) {
           OutgoingMessage m{.key = key, .payload = p};
-          m.deliver_at = wall_ns() + static_cast<std::int64_t>((seq * 7) % 61) * 1'000'000;
+          m.deliver_at = wall_ns() + static_cast<std::int64_t>((seq * 7) % 61 + 1) * 1'000'000;
           s = later->publish(m);
           if (!s.ok()) fail("publish pc.later", s);
           say("L " + tag + " " + std::to_string(seq) + " " + crc + " " + std::to_string(m.deliver_at));
