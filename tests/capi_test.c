@@ -3,8 +3,9 @@
  * or a foreign-function binding would: delivery to a C handler, retry then
  * ack, reject to the DLQ then list and replay, a durable queue that keeps its
  * messages across close and reopen, stats as JSON, and bad inputs that return
- * a code and a message instead of crashing, and a log callback that stays
- * silent for ordinary traffic. */
+ * a code and a message instead of crashing, a log callback that stays
+ * silent for ordinary traffic, and delayed and expiring publishes
+ * (lanebus_publish_ex). */
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
@@ -517,6 +518,118 @@ static void headers_travel(void) {
   printf("ok: headers reach the C handler; bad headers are refused\n");
 }
 
+/* ---------------------------------------------------------------- delays and expiry */
+
+static int64_t wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+enum { kTimed = 8 };
+
+/* Payloads "t0".."t7": when each arrived (wall clock) and its created_at. */
+typedef struct timed_recorder {
+  atomic_int done;
+  atomic_int order_next;
+  int64_t arrived[kTimed];
+  int64_t created[kTimed];
+  int order[kTimed]; /* payload numbers in arrival order */
+} timed_recorder;
+
+static lanebus_outcome record_time(lanebus_message* m, void* user) {
+  timed_recorder* r = user;
+  const int64_t now = wall_ns();
+  const char* p = m->payload;
+  if (m->payload_len == 2 && p[0] == 't' && p[1] >= '0' && p[1] < '0' + kTimed) {
+    int i = p[1] - '0';
+    r->arrived[i] = now;
+    r->created[i] = m->created_at_ns;
+    int k = atomic_fetch_add(&r->order_next, 1);
+    if (k < kTimed) r->order[k] = i;
+  }
+  atomic_fetch_add(&r->done, 1); /* publishes the stores above to the test thread */
+  return LANEBUS_ACK;
+}
+
+/* delay_ns / deliver_at_ns / ttl_ns through lanebus_publish_ex, in memory and
+ * durable: never early, created_at = due time, due-time order, an expired
+ * message never delivered and counted, the refusals named. */
+static void delayed_and_expiring_publish(const char* root) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/delays", root);
+  for (int durable = 0; durable < 2; ++durable) {
+    lanebus_bus* bus = NULL;
+    lanebus_topic* topic = NULL;
+    lanebus_subscription* sub = NULL;
+    timed_recorder* r = calloc(1, sizeof *r);
+    atomic_init(&r->done, 0);
+    atomic_init(&r->order_next, 0);
+    MUST(lanebus_open("capi-delays", durable ? dir : NULL, 2, &bus, &err));
+    MUST(lanebus_create_topic(bus, "capi.later", 2, durable ? LANEBUS_DURABLE : 0, &topic, &err));
+    MUST(lanebus_subscribe(bus, topic, "g", record_time, r, 0, &sub, &err));
+    const int64_t t0 = wall_ns();
+    lanebus_publish_options o = {0};
+    /* Due times 150 ms apart: a publisher stalled by a loaded machine does not reorder them. */
+    o.delay_ns = 450000000; /* t0: 450 ms */
+    MUST(lanebus_publish_ex(topic, "k", 1, "t0", 2, &o, &err));
+    lanebus_publish_options at = {0};
+    at.deliver_at_ns = t0 + 300000000; /* t1: at t0 + 300 ms, same key: before t0 */
+    MUST(lanebus_publish_ex(topic, "k", 1, "t1", 2, &at, &err));
+    MUST(lanebus_publish_ex(topic, "k", 1, "t2", 2, NULL, &err)); /* t2: now, not held back */
+    lanebus_publish_options both = {0};
+    both.delay_ns = 150000000; /* t3: delayed 150 ms into a 10 s TTL: delivered */
+    both.ttl_ns = 10000000000LL;
+    MUST(lanebus_publish_ex(topic, "k", 1, "t3", 2, &both, &err));
+    CHECK(wait_count(&r->done, 4));
+    CHECK(r->arrived[0] >= t0 + 450000000 - 1000000); /* never early (1 ms: the bus's clock against ours) */
+    CHECK(r->arrived[1] >= t0 + 300000000 - 1000000);
+    CHECK(r->created[1] == t0 + 300000000); /* it entered its lane at its due time */
+    CHECK(r->created[0] >= t0 + 450000000 - 1000000);
+    if (!(r->order[0] == 2 && r->order[1] == 3 && r->order[2] == 1 && r->order[3] == 0)) {
+      fprintf(stderr, "%s: arrival order t%d t%d t%d t%d, expected t2 t3 t1 t0\n", durable ? "durable" : "in memory",
+              r->order[0], r->order[1], r->order[2], r->order[3]);
+      ++failures;
+    }
+    /* Expiry: a 1 ns TTL ends before any handler call can start. */
+    lanebus_publish_options brief = {0};
+    brief.ttl_ns = 1;
+    MUST(lanebus_publish_ex(topic, "k", 1, "t4", 2, &brief, &err));
+    char* json = NULL;
+    int expired = 0;
+    for (int i = 0; i < 5000 && !expired; ++i) {
+      MUST(lanebus_stats_json(bus, &json, &err));
+      expired = strstr(json, "\"expired\":1") != NULL;
+      lanebus_string_free(json);
+      if (!expired) sleep_ms(1);
+    }
+    CHECK(expired);
+    CHECK(r->arrived[4] == 0);
+    /* The refusals: code and a message naming the values. */
+    lanebus_publish_options bad = {0};
+    bad.delay_ns = 100000000;
+    bad.ttl_ns = 50000000;
+    EXPECT_ERROR(LANEBUS_INVALID_ARGUMENT, "expire before it is due",
+                 lanebus_publish_ex(topic, "k", 1, "x", 1, &bad, &err));
+    CHECK(strstr(err.message, "ttl 50000000 ns") != NULL);
+    bad.ttl_ns = 0;
+    bad.deliver_at_ns = t0;
+    EXPECT_ERROR(LANEBUS_INVALID_ARGUMENT, "not both", lanebus_publish_ex(topic, "k", 1, "x", 1, &bad, &err));
+    bad.deliver_at_ns = 0;
+    bad.delay_ns = -5;
+    EXPECT_ERROR(LANEBUS_INVALID_ARGUMENT, "delay is negative", lanebus_publish_ex(topic, "k", 1, "x", 1, &bad, &err));
+    bad.delay_ns = 0;
+    bad.ttl_ns = -1;
+    EXPECT_ERROR(LANEBUS_INVALID_ARGUMENT, "ttl is -1 ns", lanebus_publish_ex(topic, "k", 1, "x", 1, &bad, &err));
+    EXPECT_ERROR(LANEBUS_INVALID_ARGUMENT, "topic must not be NULL",
+                 lanebus_publish_ex(NULL, "k", 1, "x", 1, &brief, &err));
+    MUST(lanebus_unsubscribe(sub, &err));
+    MUST(lanebus_close(bus, &err));
+    free(r);
+  }
+  printf("ok: lanebus_publish_ex: delay, deliver_at and ttl, in memory and durable; refusals named\n");
+}
+
 int main(void) {
   char root[] = "/tmp/lanebus-capi-XXXXXX";
   if (mkdtemp(root) == NULL) {
@@ -532,6 +645,7 @@ int main(void) {
   bad_inputs();
   closing_from_a_handler_is_busy();
   log_callback_is_silent_on_the_hot_path(root);
+  delayed_and_expiring_publish(root);
   if (failures == 0) {
     remove_tree(root);
     printf("capi_test: all checks passed\n");

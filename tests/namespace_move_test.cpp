@@ -19,11 +19,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
 
+#include "delayed_index.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "idempotency.hpp"
@@ -192,6 +194,24 @@ Expect populate(const std::string& dir) {
       return s;
     return Status();
   }).ok());
+  // Delayed messages waiting for their due time (an hour away): three of noisy.events, two of quiet.events.
+  REQUIRE(store->write([&](detail::StoreTxn& t) -> Status {
+    const std::int64_t due = static_cast<std::int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count()) + 3'600'000'000'000LL;
+    for (std::uint32_t i = 0; i < 5; ++i) {
+      detail::AppendRequest r;
+      r.topic_id = i < 3 ? events.id : quiet.id;
+      r.lane = i % 2;
+      r.key = "later-" + std::to_string(i);
+      r.payload = "delayed-" + std::to_string(i);
+      r.header.id = 900 + i;
+      r.header.created_at_ns = due + i;
+      r.due_ns = due + i;
+      if (Status s = detail::put_delayed(t, r, i); !s.ok()) return s;
+    }
+    return Status();
+  }).ok());
   REQUIRE(store->write([&](detail::StoreTxn& t) -> Status {
     detail::DlqStore::TopicMark m;
     m.from = 3;
@@ -346,6 +366,93 @@ TEST_CASE("namespace move: every table moves, verified, and a bus on DST uses th
     CHECK(bus->idempotency("quiet.pay").ok());
     (void)bus->shutdown(ShutdownMode::Drain);
   }
+}
+
+TEST_CASE("namespace move: delayed messages move with their namespace and are delivered from DST on time") {
+  Dirs d;
+  REQUIRE_FALSE(d.tool.empty());
+  auto wall_ns = [] {
+    return static_cast<std::int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+  };
+  constexpr int kNoisy = 20, kQuiet = 5;
+  TopicOptions to;
+  to.durable = true;
+  to.lanes = 2;
+  std::map<std::string, std::int64_t> due;  // payload -> due time
+  {
+    BusOptions o;
+    o.workers = 2;
+    o.store.directory = d.src;
+    auto bus = MUST(Bus::open(o));
+    Topic noisy = MUST(bus->create_topic("noisy.reminders", to));
+    Topic quiet = MUST(bus->create_topic("quiet.reminders", to));
+    const std::int64_t first = wall_ns() + 1'500'000'000;  // after the move
+    for (int i = 0; i < kNoisy + kQuiet; ++i) {
+      const std::string p = (i < kNoisy ? "noisy-" : "quiet-") + std::to_string(i);
+      const std::string key = "user-" + std::to_string(i % 3);
+      OutgoingMessage m{.key = key, .payload = p};
+      m.deliver_at = first + std::int64_t{i} * 10'000'000;
+      REQUIRE((i < kNoisy ? noisy : quiet).publish(m).ok());
+      due[p] = m.deliver_at;
+    }
+    REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());
+  }
+  auto waiting = [](const std::string& dir) {
+    StoreOptions o;
+    o.directory = dir;
+    o.read_only = true;
+    auto store = MUST(detail::DurableStore::open(o));
+    return MUST(detail::count_delayed(*store, 0));
+  };
+  const detail::MoveSums before = sums(d.src, "noisy");
+  CHECK(before[static_cast<std::size_t>(detail::MoveTable::Delayed)].count == kNoisy);
+  std::string out;
+  REQUIRE(run_shell(d.move_cmd(), &out) == 0);
+  INFO(out);
+  CHECK(contains(out, std::to_string(kNoisy) + " delayed"));
+  CHECK(sums(d.dst, "noisy") == before);  // verified: the same entries, remapped to DST's topic id
+  CHECK(waiting(d.src) == kQuiet);        // quiet's stay in SRC
+  CHECK(waiting(d.dst) == kNoisy);
+  // A bus on DST delivers them: each once, never before its due time, entering its lane at its due time.
+  BusOptions o;
+  o.workers = 2;
+  o.store.directory = d.dst;
+  auto bus = MUST(Bus::open(o));
+  Topic noisy = MUST(bus->create_topic("noisy.reminders", to));
+  std::mutex mu;
+  std::map<std::string, int> got;
+  std::uint64_t early = 0, wrong_created = 0;
+  auto sub = MUST(bus->subscribe(noisy, "g", [&](const MessageView& m) {
+    const std::int64_t now = wall_ns();
+    std::lock_guard<std::mutex> l(mu);
+    const std::string p(m.payload());
+    got[p] += 1;
+    auto it = due.find(p);
+    if (it == due.end() || now < it->second - 1'000'000) ++early;  // 1 ms: the bus's clock against ours
+    if (it == due.end() || m.created_at_ns() != it->second) ++wrong_created;
+    return Outcome::ack();
+  }));
+  CHECK(lanebus::test::wait_until([&] {
+    std::lock_guard<std::mutex> l(mu);
+    return got.size() == kNoisy;
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(got.size() == kNoisy);
+    for (const auto& [p, n] : got) {
+      CHECK_MESSAGE(n == 1, p << " delivered " << n << " times");
+      CHECK(p.rfind("noisy-", 0) == 0);
+    }
+    CHECK(early == 0);
+    CHECK(wrong_created == 0);
+  }
+  REQUIRE(sub.close().ok());
+  REQUIRE(bus->shutdown(ShutdownMode::Drain).ok());
+  bus.reset();
+  CHECK(waiting(d.dst) == 0);
 }
 
 TEST_CASE("namespace move: killed with SIGKILL at random points, reruns finish it") {

@@ -13,6 +13,11 @@
 //         E TAG.T SEQ CRC MS     publish to pc.events (MS: CLOCK_MONOTONIC ms)
 //         J TAG.T SEQ CRC MS     publish to pc.jobs
 //         I SCOPE KEY            complete() of an idempotency key
+//       In Sync mode every odd SEQ is also published delayed to durable
+//       topic pc.later (2 lanes), due 1..61 ms later (deliver_at, wall
+//       clock): the child's own bus moves the due ones to their lanes while
+//       it runs, so cuts land before, during and after those moves. Line:
+//         L TAG.T SEQ CRC DUE_NS publish to pc.later (DUE_NS: its deliver_at)
 //   powercut_child consume DIR TAG sync|async FLUSH_MS
 //       consumes pc.jobs (scope pc.jobs.idem; rejects an even SEQ: a DLQ
 //       entry) and, transactionally, pc.events as group "audit" (each message
@@ -76,6 +81,12 @@ std::unique_ptr<Bus> open_bus(const Args& a) {
   return std::move(*bus);
 }
 
+std::int64_t wall_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 Topic topic(Bus& bus, bool queue) {
   auto t = queue ? bus.create_queue("pc.jobs", {.lanes = 2, .durable = true})
                  : bus.create_topic("pc.events", {.lanes = 4, .durable = true});
@@ -86,6 +97,9 @@ Topic topic(Bus& bus, bool queue) {
 int publish(const Args& a, int threads) {
   auto bus = open_bus(a);
   Topic events = topic(*bus, false), jobs = topic(*bus, true);
+  auto later = bus->create_topic("pc.later", {.lanes = 2, .durable = true});
+  if (!later.ok()) fail("create", later.status());
+  const bool delayed = a.durability == Durability::Sync;
   auto idem = bus->idempotency("pc.idem");
   if (!idem.ok()) fail("idempotency", idem.status());
   say("ready");
@@ -100,6 +114,13 @@ int publish(const Args& a, int threads) {
         Status s = events.publish({.key = key, .payload = p});
         if (!s.ok()) fail("publish pc.events", s);
         say("E " + tag + " " + std::to_string(seq) + " " + crc + " " + std::to_string(pc::now_ms()));
+        if (delayed && seq % 2 == 1) {
+          OutgoingMessage m{.key = key, .payload = p};
+          m.deliver_at = wall_ns() + static_cast<std::int64_t>((seq * 7) % 61 + 1) * 1'000'000;
+          s = later->publish(m);
+          if (!s.ok()) fail("publish pc.later", s);
+          say("L " + tag + " " + std::to_string(seq) + " " + crc + " " + std::to_string(m.deliver_at));
+        }
         if (seq % 3 == 0) {
           const std::string ik = "j-" + tag + "-" + std::to_string(seq);
           s = jobs.publish({.key = key, .payload = p, .idempotency_key = ik});

@@ -202,6 +202,38 @@ LANEBUS_C_API lanebus_code lanebus_publish_headers(lanebus_topic* topic, const v
                                                    const lanebus_header* headers, size_t header_count,
                                                    lanebus_error* error);
 
+/** The times of one message (doc/delays.md). Zero-initialise it
+ *  (`lanebus_publish_options o = {0};`) and set what you need; a field left 0
+ *  means "none". All times are in nanoseconds. */
+typedef struct lanebus_publish_options {
+  /** Deliver no earlier than this long after publish (0 = at once). */
+  int64_t delay_ns;
+  /** Or deliver no earlier than this wall-clock time, ns since the Unix
+   *  epoch (0 = none; a time in the past means now). At most one of
+   *  delay_ns and deliver_at_ns. */
+  int64_t deliver_at_ns;
+  /** Expiry: a message whose handler has not started by publish + ttl_ns is
+   *  never delivered (counted as "expired" in the stats). 0 = the topic's
+   *  default TTL (none unless set from C++). */
+  int64_t ttl_ns;
+} lanebus_publish_options;
+
+/** lanebus_publish with a due time and/or an expiry (options may be NULL:
+ *  exactly lanebus_publish). The rules are lanebus::OutgoingMessage's
+ *  (doc/delays.md): a delayed message enters its lane at its due time (its
+ *  created_at_ns is the due time), in due-time order within its key, without
+ *  holding back undelayed messages of its key. In memory it holds a slot of
+ *  the topic while it waits (backpressure applies) and is lost with the bus;
+ *  on a durable topic it is stored (fsynced) before the call returns and
+ *  survives a crash and a power cut. Blocks as lanebus_publish does.
+ *  Errors: those of lanebus_publish, and INVALID_ARGUMENT naming the value
+ *  for a negative delay_ns or deliver_at_ns, both set, a due time after
+ *  2200-01-01, a negative ttl_ns or one over 100 years, an expiry before the
+ *  due time (the message names both), or a delay on a fenced topic. */
+LANEBUS_C_API lanebus_code lanebus_publish_ex(lanebus_topic* topic, const void* key, size_t key_len,
+                                              const void* payload, size_t payload_len,
+                                              const lanebus_publish_options* options, lanebus_error* error);
+
 /* ---------------------------------------------------------------- consuming */
 
 /** What a handler returns. */

@@ -311,6 +311,11 @@ lanebus_code lanebus_find(lanebus_bus* bus, const char* name, lanebus_topic** to
 
 lanebus_code lanebus_publish(lanebus_topic* topic, const void* key, size_t key_len, const void* payload,
                              size_t payload_len, lanebus_error* error) {
+  return lanebus_publish_ex(topic, key, key_len, payload, payload_len, nullptr, error);
+}
+
+lanebus_code lanebus_publish_ex(lanebus_topic* topic, const void* key, size_t key_len, const void* payload,
+                                size_t payload_len, const lanebus_publish_options* options, lanebus_error* error) {
   if (topic == nullptr) return fail(error, LANEBUS_INVALID_ARGUMENT, "lanebus_publish: the topic must not be NULL");
   if (payload == nullptr || payload_len == 0)
     return fail(error, LANEBUS_INVALID_ARGUMENT, "lanebus_publish \"%.*s\": empty payload (NULL or 0 bytes)",
@@ -321,6 +326,12 @@ lanebus_code lanebus_publish(lanebus_topic* topic, const void* key, size_t key_l
   lanebus::OutgoingMessage message;
   if (key_len != 0) message.key = std::string_view(static_cast<const char*>(key), key_len);
   message.payload = std::string_view(static_cast<const char*>(payload), payload_len);
+  if (options != nullptr) {
+    message.delay = std::chrono::nanoseconds(options->delay_ns);
+    message.deliver_at = options->deliver_at_ns;
+    // 0 keeps the topic's default TTL; a negative one is refused by publish, naming it.
+    if (options->ttl_ns != 0) message.ttl = std::chrono::nanoseconds(options->ttl_ns);
+  }
   return from(error, "lanebus_publish", topic->topic.publish(message));
 }
 

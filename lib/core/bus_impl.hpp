@@ -374,9 +374,11 @@ class TopicImpl {
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// A message with a due time or an expiry (delayed.cpp): the slot gets an
-  /// extension block; a delayed one waits in `delays` until due.
+  /// extension block; a delayed one waits in `delays` until due. `mag`: the
+  /// calling publisher's magazine for the slot (publish_via), else the pool's
+  /// shared path.
   Status publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
-                       const PayloadFill* fill = nullptr) noexcept;
+                       const PayloadFill* fill = nullptr, Magazine* mag = nullptr) noexcept;
   /// publish_durable of a message with a due time or an expiry
   /// (delayed_durable.cpp): sets req's expiry; a delayed one is stored in
   /// the delayed index (*handled = true, `done` consumed), else the caller
@@ -385,6 +387,10 @@ class TopicImpl {
                                PublishCallback& done, bool* handled);
   /// The timer thread: route every delayed slot that is due, re-arm for the next.
   void release_due() noexcept;
+  /// Route `n` filled slots (each to its own lane) as publisher `p` would:
+  /// solo while `p` may own the topic, else the shared path (p == nullptr:
+  /// shared). release_due's hand-off (publish.cpp, beside open_window).
+  void route_due(PublisherState* p, Slot* const* slots, std::uint32_t n) noexcept;
   /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
   void discard_delayed() noexcept;
   /// The store append for `m` (durable topics; also the outbox of

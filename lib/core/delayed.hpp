@@ -9,27 +9,47 @@
 // - A message with neither a due time nor an expiry takes none of this: the
 //   publish paths test has_times() (one branch), the runners test the slot's
 //   kExtension bit (one branch).
-// - DelayQueue is a binary min-heap of {due time, sequence, slot index}
-//   ordered by due time, then publish sequence: equal due times keep publish
-//   order, so per-key order among delayed messages is due-time order. Every
-//   entry pins a slot of the topic's pool, so the heap never holds more than
-//   the pool's capacity: its storage is reserved once (the first delayed
-//   publish of the topic), and no push allocates after that.
-// - The heap's earliest entry arms the bus's RetryTimer (one TimerEntry per
-//   topic, Kind::Delayed); on the timer thread, release_due routes every due
-//   slot to the topic's groups as a publish would, in heap order, then
-//   re-arms for the next one. The ordering rule follows: a delayed message
-//   enters its lane when due, behind what the lane holds then.
-// - Lock order: DelayQueue::mu_ is a leaf, except that release_due routes
-//   with it released and arms the timer (its own leaf mutex) after it.
+// - DelayQueue has two parts. Publishers append {slot index} to a staging
+//   ring (a LaneRing: linearizable, so ring order is publish order) after
+//   writing the slot's due time to a per-slot array; no lock, one locked
+//   instruction. The timer thread moves the ring into a binary min-heap of
+//   {due time, sequence, slot index} ordered by due time, then sequence
+//   (ring order): equal due times keep publish order, so per-key order among
+//   delayed messages is due-time order. Items not earlier than the last one
+//   taken in skip the heap: they go to a FIFO run (already sorted), and pops
+//   take the earlier front of the two. Every entry pins a slot of the
+//   topic's pool, so neither part holds more than the pool's capacity: their
+//   storage is allocated once (the first delayed publish of the topic), and
+//   nothing allocates after that.
+// - Arming (the Dekker pair of push and pop_due): `armed_` is the due time
+//   the timer will look at the topic next (kNone: never). A publisher appends
+//   to the ring (seq_cst), then reads armed_ (seq_cst) and arms the timer
+//   only when its due time is earlier (lowering armed_ by CAS): with a steady
+//   delay, due times grow and publishers never touch the timer. pop_due,
+//   having moved the ring and taken what is due, stores the next due time in
+//   armed_, fences, and looks at the ring again: either it sees a racing
+//   append (and takes it in), or that publisher sees the new armed_.
+// - The bus's RetryTimer holds one TimerEntry per topic (Kind::Delayed); on
+//   the timer thread release_due routes every due slot to the topic's groups
+//   in heap order, through the timer thread's own publisher (solo while no
+//   other thread publishes to the topic: no locked instruction per ring
+//   append), then re-arms for the next one. The ordering rule follows: a
+//   delayed message enters its lane when due, behind what the lane holds
+//   then.
+// - Lock order: DelayQueue::mu_ (the heap: the timer thread and shutdown)
+//   is a leaf; publishers never take it after the first push. release_due
+//   routes with it released and arms the timer (its own leaf mutex) after.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <climits>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "lane_ring.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/status.hpp"
 #include "message_pool.hpp"
@@ -73,6 +93,33 @@ inline constexpr std::uint16_t kExtensionBytes = 24;
 inline constexpr std::uint16_t kExtDue = 1;
 inline constexpr std::uint16_t kExtExpiry = 2;
 inline constexpr std::uint16_t kExtHeaders = 4;
+
+/// The slot's keys and header; the payload too unless `inline_payload` is
+/// false (a large payload or a typed object: place_large puts it). `ext`:
+/// the bytes of an extension block between the keys and the payload (0 on
+/// the plain publish paths, where it folds away; kExtensionBytes on the
+/// timed one, which sets Slot::kExtension and writes the block with
+/// write_extension). Shared by every publish path (publish.cpp, delayed.cpp).
+inline void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id,
+                      std::int64_t created_at, std::uint16_t schema_version, bool inline_payload = true,
+                      std::size_t ext = 0) noexcept {
+  s->lane = static_cast<std::uint16_t>(lane);
+  s->key_len = static_cast<std::uint16_t>(m.key.size());
+  s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
+  s->payload_len = static_cast<std::uint32_t>(m.payload.size());
+  char* d = s->data();
+  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
+  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
+  if (inline_payload)
+    std::memcpy(d + m.key.size() + m.idempotency_key.size() + ext, m.payload.data(), m.payload.size());
+  s->header.id = id;
+  s->header.created_at_ns = created_at;
+  s->header.correlation_id = m.correlation_id;
+  s->header.fencing_token = m.fencing_token;
+  s->header.attempt = 0;
+  s->header.content_type = m.content_type;
+  s->header.schema_version = schema_version;
+}
 
 /// Write the block at `at` (the slot's data() + key_len + idem_len): the
 /// times, then `headers` (a stored header block, may be empty).
@@ -124,7 +171,8 @@ struct DelayEntry : TimerEntry {
   TopicImpl* topic = nullptr;
 };
 
-/// Thread safety: thread-safe (one mutex).
+/// Thread safety: thread-safe (push: any thread, lock-free after the first
+/// call; the others take the heap's mutex).
 class DelayQueue {
  public:
   struct Item {
@@ -133,28 +181,49 @@ class DelayQueue {
     std::uint32_t index;  // slot index in the topic's pool
   };
 
-  /// Add slot `index` due at `due_ns` (wall clock). Reserves the heap's
-  /// storage (`capacity` items) on the first call. Returns true when it is
-  /// the new earliest entry (the caller arms the timer).
+  /// Add slot `index` (< `capacity`, the pool's) due at `due_ns` (wall
+  /// clock). Allocates the ring, the due times and the heap (`capacity`
+  /// each) on the first call (std::bad_alloc then). Returns true when the
+  /// caller must arm the timer for `due_ns` (earlier than what it is armed for).
   bool push(std::uint32_t index, std::int64_t due_ns, std::uint32_t capacity);
-  /// Up to `max` items due at `now_ns` (wall clock), earliest first. *next:
-  /// the due time of the earliest remaining item (0 = none).
+  /// The timer thread: up to `max` items due at `now_ns` (wall clock),
+  /// earliest first. *next: the due time of the earliest remaining item (0 =
+  /// none). Returning fewer than `max`, it has taken in every append that
+  /// does not arm the timer itself (design notes).
   std::uint32_t pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept;
   /// Every item, for discarding at shutdown.
   std::uint32_t pop_any(Item* out, std::uint32_t max) noexcept;
+  /// Waiting items (approximate while publishers run).
   std::size_t size() const noexcept;
 
   DelayEntry entry;
 
  private:
+  static constexpr std::int64_t kNone = INT64_MAX;
   static bool before(const Item& a, const Item& b) noexcept {
     return a.due_ns < b.due_ns || (a.due_ns == b.due_ns && a.seq < b.seq);
   }
+  void init(std::uint32_t capacity);
+  void take_staged() noexcept;  // REQUIRES: mu_ held (and so for the three below)
+  const Item* first() const noexcept;  // the earliest of the run and the heap, or nullptr
+  void pop_first(const Item* f) noexcept;
+  void push_heap(const Item& it) noexcept;
   void pop_root() noexcept;
 
   mutable std::mutex mu_;
-  std::vector<Item> heap_;  // guarded by mu_; capacity reserved once
-  std::uint64_t seq_ = 0;   // guarded by mu_
+  // Set once (release) after ring_, due_ and heap_'s storage exist.
+  std::atomic<bool> ready_{false};
+  std::unique_ptr<LaneRing> ring_;         // staged slot indices, publish order
+  std::unique_ptr<std::int64_t[]> due_;    // [slot index]: written before the index is staged
+  // Staged items whose due time is not before the last one's (a steady
+  // delay: all of them) go to the run, a FIFO already in (due, sequence)
+  // order: O(1) in and out. The others go to the heap (the sift-down was
+  // 13 % of delayed_1to1's samples). Pops take the earlier of the two fronts.
+  std::unique_ptr<Item[]> run_;            // [capacity], a ring; guarded by mu_
+  std::uint64_t run_head_ = 0, run_tail_ = 0, run_mask_ = 0;  // guarded by mu_
+  std::vector<Item> heap_;                 // guarded by mu_; capacity reserved once
+  std::uint64_t seq_ = 0;                  // guarded by mu_
+  alignas(64) std::atomic<std::int64_t> armed_{kNone};
 };
 
 }  // namespace lanebus::detail

@@ -19,7 +19,11 @@ namespace {
 std::atomic<std::uint32_t> g_tiebreak{static_cast<std::uint32_t>(std::random_device{}())};
 // A move that failed (a storage error) is tried again after this long.
 constexpr std::int64_t kMoveRetryNs = 100'000'000;
-constexpr std::uint32_t kMoveBatch = 256;
+// Entries moved per transaction. One move runs at a time and its commit is
+// shared with the publishes of the same batch (group commit), so a move
+// must be able to carry as many messages as a batch of publishes brings in
+// (sync_4p: 4 x 512 in flight), or the index grows faster than it drains.
+constexpr std::uint32_t kMoveBatch = 4096;
 }  // namespace
 
 Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp,
@@ -46,7 +50,12 @@ Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest&
   const std::int64_t due = times.due_ns;
   const std::uint32_t lane = req.lane;
   const std::uint32_t tiebreak = g_tiebreak.fetch_add(1, std::memory_order_relaxed);
-  auto put = [r = std::move(req), tiebreak](StoreTxn& t) -> Status { return put_delayed(t, r, tiebreak); };
+  // Stored in the index, or appended at once when it is due by the time the
+  // writer runs it (store_delayed: a delay shorter than the writer's queue).
+  auto put = [r = std::move(req), tiebreak](StoreTxn& t) -> Status {
+    bool appended = false;
+    return store_delayed(t, r, tiebreak, &appended);
+  };
   if (!done) {
     Status ws = bus->store()->write(put);
     if (!ws.ok()) {

@@ -68,26 +68,7 @@ Status TopicImpl::check_schema(const OutgoingMessage& m, std::uint16_t* version)
 }
 
 namespace {
-/// The slot's keys and header; the payload too unless `inline_payload` is
-/// false (a large payload or a typed object: place_large puts it).
-void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std::uint64_t id, std::int64_t created_at,
-               std::uint16_t schema_version, bool inline_payload = true) noexcept {
-  s->lane = static_cast<std::uint16_t>(lane);
-  s->key_len = static_cast<std::uint16_t>(m.key.size());
-  s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
-  s->payload_len = static_cast<std::uint32_t>(m.payload.size());
-  char* d = s->data();
-  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
-  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
-  if (inline_payload) std::memcpy(d + m.key.size() + m.idempotency_key.size(), m.payload.data(), m.payload.size());
-  s->header.id = id;
-  s->header.created_at_ns = created_at;
-  s->header.correlation_id = m.correlation_id;
-  s->header.fencing_token = m.fencing_token;
-  s->header.attempt = 0;
-  s->header.content_type = m.content_type;
-  s->header.schema_version = schema_version;
-}
+// fill_slot (the slot's keys, header and payload) is in delayed.hpp, shared with the timed publish.
 
 Status shut_down() noexcept { return Status::from_literal(Code::ShutDown, "publish: the bus is shut down"); }
 
@@ -292,6 +273,17 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   return Status();
 }
 
+void TopicImpl::route_due(PublisherState* p, Slot* const* slots, std::uint32_t n) noexcept {
+  bool solo = false;
+  if (p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available()) {
+    solo = open_window(*this, p->slot);  // false: made shared
+  } else if (owner.load(std::memory_order_relaxed) != 1) {
+    make_shared();
+  }
+  for (std::uint32_t i = 0; i < n; ++i) route(slots[i], slots[i]->lane, solo);
+  if (solo) close_window(*this, p->slot);
+}
+
 // ---------------------------------------------------------------- implicit publishers
 //
 // Topic::publish on an in-memory topic goes through a publisher of the
@@ -396,8 +388,9 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
   const std::size_t need = keys + (fill != nullptr ? fill->size : m.payload.size());
   // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the shared
   // path refuses it.)
-  // A due time or an expiry (delayed.cpp) also takes the shared path.
-  if (has_times(m, default_ttl_ns) || p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
+  // A due time or an expiry: delayed.cpp, with this publisher's magazine.
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill, &link.mag);
+  if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
       nsp->pub_limited.load(std::memory_order_relaxed) ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
       (fill == nullptr ? need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)

@@ -21,6 +21,7 @@
 #include "dlq.hpp"
 #include "durable_store.hpp"
 #include "coding.hpp"
+#include "delayed_index.hpp"
 #include "hash.hpp"
 #include "names.hpp"
 #include "quote.hpp"
@@ -163,6 +164,29 @@ class Walker {
       if (Status r = topic_tables(topic.first, topic.second); !r.ok()) return r;
     }
     return Status();
+  }
+
+  // Delayed messages of the namespace's topics (key: be64 due, be64 created,
+  // be32 topic id, be32 tie-break; delayed_index.hpp). Logical key: topic
+  // name and the key without the id; logical value: the entry re-encoded
+  // with topic id 0 (its CRC covers the id). A corrupt entry stops the move.
+  Status delayed() {
+    Status s = t_.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view v) {
+      if (k.size() != kDelayedKeyBytes) return true;
+      const std::string* topic = topic_of(k.substr(16));
+      if (topic == nullptr) return true;
+      AppendRequest r;
+      if (Status d = decode_delayed(k, v, &r); !d.ok()) {
+        err_ = Status(Code::Corruption, "topic " + quoted(*topic) + ": " + std::string(d.message()) +
+                                            " (run `lanebus verify`; nothing was moved)");
+        return false;
+      }
+      r.topic_id = 0;
+      std::string rest(k.substr(0, 16));
+      rest.append(k.substr(20));
+      return run(Item{MoveTable::Delayed, k, v, lk(*topic, {}, rest), encode_delayed(r), {}});
+    });
+    return after(s);
   }
 
   // DLQ entries (by origin topic name) and poison bookkeeping ("o"/"m" + be32 topic + be32 group + ...).
@@ -325,6 +349,7 @@ class Walker {
 Status walk(StoreTxn& t, const Scope& scope, const Side& side, const std::function<Status(Item&)>& visit) {
   Walker w(t, scope, side, visit);
   if (Status s = w.topics(); !s.ok()) return s;
+  if (Status s = w.delayed(); !s.ok()) return s;
   if (Status s = w.dlq(); !s.ok()) return s;
   if (Status s = w.idempotency(); !s.ok()) return s;
   if (Status s = w.user_and_schema(); !s.ok()) return s;
@@ -417,7 +442,7 @@ Result<std::unique_ptr<DurableStore>> open_rw(const std::string& dir) {
 const char* move_table_name(MoveTable t) noexcept {
   static const char* const kNames[kMoveTables] = {
       "topics", "lanes", "log", "groups", "cursors", "inflight", "dlq", "dlq-marks", "idem", "idem-age",
-      "user", "fence", "schema", "usage", "policy"};
+      "user", "fence", "schema", "usage", "policy", "delayed"};
   const int i = static_cast<int>(t);
   return i >= 0 && i < kMoveTables ? kNames[i] : "?";
 }
@@ -762,6 +787,17 @@ Status put_remapped(StoreTxn& d, const Item& it, const IdMap& ids, const Side& s
     case MoveTable::Schema: return d.put(StoreTable::Schema, it.key, it.value);
     case MoveTable::Usage:
     case MoveTable::Policy: return d.put(StoreTable::Tenancy, it.key, it.value);
+    case MoveTable::Delayed: {
+      // The walk decoded it already (a corrupt entry stops the walk).
+      AppendRequest r;
+      if (Status s = decode_delayed(it.key, it.value, &r); !s.ok()) return s;
+      split_lkey(it.lkey, &topic, &group, &rest);
+      r.topic_id = ids.topics.find(topic)->second;
+      key.assign(rest.substr(0, 16));
+      put_be32(key, r.topic_id);
+      key.append(rest.substr(16));
+      return d.put(StoreTable::Delayed, key, encode_delayed(r));
+    }
   }
   return Status();
 }
@@ -853,6 +889,7 @@ Status delete_key(StoreTxn& t, MoveTable table, const std::string& key) {
     case MoveTable::User: return t.del(StoreTable::User, key);
     case MoveTable::Schema: return t.del(StoreTable::Schema, key);
     case MoveTable::Usage: return t.del(StoreTable::Tenancy, key);
+    case MoveTable::Delayed: return t.del(StoreTable::Delayed, key);
     case MoveTable::DlqEntries:
     case MoveTable::Policy: break;
   }

@@ -37,8 +37,9 @@ class DurableStore;
 enum class MoveTable : std::uint8_t {
   Topics, Lanes, Log, Groups, Cursors, Inflight, DlqEntries, DlqMarks, Idempotency, IdempotencyAge,
   User, Fence, Schema, Usage, Policy,
+  Delayed,  ///< delayed messages of the namespace's topics waiting for their due time (doc/delays.md)
 };
-inline constexpr int kMoveTables = 15;
+inline constexpr int kMoveTables = 16;
 /// "topics", "log", "dlq", ... (as printed by the tool).
 const char* move_table_name(MoveTable t) noexcept;
 

@@ -2,6 +2,7 @@
 // The durable delayed index (delayed_index.hpp).
 #include "delayed_index.hpp"
 
+#include <algorithm>
 #include "header_block.hpp"
 
 #include <cstring>
@@ -114,11 +115,39 @@ Status put_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak) 
   return t.put(StoreTable::Delayed, k, encode_delayed(r));
 }
 
+Status store_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak, bool* appended) {
+  *appended = false;
+  if (r.due_ns <= t.now_ns()) {
+    bool earlier_waiting = false;
+    Status s = t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view) {
+      earlier_waiting = k.size() < 8 || static_cast<std::int64_t>(get_be64(k.data())) <= r.due_ns;
+      return false;  // the first key only
+    });
+    if (!s.ok()) return s;
+    if (!earlier_waiting) {
+      auto a = t.append(r);  // a copy: a write function may run again (DurableStore::write)
+      if (!a.ok()) return a.status();
+      *appended = true;
+      return Status();
+    }
+  }
+  return put_delayed(t, r, tiebreak);
+}
+
 Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool(std::uint32_t)>& open,
                         MoveResult* out) {
   *out = MoveResult{};
   const std::int64_t now = t.now_ns();
-  std::vector<std::pair<std::string, std::string>> due;
+  // Decoded in the scan (decode copies out of LMDB's pages, so the appends
+  // below may write); only the 24-byte keys are kept for the deletes.
+  struct Due {
+    char key[kDelayedKeyBytes];
+    bool ok;          // decoded (else corrupt: deleted, counted as dropped)
+    std::string odd;  // a malformed key (not 24 bytes), whole
+  };
+  std::vector<Due> due;
+  std::vector<AppendRequest> reqs;
+  due.reserve(std::min<std::uint32_t>(max, 1024));
   std::uint32_t looked = 0;
   Status s = t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view v) {
     const std::int64_t at = k.size() >= 8 ? static_cast<std::int64_t>(get_be64(k.data())) : 0;
@@ -131,16 +160,25 @@ Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool
       return false;
     }
     // A malformed key is taken (and dropped below); another process's topic waits.
-    if (k.size() != kDelayedKeyBytes || open(get_be32(k.data() + 16))) due.emplace_back(std::string(k), std::string(v));
+    if (k.size() == kDelayedKeyBytes && !open(get_be32(k.data() + 16))) return true;
+    Due d{};
+    if (k.size() == kDelayedKeyBytes) {
+      std::memcpy(d.key, k.data(), kDelayedKeyBytes);
+    } else {
+      d.odd.assign(k);
+    }
+    AppendRequest r;
+    d.ok = decode_delayed(k, v, &r).ok();
+    if (d.ok) reqs.push_back(std::move(r));
+    due.push_back(std::move(d));
     return true;
   });
   if (!s.ok()) return s;
-  for (auto& [k, v] : due) {
-    AppendRequest r;
-    Status ds = decode_delayed(k, v, &r);
-    if (ds.ok()) {
+  std::size_t next_req = 0;
+  for (const Due& d : due) {
+    if (d.ok) {
       // The log record keeps the expiry (and the due time it waited for).
-      auto a = t.append(std::move(r));
+      auto a = t.append(std::move(reqs[next_req++]));
       if (a.ok()) {
         ++out->moved;
       } else {
@@ -154,7 +192,8 @@ Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool
     } else {
       ++out->dropped;  // corrupt: it could never be delivered
     }
-    if (Status del = t.del(StoreTable::Delayed, k); !del.ok()) return del;
+    const std::string_view key = d.odd.empty() ? std::string_view(d.key, kDelayedKeyBytes) : std::string_view(d.odd);
+    if (Status del = t.del(StoreTable::Delayed, key); !del.ok()) return del;
   }
   return Status();
 }

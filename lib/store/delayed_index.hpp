@@ -45,6 +45,16 @@ Status decode_delayed(std::string_view key, std::string_view value, AppendReques
 /// other entry holds (`tiebreak` is bumped past a taken one).
 Status put_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak);
 
+/// A delayed publish inside `t`: put_delayed, unless `r` is due already at
+/// t.now_ns() (the transaction ran after its due time: a delay shorter than
+/// the writer's queue) and no entry of the table is due at or before it. Then
+/// it is appended to its lane at once (*appended = true), as the mover would
+/// append it at its next run: no entry that should precede it (an earlier due
+/// time, same key or not) is still waiting, so the due-time order holds, and
+/// it saves the index's put and delete. Errors: put_delayed's, or append's
+/// (a topic that refuses it: nothing was written).
+Status store_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak, bool* appended);
+
 struct MoveResult {
   std::uint32_t moved = 0;    // appended to their lanes
   std::uint32_t dropped = 0;  // refused by their topic (gone, fenced, corrupt entry): deleted
