@@ -664,32 +664,72 @@ Latency percentiles(std::vector<std::uint64_t>& v) {
   return l;
 }
 
-// One producer paced at `rate` msg/s with publish_async for g_seconds; the
-// handler reads the steady-clock stamp at the head of the payload.
-Latency e2e_queue(double rate, const std::string& dir) {
-  lanebus::BusOptions o;
-  o.workers = 2;
-  o.store.directory = dir;
-  o.store.durability = lanebus::Durability::Sync;
-  o.store.map_size_initial = 256ull << 20;
-  auto bus = lanebus::Bus::open(o);
-  if (!bus.ok()) die("e2e open", bus.status());
-  auto q = (*bus)->create_queue("bench.latency", {.lanes = kQueueLanes, .durable = true});
-  if (!q.ok()) die("e2e create_queue", q.status());
-  const std::size_t cap = static_cast<std::size_t>(rate * g_seconds * 1.5) + 1024;
-  std::vector<std::uint64_t> lat(cap);
+// The consuming side of the e2e latency cases: a Sync durable queue on a bus
+// of two workers whose handler reads the steady-clock stamp at the head of
+// each payload (CLOCK_MONOTONIC: one clock for every process on the machine).
+// `wake`: StoreOptions::wake_on_commit (false = other processes' appends are
+// found by the poll alone, BusOptions::durable_poll at its default 50 ms).
+struct LatencyQueue {
+  LatencyQueue(double rate, const std::string& dir, bool wake, const char* what)
+      : what(what), cap(static_cast<std::size_t>(rate * g_seconds * 1.5) + 1024), lat(cap) {
+    lanebus::BusOptions o;
+    o.workers = 2;
+    o.store.directory = dir;
+    o.store.durability = lanebus::Durability::Sync;
+    o.store.map_size_initial = 256ull << 20;
+    o.store.wake_on_commit = wake;
+    auto b = lanebus::Bus::open(o);
+    if (!b.ok()) die((std::string(what) + " open").c_str(), b.status());
+    bus = std::move(*b);
+    auto q = bus->create_queue("bench.latency", {.lanes = kQueueLanes, .durable = true});
+    if (!q.ok()) die((std::string(what) + " create_queue").c_str(), q.status());
+    queue = *q;
+    auto s = bus->consume(queue, [this](const lanebus::MessageView& m) {
+      std::uint64_t t0 = 0;
+      std::memcpy(&t0, m.payload().data(), sizeof t0);
+      std::uint64_t d = steady_ns() - t0;
+      // Relaxed: each handler call owns its slot; `lat` is read after close() joins the calls.
+      std::size_t i = slot.fetch_add(1, std::memory_order_relaxed);
+      if (i < cap) lat[i] = d;
+      handled.fetch_add(1, std::memory_order_release);
+      return lanebus::Outcome::ack();
+    });
+    if (!s.ok()) die((std::string(what) + " consume").c_str(), s.status());
+    sub = std::move(*s);
+  }
+
+  // Waits for `sent` handled, bounded: a consumer slower than the offered
+  // rate leaves messages unhandled (printed as handled < sent; the
+  // percentiles then cover the handled ones only).
+  void drain(std::uint64_t sent) const {
+    auto until = Clock::now() + std::chrono::duration<double>(std::max(1.0, g_seconds));
+    while (handled.load(std::memory_order_acquire) < sent && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
+  Latency finish(std::uint64_t sent, double msgs_per_sec) {
+    (void)sub.close();
+    (void)bus->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
+    lat.resize(std::min(handled.load(), cap));
+    Latency l = percentiles(lat);
+    l.sent = sent;
+    l.handled = handled.load();
+    l.msgs_per_sec = msgs_per_sec;
+    return l;
+  }
+
+  const char* what;
+  std::size_t cap;
+  std::vector<std::uint64_t> lat;
   std::atomic<std::size_t> slot{0}, handled{0};
-  auto sub = (*bus)->consume(*q, [&](const lanebus::MessageView& m) {
-    std::uint64_t t0 = 0;
-    std::memcpy(&t0, m.payload().data(), sizeof t0);
-    std::uint64_t d = steady_ns() - t0;
-    // Relaxed: each handler call owns its slot; `lat` is read after close() joins the calls.
-    std::size_t i = slot.fetch_add(1, std::memory_order_relaxed);
-    if (i < cap) lat[i] = d;
-    handled.fetch_add(1, std::memory_order_release);
-    return lanebus::Outcome::ack();
-  });
-  if (!sub.ok()) die("e2e consume", sub.status());
+  std::unique_ptr<lanebus::Bus> bus;
+  lanebus::Topic queue;
+  lanebus::Subscription sub;
+};
+
+// One producer paced at `rate` msg/s with publish_async for g_seconds.
+Latency e2e_queue(double rate, const std::string& dir) {
+  LatencyQueue c(rate, dir, true, "e2e");
   std::atomic<std::uint64_t> failed{0};
   std::string payload = kPayload;
   auto start = Clock::now();
@@ -701,58 +741,22 @@ Latency e2e_queue(double rate, const std::string& dir) {
     std::uint64_t now = steady_ns();
     std::memcpy(payload.data(), &now, sizeof now);
     std::string key = "key" + std::to_string(sent % 256);
-    auto st = q->publish_async({.key = key, .payload = payload}, [&](const lanebus::Status& s, std::uint64_t) {
+    auto st = c.queue.publish_async({.key = key, .payload = payload}, [&](const lanebus::Status& s, std::uint64_t) {
       if (!s.ok()) failed.fetch_add(1, std::memory_order_relaxed);
     });
     if (!st.ok()) die("e2e publish", st);
   }
   auto send_elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  // Bounded: a consumer slower than the offered rate leaves messages unhandled
-  // (printed as handled < sent; the percentiles then cover the handled ones only).
-  auto drain_until = Clock::now() + std::chrono::duration<double>(std::max(1.0, g_seconds));
-  while (handled.load(std::memory_order_acquire) < sent && Clock::now() < drain_until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  (void)sub->close();
-  (void)(*bus)->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
-  std::size_t n = std::min(handled.load(), cap);
-  lat.resize(n);
-  Latency l = percentiles(lat);
-  l.sent = sent;
-  l.handled = handled.load();
-  l.msgs_per_sec = static_cast<double>(sent) / send_elapsed;
+  c.drain(sent);
+  Latency l = c.finish(sent, static_cast<double>(sent) / send_elapsed);
   if (failed.load() != 0) std::fprintf(stderr, "e2e: %llu publishes failed\n", static_cast<unsigned long long>(failed.load()));
   return l;
 }
 
 // Cross-process: a child (this binary with --publish-child) publishes at
 // `rate` for g_seconds to a Sync durable queue; this process consumes it.
-// `wake`: StoreOptions::wake_on_commit in the consumer (false = found by the
-// poll alone, BusOptions::durable_poll at its default 50 ms).
 Latency e2e_queue_xproc(double rate, const std::string& dir, bool wake) {
-  lanebus::BusOptions o;
-  o.workers = 2;
-  o.store.directory = dir;
-  o.store.durability = lanebus::Durability::Sync;
-  o.store.map_size_initial = 256ull << 20;
-  o.store.wake_on_commit = wake;
-  auto bus = lanebus::Bus::open(o);
-  if (!bus.ok()) die("xproc open", bus.status());
-  auto q = (*bus)->create_queue("bench.latency", {.lanes = kQueueLanes, .durable = true});
-  if (!q.ok()) die("xproc create_queue", q.status());
-  const std::size_t cap = static_cast<std::size_t>(rate * g_seconds * 1.5) + 1024;
-  std::vector<std::uint64_t> lat(cap);
-  std::atomic<std::size_t> slot{0}, handled{0};
-  auto sub = (*bus)->consume(*q, [&](const lanebus::MessageView& m) {
-    std::uint64_t t0 = 0;
-    std::memcpy(&t0, m.payload().data(), sizeof t0);
-    std::uint64_t d = steady_ns() - t0;  // CLOCK_MONOTONIC: one clock for both processes
-    // Relaxed: each handler call owns its slot; `lat` is read after close() joins the calls.
-    std::size_t i = slot.fetch_add(1, std::memory_order_relaxed);
-    if (i < cap) lat[i] = d;
-    handled.fetch_add(1, std::memory_order_release);
-    return lanebus::Outcome::ack();
-  });
-  if (!sub.ok()) die("xproc consume", sub.status());
+  LatencyQueue c(rate, dir, wake, "xproc");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) std::exit(1);
   posix_spawn_file_actions_t fa;
@@ -780,24 +784,14 @@ Latency e2e_queue_xproc(double rate, const std::string& dir, bool wake) {
     std::fprintf(stderr, "xproc: publisher child failed: %s\n", out.c_str());
     std::exit(1);
   }
-  auto drain_until = Clock::now() + std::chrono::duration<double>(std::max(1.0, g_seconds));
-  while (handled.load(std::memory_order_acquire) < sent && Clock::now() < drain_until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  c.drain(sent);
   if (std::getenv("BENCH_DEBUG") != nullptr) {
-    auto c = lanebus::detail::Access::core(**bus)->store()->counters();
+    auto k = lanebus::detail::Access::core(*c.bus)->store()->counters();
     std::fprintf(stderr, "xproc wake=%d wakes_received=%llu commits=%llu claims=%llu\n", wake ? 1 : 0,
-                 static_cast<unsigned long long>(c.commit_wakes_received), static_cast<unsigned long long>(c.commits),
-                 static_cast<unsigned long long>(c.claims));
+                 static_cast<unsigned long long>(k.commit_wakes_received), static_cast<unsigned long long>(k.commits),
+                 static_cast<unsigned long long>(k.claims));
   }
-  (void)sub->close();
-  (void)(*bus)->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
-  std::size_t n = std::min(handled.load(), cap);
-  lat.resize(n);
-  Latency l = percentiles(lat);
-  l.sent = sent;
-  l.handled = handled.load();
-  l.msgs_per_sec = offered;
-  return l;
+  return c.finish(sent, offered);
 }
 
 // The publisher process of e2e_queue_xproc: prints "sent N rate R" at the end.
