@@ -727,26 +727,41 @@ struct LatencyQueue {
   lanebus::Subscription sub;
 };
 
+// Publishes to `q` at `rate` msg/s for `seconds` with publish_async, each
+// payload stamped with steady_ns() at its head; failed completions counted
+// in `failed`. Returns the count sent and the seconds it took.
+struct Paced {
+  std::uint64_t sent = 0;
+  double seconds = 0;
+};
+Paced publish_paced(const lanebus::Topic& q, double rate, double seconds, std::atomic<std::uint64_t>& failed,
+                    const char* what) {
+  std::string payload = kPayload;
+  auto start = Clock::now();
+  auto until = start + std::chrono::duration<double>(seconds);
+  const auto gap = std::chrono::nanoseconds(static_cast<std::int64_t>(1e9 / rate));
+  Paced r;
+  for (auto next = start; next < until; next += gap, ++r.sent) {
+    std::this_thread::sleep_until(next);
+    std::uint64_t now = steady_ns();
+    std::memcpy(payload.data(), &now, sizeof now);
+    std::string key = "key" + std::to_string(r.sent % 256);
+    auto st = q.publish_async({.key = key, .payload = payload}, [&failed](const lanebus::Status& s, std::uint64_t) {
+      if (!s.ok()) failed.fetch_add(1, std::memory_order_relaxed);
+    });
+    if (!st.ok()) die(what, st);
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return r;
+}
+
 // One producer paced at `rate` msg/s with publish_async for g_seconds.
 Latency e2e_queue(double rate, const std::string& dir) {
   LatencyQueue c(rate, dir, true, "e2e");
   std::atomic<std::uint64_t> failed{0};
-  std::string payload = kPayload;
-  auto start = Clock::now();
-  auto until = start + std::chrono::duration<double>(g_seconds);
-  const auto gap = std::chrono::nanoseconds(static_cast<std::int64_t>(1e9 / rate));
-  std::uint64_t sent = 0;
-  for (auto next = start; next < until; next += gap, ++sent) {
-    std::this_thread::sleep_until(next);
-    std::uint64_t now = steady_ns();
-    std::memcpy(payload.data(), &now, sizeof now);
-    std::string key = "key" + std::to_string(sent % 256);
-    auto st = c.queue.publish_async({.key = key, .payload = payload}, [&](const lanebus::Status& s, std::uint64_t) {
-      if (!s.ok()) failed.fetch_add(1, std::memory_order_relaxed);
-    });
-    if (!st.ok()) die("e2e publish", st);
-  }
-  auto send_elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const Paced p = publish_paced(c.queue, rate, g_seconds, failed, "e2e publish");
+  const std::uint64_t sent = p.sent;
+  const double send_elapsed = p.seconds;
   c.drain(sent);
   Latency l = c.finish(sent, static_cast<double>(sent) / send_elapsed);
   if (failed.load() != 0) std::fprintf(stderr, "e2e: %llu publishes failed\n", static_cast<unsigned long long>(failed.load()));
@@ -805,20 +820,11 @@ int publish_child(const char* dir, double rate, double seconds) {
   if (!bus.ok()) die("xproc child open", bus.status());
   auto q = (*bus)->create_queue("bench.latency", {.lanes = kQueueLanes, .durable = true});
   if (!q.ok()) die("xproc child create_queue", q.status());
-  std::string payload = kPayload;
-  auto start = Clock::now();
-  auto until = start + std::chrono::duration<double>(seconds);
-  const auto gap = std::chrono::nanoseconds(static_cast<std::int64_t>(1e9 / rate));
-  std::uint64_t sent = 0;
-  for (auto next = start; next < until; next += gap, ++sent) {
-    std::this_thread::sleep_until(next);
-    std::uint64_t now = steady_ns();
-    std::memcpy(payload.data(), &now, sizeof now);
-    std::string key = "key" + std::to_string(sent % 256);
-    auto st = q->publish_async({.key = key, .payload = payload}, [](const lanebus::Status&, std::uint64_t) {});
-    if (!st.ok()) die("xproc child publish", st);
-  }
-  double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  // A failed completion is not counted here: the consumer's handled < sent shows it.
+  std::atomic<std::uint64_t> failed{0};
+  const Paced p = publish_paced(*q, rate, seconds, failed, "xproc child publish");
+  const std::uint64_t sent = p.sent;
+  const double elapsed = p.seconds;
   (void)(*bus)->shutdown(lanebus::ShutdownMode::Drain, std::chrono::seconds(10));
   std::printf("sent %llu rate %.0f\n", static_cast<unsigned long long>(sent), static_cast<double>(sent) / elapsed);
   std::fflush(stdout);
