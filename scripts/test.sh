@@ -30,7 +30,15 @@ case "$mode" in
   *) echo "usage: $0 [plain|asan|tsan]" >&2; exit 2 ;;
 esac
 werror=()
-if [ "${CI:-}" = "true" ]; then werror=(-Dwerror=true); fi
+if [ "${CI:-}" = "true" ]; then
+  werror=(-Dwerror=true)
+  # CI's plain tree at -g1 too (line tables: backtraces keep file and line;
+  # nobody steps through CI's tree in gdb): a quarter less compile time
+  # (2026-12-03, CPU seconds, -O2 -g against -O2 -g1: lib/core/scheduler.cpp
+  # 7.7 / 5.8, lib/ops/metrics_server.cpp 24.8 / 17.1, tests/dlq_test.cpp
+  # 9.3 / 6.9). A developer's build/ keeps full -g.
+  if [ "$mode" = plain ]; then extra=(-Dcpp_args=-g1); fi
+fi
 if [ ! -f "$dir/build.ninja" ]; then
   meson setup "$dir" "${extra[@]}" "${werror[@]}"
 fi
