@@ -7,6 +7,8 @@
 //   sync_1p   1 producer, Durability::Sync     vs lmdb_fsync, sqlite_full
 //   sync_4p   4 producers, Durability::Sync    vs lmdb_fsync, sqlite_full, sqlite_full_batched
 //   async_4p  4 producers, Durability::Async   vs lmdb_nosync
+//   sync_batch64  1 thread, Topic::publish_batch of 64 on a Sync durable topic through the Bus
+//             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
 //   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read)
 //             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table); median of --repeats
 //   queue_consume_4c  workers = 4 ack a pre-filled Sync durable queue (8 lanes) through
@@ -307,6 +309,41 @@ double bus_publish_4p(bool delayed, const std::string& dir) {
   while (delivered.load(std::memory_order_relaxed) < n) std::this_thread::sleep_for(std::chrono::microseconds(200));
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   return static_cast<double>(n) / elapsed;
+}
+
+// One thread publishing to a durable Sync topic through the Bus for
+// g_seconds: Topic::publish_batch of `batch` messages at a time (batch > 1),
+// or Topic::publish one by one (batch == 1). Returns messages committed per second.
+double bus_publish_batched(std::size_t batch, const std::string& dir) {
+  lanebus::BusOptions bo;
+  bo.workers = 1;
+  bo.store.directory = dir;
+  bo.store.durability = lanebus::Durability::Sync;
+  bo.store.map_size_initial = 256ull << 20;
+  auto bus = lanebus::Bus::open(bo);
+  if (!bus.ok()) std::exit(1);
+  lanebus::TopicOptions to;
+  to.durable = true;
+  auto topic = (*bus)->create_topic("bench.batched", to);
+  if (!topic.ok()) std::exit(1);
+  std::vector<std::string> keys;
+  for (int k = 0; k < 64; ++k) keys.push_back("key" + std::to_string(k));
+  std::vector<lanebus::OutgoingMessage> span(batch);
+  for (std::size_t i = 0; i < batch; ++i) span[i] = {.key = keys[i % keys.size()], .payload = kPayload};
+  std::uint64_t n = 0;
+  const auto start = Clock::now();
+  const auto until = start + std::chrono::duration<double>(g_seconds);
+  while (Clock::now() < until) {
+    if (batch == 1) {
+      if (!topic->publish(span[0]).ok()) std::exit(1);
+      n += 1;
+    } else {
+      lanebus::BatchPublishResult r = topic->publish_batch(span);
+      if (!r.ok()) std::exit(1);
+      n += r.published;
+    }
+  }
+  return static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // Replay: a new group reads every lane of the sync_4p topic from offset 0.
@@ -971,6 +1008,19 @@ int main(int argc, char** argv) {
       }
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor", y);
     }
+  }
+  if (want("sync_batch64")) {
+    // Durable publish_batch (one writer request, one fsync per span) against
+    // the same thread publishing one by one (one fsync each), and raw LMDB
+    // committing 64 puts per fsynced transaction.
+    std::vector<double> x, one, lm;
+    for (int r = 0; r < g_repeats; ++r) {
+      x.push_back(bus_publish_batched(64, fresh_dir("sync_batch64")));
+      one.push_back(bus_publish_batched(1, fresh_dir("sync_batch64_one")));
+      lm.push_back(lmdb_raw(false, 64, fresh_dir("lmdb_fsync_64")).msgs_per_sec);
+    }
+    ratio_line("sync_batch64", "msg_per_s", x, "publish_one_by_one", one, "note=Bus_publish_batch_of_64_durable_Sync ");
+    ratio_line("sync_batch64", "msg_per_s", x, "lmdb_fsync_64", lm, "note=Bus_publish_batch_of_64_durable_Sync ");
   }
   if (only == "delayed_sync_4p") {
     std::vector<double> x, y;

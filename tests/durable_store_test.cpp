@@ -832,6 +832,70 @@ TEST_CASE("group commit: concurrent appends share transactions and every complet
   }
 }
 
+TEST_CASE("append_batch: one request to the writer, one commit; a refused request ends the batch; bigger than max_pending") {
+  TempDir dir;
+  StoreOptions o = options_for(dir.path());
+  o.maintenance_interval = std::chrono::hours(1);  // no maintenance transaction inside the counts
+  o.max_pending = 64;                              // the 300-request batch below is queued in chunks
+  auto store = must_open(o);
+  auto t = store->open_topic("batch", TopicSpec{4, false, {}});
+  REQUIRE(t.ok());
+  // 50 requests: queued together, committed in one transaction (max_batch 4096).
+  std::vector<AppendRequest> batch;
+  for (int i = 0; i < 50; ++i) batch.push_back(request(*t, "k" + std::to_string(i % 5), std::to_string(i)));
+  auto before = store->counters();
+  auto r = store->append_batch(batch);
+  CHECK(r.status.ok());
+  CHECK(r.appended == 50);
+  auto after = store->counters();
+  CHECK(after.appends - before.appends == 50);
+  CHECK(after.commits - before.commits == 1);  // 50 appends, one commit (sequential appends: 50)
+  // A request refused up front (lane out of range) ends the batch: the 7 before it are appended, none after.
+  batch.clear();
+  for (int i = 0; i < 10; ++i) batch.push_back(request(*t, "r", "refused-batch-" + std::to_string(i)));
+  batch[7].lane = 99;
+  r = store->append_batch(batch);
+  CHECK(r.appended == 7);
+  CHECK(r.status.code() == Code::InvalidArgument);
+  CHECK(r.status.message().find("lane 99 out of range") != std::string::npos);
+  // An empty payload is refused the same way, at index 0: nothing appended.
+  batch.clear();
+  batch.push_back(request(*t, "e", ""));
+  batch.push_back(request(*t, "e", "after-the-empty-one"));
+  r = store->append_batch(batch);
+  CHECK(r.appended == 0);
+  CHECK(r.status.code() == Code::InvalidArgument);
+  // 300 requests with max_pending 64: queued in chunks as the writer drains, all appended.
+  batch.clear();
+  for (int i = 0; i < 300; ++i) batch.push_back(request(*t, "big", std::to_string(i)));
+  r = store->append_batch(batch);
+  CHECK(r.status.ok());
+  CHECK(r.appended == 300);
+  // What is stored: 50 + 7 + 300 messages, per lane in order, nothing of the refused tails.
+  std::size_t stored = 0;
+  std::vector<int> big;
+  for (std::uint32_t lane = 0; lane < t->lanes; ++lane) {
+    for (auto& m : read_all(*store, *t, lane)) {
+      ++stored;
+      CHECK(m.payload != "after-the-empty-one");
+      for (int i = 7; i < 10; ++i) CHECK(m.payload != "refused-batch-" + std::to_string(i));
+      if (m.key == "big") big.push_back(std::stoi(m.payload));
+    }
+  }
+  CHECK(stored == 50 + 7 + 300);
+  REQUIRE(big.size() == 300);
+  for (int i = 0; i < 300; ++i) CHECK(big[static_cast<std::size_t>(i)] == i);
+  // An empty batch is a no-op; a closed store refuses with ShutDown and appends nothing.
+  std::vector<AppendRequest> none;
+  CHECK(store->append_batch(none).appended == 0);
+  REQUIRE(store->close().ok());
+  batch.clear();
+  batch.push_back(request(*t, "late", "x"));
+  r = store->append_batch(batch);
+  CHECK(r.appended == 0);
+  CHECK_FALSE(r.status.ok());
+}
+
 TEST_CASE("async durability commits without per-commit fsync and flushes on the interval") {
   TempDir dir;
   auto o = options_for(dir.path());

@@ -150,8 +150,16 @@ class LANEBUS_API Topic {
   ///   message that was not; `publish_refused` grows by one for that message
   ///   (its meaning is unchanged: refused publish results), and the messages
   ///   after it were never attempted — publish them again if you want them.
-  /// - Durable topics: the same as publish for each message (each waits for
-  ///   its commit); there is no batching gain there yet.
+  /// - Durable topics: the span goes to the store's writer as one request and
+  ///   the call waits once: its messages share the writer's group commits
+  ///   (one transaction, one fsync in Sync mode, when the span fits
+  ///   StoreOptions::max_batch), where publishing them one by one waits for a
+  ///   commit each. On return every published message is committed, as after
+  ///   publish. A message refused up front (validation, the namespace's quota)
+  ///   ends the batch: the ones before it are still published. A delayed or
+  ///   expiring message is published alone (the delayed index), the runs
+  ///   around it as above; on a fenced topic, and with a Tracer (a span per
+  ///   message), each message is published as by publish.
   /// - ShutDown: as publish, for the first message not yet published.
   BatchPublishResult publish_batch(std::span<const OutgoingMessage> messages) const noexcept;
 

@@ -396,6 +396,21 @@ class TopicImpl {
   /// The store append for `m` (durable topics; also the outbox of
   /// transactions), with `headers` (stored form: stored_headers, trace.hpp).
   AppendRequest append_request(const OutgoingMessage& m, std::string_view headers = {}) const;
+  /// What a durable publish admitted to its namespace (undone when the
+  /// append fails) and the message's lane (publish_durable.cpp).
+  struct DurableAdmission {
+    NamespaceState* nsp = nullptr;
+    std::size_t need = 0;
+    std::uint32_t lane = 0;
+  };
+  /// A durable publish's checks (payload, shutdown, schema, headers), the
+  /// namespace's admission and the store request (publish_durable.cpp).
+  Status durable_request(const OutgoingMessage& m, bool may_block, AppendRequest* req, DurableAdmission* admitted);
+  /// publish_batch on a durable topic: each run of messages without a due
+  /// time or an expiry goes to the store's writer as one request
+  /// (DurableStore::append_batch: shared commits, one wait); the result is
+  /// the published prefix and the first refusal, as on in-memory topics.
+  BatchPublishResult publish_batch_durable(std::span<const OutgoingMessage> ms) noexcept;
 
   BusCore* const bus;
   const std::string name;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -378,6 +379,22 @@ class DurableStore {
   /// front (InvalidArgument, PayloadTooLarge, ShutDown). Blocks only while
   /// max_pending operations are queued.
   [[nodiscard]] Status append_async(AppendRequest request, AppendCallback done);
+  /// What append_batch did: how many leading requests were appended
+  /// (committed; a duplicate idempotency key counts as appended) and, when
+  /// not all were, why the first of the rest was not.
+  struct AppendBatchResult {
+    std::size_t appended = 0;
+    Status status;
+  };
+  /// Append `requests` in order as one request to the writer: they are queued
+  /// together, share its group commits (one transaction when they fit
+  /// StoreOptions::max_batch) and the caller waits once. Each request is
+  /// checked as append() checks it; the first refused one ends the batch (the
+  /// ones before it are still appended). On a fenced topic the requests go one
+  /// at a time: a stale token refuses its own message inside the transaction,
+  /// and the messages after it must not be appended. The requests are moved
+  /// from. Errors: as append().
+  [[nodiscard]] AppendBatchResult append_batch(std::span<AppendRequest> requests);
   /// Reserve `count` message ids (unique across restarts and processes) for a
   /// caller that assigns ids itself; returns the first. Blocks for one commit.
   [[nodiscard]] Result<std::uint64_t> reserve_ids(std::uint64_t count);
@@ -566,6 +583,11 @@ class DurableStore {
   Status claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
                   const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out);
   Status enqueue(WriteOp&& op, bool may_block) EXCLUDES(queue_mutex_);  // moved from only when queued
+  // Queue `ops` in order, blocking while max_pending operations are queued;
+  // returns how many were queued (all, unless the store is closing: *status).
+  std::size_t enqueue_all(std::span<WriteOp> ops, Status* status) EXCLUDES(queue_mutex_);
+  // append_async's checks; fills *op (fenced topics: asks the lease table too).
+  Status prepare_append(AppendRequest&& request, AppendCallback&& done, WriteOp* op);
   // Runs `apply` inside a write transaction of the writer and waits.
   Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
   void writer_main();

@@ -3,7 +3,10 @@
 #include "durable_store.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "durable_store_impl.hpp"
 #include "names.hpp"
@@ -155,6 +158,13 @@ Result<std::vector<TopicRef>> DurableStore::list_topics() {
 // append
 
 Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
+  WriteOp op;
+  Status s = prepare_append(std::move(request), std::move(done), &op);
+  if (!s.ok()) return s;
+  return enqueue(std::move(op), true);
+}
+
+Status DurableStore::prepare_append(AppendRequest&& request, AppendCallback&& done, WriteOp* op) {
   Status s = check_writable();
   if (!s.ok()) return s;
   std::uint32_t lanes = 0;
@@ -162,11 +172,10 @@ Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
       request.key.size() <= 0xFFFF && request.idempotency_key.size() <= 0xFFFF &&
       request.payload.size() <= kMaxPayload) {
     // An unfenced topic and a valid request: no TopicRef copy on this path.
-    WriteOp op;
-    op.is_append = true;
-    op.request = std::move(request);
-    op.append_done = std::move(done);
-    return enqueue(std::move(op), true);
+    op->is_append = true;
+    op->request = std::move(request);
+    op->append_done = std::move(done);
+    return Status();
   }
   auto topic = topic_by_id(request.topic_id);
   if (!topic.ok()) return topic.status();
@@ -181,7 +190,6 @@ Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
     return Status(Code::PayloadTooLarge, "append to " + quoted(topic->name) +
                                              ": key and idempotency key are limited to 65535 bytes, payload to 1 GiB");
   }
-  WriteOp op;
   if (!topic->fence.empty() && fences_.check_enabled()) {
     if (request.header.fencing_token == 0) {
       return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": the topic is fenced by lease " +
@@ -189,12 +197,12 @@ Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
     }
     // Ask the lease table now, on the caller's thread, so the writer never
     // waits on it while holding LMDB's writer lock (lib/features/fence.cpp).
-    op.fence = fences_.preconfirm(*topic, request.lane, request.header.fencing_token);
+    op->fence = fences_.preconfirm(*topic, request.lane, request.header.fencing_token);
   }
-  op.is_append = true;
-  op.request = std::move(request);
-  op.append_done = std::move(done);
-  return enqueue(std::move(op), true);
+  op->is_append = true;
+  op->request = std::move(request);
+  op->append_done = std::move(done);
+  return Status();
 }
 
 Result<AppendResult> DurableStore::append(AppendRequest request) {
@@ -207,6 +215,86 @@ Result<AppendResult> DurableStore::append(AppendRequest request) {
   w.wait();
   if (!w.status.ok()) return w.status;
   return w.result;
+}
+
+namespace {
+// append_batch's wait: one completion per queued request, each one's status kept.
+struct BatchWaiter {
+  std::mutex m;
+  std::condition_variable cv;
+  std::size_t left = 0;
+  std::vector<Status> status;
+  void finish(std::size_t i, const Status& s) {
+    std::lock_guard<std::mutex> l(m);
+    status[i] = s;
+    if (--left == 0) cv.notify_one();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> l(m);
+    cv.wait(l, [&] { return left == 0; });
+  }
+};
+}  // namespace
+
+DurableStore::AppendBatchResult DurableStore::append_batch(std::span<AppendRequest> requests) {
+  AppendBatchResult out;
+  if (requests.empty()) return out;
+  if (std::this_thread::get_id() == writer_id_) {
+    out.status = Status(Code::Busy, "blocking append from a completion callback (writer thread)");
+    return out;
+  }
+  bool fenced = false;
+  for (const AppendRequest& r : requests) {
+    std::uint32_t lanes = 0;
+    fenced = fenced || topic_kind(r.topic_id, &lanes) != 1;  // fenced, or unknown (append says which)
+  }
+  if (fenced) {
+    for (AppendRequest& r : requests) {
+      auto a = append(std::move(r));
+      if (!a.ok()) {
+        out.status = a.status();
+        return out;
+      }
+      ++out.appended;
+    }
+    return out;
+  }
+  BatchWaiter w;
+  w.status.resize(requests.size());
+  std::vector<WriteOp> ops(requests.size());
+  std::size_t prepared = 0;
+  Status refused;  // the first request refused up front, which ends the batch
+  for (; prepared < requests.size(); ++prepared) {
+    refused = prepare_append(std::move(requests[prepared]),
+                             [&w, i = prepared](const Status& st, const AppendResult&) { w.finish(i, st); },
+                             &ops[prepared]);
+    if (!refused.ok()) break;
+  }
+  // Every prepared request completes once queued; the ones enqueue_all could
+  // not queue (the store closing) never do, so they leave the count again.
+  {
+    std::lock_guard<std::mutex> l(w.m);
+    w.left = prepared;
+  }
+  Status not_queued;
+  const std::size_t queued = enqueue_all(std::span<WriteOp>(ops.data(), prepared), &not_queued);
+  if (queued < prepared) {
+    std::lock_guard<std::mutex> l(w.m);
+    w.left -= prepared - queued;
+  }
+  w.wait();
+  for (; out.appended < queued; ++out.appended) {
+    if (!w.status[out.appended].ok()) {
+      out.status = w.status[out.appended];
+      return out;
+    }
+  }
+  if (queued < prepared) {
+    out.status = not_queued;
+  } else if (prepared < requests.size()) {
+    out.status = refused;
+  }
+  return out;
 }
 
 Result<std::uint64_t> DurableStore::reserve_ids(std::uint64_t count) {

@@ -3,6 +3,7 @@
 #include "durable_store.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <iterator>
 #include <map>
 #include <utility>
@@ -24,6 +25,32 @@ Status DurableStore::enqueue(WriteOp&& op, bool may_block) {
   }
   queue_cv_.notify_one();
   return Status();
+}
+
+std::size_t DurableStore::enqueue_all(std::span<WriteOp> ops, Status* status) {
+  std::size_t queued = 0;
+  while (queued < ops.size()) {
+    {
+      MutexLock l(&queue_mutex_);
+      while (!stopping_ && queue_.size() >= options_.max_pending) space_cv_.wait(queue_mutex_);
+      if (stopping_) {
+        *status = Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closing");
+        return queued;
+      }
+      // Room first, so a chunk is queued whole or not at all (the caller
+      // waits for exactly the queued ones).
+      const std::size_t n = std::min(ops.size() - queued, options_.max_pending - queue_.size());
+      try {
+        queue_.reserve(queue_.size() + n);
+      } catch (const std::exception&) {
+        *status = Status::from_literal(Code::Internal, "append: out of memory queueing the batch");
+        return queued;
+      }
+      for (std::size_t k = 0; k < n; ++k) queue_.push_back(std::move(ops[queued++]));
+    }
+    queue_cv_.notify_one();
+  }
+  return queued;
 }
 
 Status DurableStore::run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping) {
