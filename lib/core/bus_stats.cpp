@@ -21,6 +21,27 @@ bool stuck_now(const GroupLane& gl) noexcept {
          RetryTimer::now_ns() - since > std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count();
 }
 
+// A group lane's counters as the bus keeps them in memory (a durable lane's
+// in_flight and skipped are then taken from the store: BusCore::stats).
+LaneCounters live_counters(const GroupLane& gl) noexcept {
+  LaneCounters lc;
+  lc.delivered = gl.delivered.load(std::memory_order_relaxed);
+  lc.acked = gl.acked.load(std::memory_order_relaxed);
+  lc.retried = gl.retried.load(std::memory_order_relaxed);
+  lc.rejected = gl.rejected.load(std::memory_order_relaxed);
+  lc.failed = gl.failed.load(std::memory_order_relaxed);
+  lc.timed_out = gl.timed_out.load(std::memory_order_relaxed);
+  lc.stuck = gl.stuck.load(std::memory_order_relaxed);
+  lc.stuck_now = stuck_now(gl) ? 1 : 0;
+  lc.set_aside = gl.parked_count.load(std::memory_order_relaxed);
+  lc.duplicates_skipped = gl.duplicates_skipped.load(std::memory_order_relaxed);
+  lc.dropped = gl.dropped.load(std::memory_order_relaxed);
+  lc.expired = gl.expired.load(std::memory_order_relaxed);
+  lc.in_flight = gl.ring.size_approx();  // + the one being handled, not visible here
+  lc.skipped = gl.skipped.load(std::memory_order_relaxed);
+  return lc;
+}
+
 // A group's outage pause (GroupOptions::outage).
 void outage_stats(const GroupImpl& g, GroupStats* gs) {
   OutageBreaker::Snapshot o = g.outage.snapshot();
@@ -94,21 +115,7 @@ BusStats BusCore::stats() const {
         if (info.ok()) persisted = std::move(*info);
       }
       for (const auto& gl : g->lanes) {
-        LaneCounters lc;
-        lc.delivered = gl->delivered.load(std::memory_order_relaxed);
-        lc.acked = gl->acked.load(std::memory_order_relaxed);
-        lc.retried = gl->retried.load(std::memory_order_relaxed);
-        lc.rejected = gl->rejected.load(std::memory_order_relaxed);
-        lc.failed = gl->failed.load(std::memory_order_relaxed);
-        lc.timed_out = gl->timed_out.load(std::memory_order_relaxed);
-        lc.stuck = gl->stuck.load(std::memory_order_relaxed);
-        lc.stuck_now = stuck_now(*gl) ? 1 : 0;
-        lc.set_aside = gl->parked_count.load(std::memory_order_relaxed);
-        lc.duplicates_skipped = gl->duplicates_skipped.load(std::memory_order_relaxed);
-        lc.dropped = gl->dropped.load(std::memory_order_relaxed);
-        lc.expired = gl->expired.load(std::memory_order_relaxed);
-        lc.in_flight = gl->ring.size_approx();  // + the one being handled, not visible here
-        lc.skipped = gl->skipped.load(std::memory_order_relaxed);
+        LaneCounters lc = live_counters(*gl);
         std::int64_t oldest = gl->oldest_ns.load(std::memory_order_relaxed);
         if (t->durable) {
           oldest = 0;

@@ -221,6 +221,18 @@ Status check_timing_options(const std::string& topic, const GroupOptions& o) {
   return check_outage_options(topic, o.outage);
 }
 
+// The GroupOptions a subscribe refuses (attach), each with its allowed range.
+Status check_group_options(const std::string& topic, const GroupOptions& o) {
+  if (o.key_parallel_limit == 0 || o.key_parallel_limit > 65536)
+    return Status(Code::InvalidArgument, "subscribe to \"" + topic + "\": key_parallel_limit must be 1..65536, got " +
+                                             std::to_string(o.key_parallel_limit));
+  if (o.batch_max == 0 || o.batch_max > kMaxBatch)
+    return Status(Code::InvalidArgument, "subscribe to \"" + topic + "\": batch_max must be 1.." +
+                                             std::to_string(kMaxBatch) + ", got " + std::to_string(o.batch_max));
+  if (o.max_attempts == 0 || o.batch == 0)
+    return Status(Code::InvalidArgument, "subscribe to \"" + topic + "\": max_attempts and batch must be at least 1");
+  return check_timing_options(topic, o);
+}
 }  // namespace
 
 Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler handler, TxHandler tx_handler,
@@ -230,16 +242,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   if (tx_handler && !t->durable)
     return Status(Code::InvalidArgument, "subscribe to \"" + t->name +
                                              "\": transactional handlers need a durable topic or queue");
-  if (o.key_parallel_limit == 0 || o.key_parallel_limit > 65536)
-    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": key_parallel_limit must be 1..65536, got " +
-                                             std::to_string(o.key_parallel_limit));
-  if (o.batch_max == 0 || o.batch_max > kMaxBatch)
-    return Status(Code::InvalidArgument, "subscribe to \"" + t->name + "\": batch_max must be 1.." +
-                                             std::to_string(kMaxBatch) + ", got " + std::to_string(o.batch_max));
-  if (o.max_attempts == 0 || o.batch == 0)
-    return Status(Code::InvalidArgument,
-                  "subscribe to \"" + t->name + "\": max_attempts and batch must be at least 1");
-  if (Status s = check_timing_options(t->name, o); !s.ok()) return s;
+  if (Status s = check_group_options(t->name, o); !s.ok()) return s;
   if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
   IdempotencyImpl* idem = nullptr;
   if (!o.idempotency_scope.empty()) {
