@@ -449,6 +449,14 @@ class TopicImpl {
   /// Route a filled slot to every active group's ring of its lane; `solo`:
   /// the owner's plain appends. Returns false when no group took it (freed).
   bool route(Slot* s, std::uint32_t lane, bool solo) noexcept;
+  /// route for a topic with one active group, inline in publish_via (else route).
+  bool route_one(Slot* s, std::uint32_t lane, bool solo) noexcept;
+  /// BusCore::schedule, with its first check (the lane already scheduled,
+  /// a seq_cst load: the publisher's side of the Dekker hand-off) inline.
+  void schedule(GroupLane* gl) noexcept;
+  /// publish_via for every case (publish.cpp): its lean frame's fallback.
+  Status publish_via_general(PublisherState& p, const OutgoingMessage& m, bool may_block,
+                             const PayloadFill* fill) noexcept;
   /// The topic's backpressure around `take` (backpressure.hpp).
   template <typename Take, typename T>
   T acquire_room(std::uint32_t lane, bool may_block, Take take, T none) noexcept;

@@ -153,6 +153,37 @@ void TopicImpl::make_shared() noexcept {
   }
 }
 
+inline void TopicImpl::schedule(GroupLane* gl) noexcept {
+  // The check BusCore::schedule starts with, without the call when the lane
+  // is scheduled already (a lane being drained, mostly).
+  if (gl->scheduled.load(std::memory_order_seq_cst)) return;
+  bus->schedule(gl);
+}
+
+// A topic with one active group (the common case): route's work without its
+// loop and target array. Anything else, and a group gone or inactive: route.
+inline bool TopicImpl::route_one(Slot* s, std::uint32_t lane, bool solo) noexcept {
+  if (group_count.load(std::memory_order_acquire) != 1) [[unlikely]] return route(s, lane, solo);
+  GroupImpl* const g = groups[0].load(std::memory_order_acquire);
+  if (g == nullptr || !g->active.load(std::memory_order_acquire)) [[unlikely]] return route(s, lane, solo);
+  GroupLane* const gl = g->lanes[lane].get();
+  std::atomic<std::uint64_t>& published = lane_load[lane].published;
+  // relaxed: the ring push below (release) publishes the count with the slot.
+  s->refs.store(1, std::memory_order_relaxed);
+  const std::uint32_t index = pool.index_of(s);
+  if (solo) {
+    // The only writer while the topic is solo (make_shared waits for us).
+    published.store(published.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    gl->ring.push_solo(index);
+    AsymmetricFence::light();  // the entry, then the flag (as route)
+  } else {
+    published.fetch_add(1, std::memory_order_relaxed);
+    while (!gl->ring.try_enqueue(index)) std::this_thread::yield();  // as route
+  }
+  schedule(gl);
+  return true;
+}
+
 bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
   // Route to every active group. The slot's reference count must be final
   // before the first ring push makes it visible, so collect the targets first
@@ -197,7 +228,7 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
     } else {
       while (!gl->ring.try_enqueue(index)) std::this_thread::yield();
     }
-    bus->schedule(gl);
+    schedule(gl);
   };
   if (!overflow) {
     // relaxed: the ring push below (release) publishes the count with the slot.
@@ -370,8 +401,52 @@ void BusCore::drop_thread_publishers() noexcept {
   }
 }
 
+// ---------------------------------------------------------------- publish_via
+//
+// Two frames (doc/performance.md, sixth round). publish_via is the lean one:
+// bytes that fit the slot, no due time, expiry, headers or trace context, an
+// untyped topic in a namespace without a publish quota, through the
+// publisher's last link while it has a publisher slot and membarrier. It
+// checks all of that up front, before it has changed anything, and hands
+// anything else (and a magazine that cannot refill) to publish_via_general,
+// which serves every case. Both end in the same slot contents, counters and
+// ring appends; only the order of the checks differs, and none of them has an
+// effect before the slot is taken.
 Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool may_block,
                               const PayloadFill* fill) noexcept {
+  PublisherLink* const lp = p.last_link;
+  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+  // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the general path refuses it.)
+  if (fill != nullptr || lp == nullptr || lp->topic != this || p.slot == kNoPublisherSlot || !p.asym ||
+      has_times(m, default_ttl_ns) || m.payload.empty() || need > options.slot_bytes ||
+      (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
+      schema.load(std::memory_order_relaxed) != nullptr || objects_only.load(std::memory_order_relaxed))
+      [[unlikely]]
+    return publish_via_general(p, m, may_block, fill);
+  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
+  if (nsp->pub_limited.load(std::memory_order_relaxed)) [[unlikely]] return publish_via_general(p, m, may_block, fill);
+  // Shutdown: read once, after the slot is taken (the Dekker below); a slot
+  // taken while closing goes back to the pool.
+  Slot* const s = pool.take(lp->mag);  // plain loads and stores unless the magazine refills
+  // No slot in hand: the general path refills or waits under the topic's backpressure.
+  if (s == nullptr) [[unlikely]] return publish_via_general(p, m, may_block, fill);
+  // The slot counts in in_use now; then read closing (shutdown's Dekker, as below).
+  AsymmetricFence::light();
+  if (bus->closing()) [[unlikely]] {
+    pool.free(s);
+    return shut_down();
+  }
+  const std::uint32_t lane = lane_index(m.key, options.lanes);
+  fill_slot(s, m, lane, p.take_id(), now_ns(), m.schema_version);
+  const bool solo = open_window(*this, p.slot);  // "Solo publishers", bus_impl.hpp
+  route_one(s, lane, solo);
+  if (solo) close_window(*this, p.slot);
+  nsp->count_in_slot(p.slot, 1, need);
+  return Status();
+}
+
+Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& m, bool may_block,
+                                      const PayloadFill* fill) noexcept {
   const std::uint64_t id = p.take_id();
   PublisherLink* const lp = p.link(this);
   if (lp == nullptr) [[unlikely]] return publish(m, may_block, id, fill);
@@ -749,7 +824,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         } else {
           gl->ring.enqueue_bulk(values, len);
         }
-        bus->schedule(gl);
+        schedule(gl);
       }
     }
     if (solo) close_window(*this, p->slot);
