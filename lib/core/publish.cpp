@@ -436,7 +436,7 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
     pool.free(s);
     return shut_down();
   }
-  const std::uint32_t lane = lane_index(m.key, options.lanes);
+  const std::uint32_t lane = lane_of(m.key);
   fill_slot(s, m, lane, p.take_id(), now_ns(), m.schema_version);
   const bool solo = open_window(*this, p.slot);  // "Solo publishers", bus_impl.hpp
   route_one(s, lane, solo);
@@ -592,12 +592,29 @@ constexpr std::uint32_t kBatchChunk = 64;
 constexpr std::uint32_t kSortLanes = 256;
 static_assert(kBatchChunk < 256, "run numbers fit a byte");
 
-// Also true for a message with a due time or an expiry (publish takes it to delayed.cpp).
-bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes, std::int64_t default_ttl_ns) noexcept {
-  for (const OutgoingMessage& m : ms)
-    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes || has_times(m, default_ttl_ns))
-      return true;
-  return false;
+// One pass over a batch (publish_batch): whether a message needs the one-by-one
+// path (beyond the slot, or a due time or an expiry: publish takes it to
+// delayed.cpp), the first the fast path refuses (an empty payload, a key
+// beyond kMaxKeyBytes), and the bytes of them all (the namespace's usage).
+struct BatchScan {
+  bool slow = false;
+  std::size_t bad;  // the first refused message's index, else the span's size
+  std::uint64_t bytes = 0;
+};
+BatchScan scan_batch(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes,
+                     std::int64_t default_ttl_ns) noexcept {
+  BatchScan sc;
+  sc.bad = ms.size();
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const OutgoingMessage& m = ms[i];
+    const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+    sc.bytes += need;
+    sc.slow |= (need > slot_bytes) | has_times(m, default_ttl_ns);
+    if ((m.payload.empty() || (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) && sc.bad == ms.size())
+      [[unlikely]]
+      sc.bad = i;
+  }
+  return sc;
 }
 }  // namespace
 
@@ -605,8 +622,9 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
                                             std::uint64_t first_id, PublisherState* p) noexcept {
   if (objects_only.load(std::memory_order_relaxed)) return {0, bytes_to_typed()};
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
+  const BatchScan sc = scan_batch(ms, options.slot_bytes, default_ttl_ns);
   if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed) ||
-      has_large(ms, options.slot_bytes, default_ttl_ns)) {
+      sc.slow) {
     // A typed topic checks each record, a namespace with a publish quota
     // admits each message, a payload beyond the slot takes a block: publish
     // them one by one (same result as the fast path: the published prefix
@@ -635,12 +653,15 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
     }
     return r;
   }
-  BatchPublishResult r = publish_batch_unchecked(ms, may_block, first_id, p);
+  BatchPublishResult r = publish_batch_unchecked(ms, may_block, first_id, p, sc.bad);
   // Usage of the namespace (no quota: admit_publish would only count).
   if (r.published > 0) {
-    std::uint64_t bytes = 0;
-    for (std::size_t i = 0; i < r.published; ++i)
-      bytes += ms[i].key.size() + ms[i].idempotency_key.size() + ms[i].payload.size();
+    std::uint64_t bytes = sc.bytes;  // all of them, the common case; else the published prefix
+    if (r.published < ms.size()) {
+      bytes = 0;
+      for (std::size_t i = 0; i < r.published; ++i)
+        bytes += ms[i].key.size() + ms[i].idempotency_key.size() + ms[i].payload.size();
+    }
     nsp->live.msgs_in.fetch_add(r.published, std::memory_order_relaxed);
     nsp->live.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
   }
@@ -648,28 +669,20 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
 }
 
 BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
-                                                      std::uint64_t first_id, PublisherState* p) noexcept {
+                                                      std::uint64_t first_id, PublisherState* p,
+                                                      std::size_t bad) noexcept {
   // A Publisher with a slot may own the topic (solo appends per chunk, as
   // publish_via); anyone else makes it shared.
   const bool may_solo = p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available();
   if (!may_solo && owner.load(std::memory_order_relaxed) != 1) make_shared();
   BatchPublishResult r;
-  for (const OutgoingMessage& m : ms) {
-    if (m.payload.empty()) {
-      r.status = Status::from_literal(Code::InvalidArgument,
-                                      "publish_batch: a message has an empty payload (nothing published)");
-      return r;
-    }
-    if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) {
-      r.status = key_too_long();
-      return r;
-    }
-    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
-      r.status = Status::from_literal(Code::PayloadTooLarge,
-                                      "publish_batch: a message's key + idempotency key + payload exceed the "
-                                      "topic's slot_bytes (nothing published; raise TopicOptions::slot_bytes)");
-      return r;
-    }
+  // The first message publish_batch's scan found refused: nothing is published.
+  if (bad < ms.size()) [[unlikely]] {
+    r.status = ms[bad].payload.empty()
+                   ? Status::from_literal(Code::InvalidArgument,
+                                          "publish_batch: a message has an empty payload (nothing published)")
+                   : key_too_long();
+    return r;
   }
   constexpr std::uint32_t kInline = 16;
   Slot* slots[kBatchChunk];
@@ -747,7 +760,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     for (std::uint32_t i = 0; i < k && i < kFillAhead; ++i) MessagePool::prefetch_slot(slots[i]);
     for (std::uint32_t i = 0; i < k; ++i) {
       if (i + kFillAhead < k) MessagePool::prefetch_slot(slots[i + kFillAhead]);
-      lanes_of[i] = lane_index(chunk[i].key, options.lanes);
+      lanes_of[i] = lane_of(chunk[i].key);
       fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at, chunk[i].schema_version);
       // relaxed: the ring append's release stores (and fence) publish it with the slot.
       slots[i]->refs.store(n, std::memory_order_relaxed);

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 namespace lanebus::detail {
 
@@ -25,6 +26,11 @@ inline constexpr std::uint64_t kFnv1a64Prime = 1099511628211ull;
 /// One byte into the hash.
 constexpr std::uint64_t fnv1a64_byte(std::uint64_t h, unsigned char c) noexcept { return (h ^ c) * kFnv1a64Prime; }
 
+/// fnv1a64_byte with the prime passed in (fnv1a64 below).
+constexpr std::uint64_t fnv_step(std::uint64_t h, unsigned char c, std::uint64_t prime) noexcept {
+  return (h ^ c) * prime;
+}
+
 /// The bytes of `s` into the hash `h` (by default from the published basis).
 /// Byte by byte in order, as FNV-1a defines it; unrolled by eight, and the
 /// last (up to seven) bytes through a switch, so a short key (the common
@@ -33,26 +39,30 @@ constexpr std::uint64_t fnv1a64_byte(std::uint64_t h, unsigned char c) noexcept 
 constexpr std::uint64_t fnv1a64(std::string_view s, std::uint64_t h = kFnv1a64Offset) noexcept {
   const char* p = s.data();
   std::size_t n = s.size();
+  // The prime in a register (or a stack slot): without the empty asm GCC
+  // rematerialises the 64-bit constant before every multiply of the tail.
+  std::uint64_t prime = kFnv1a64Prime;
+  if (!std::is_constant_evaluated()) __asm__("" : "+r"(prime));
   for (; n >= 8; p += 8, n -= 8) {
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[0]));
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[1]));
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[2]));
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[3]));
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[4]));
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[5]));
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[6]));
-    h = fnv1a64_byte(h, static_cast<unsigned char>(p[7]));
+    h = fnv_step(h, static_cast<unsigned char>(p[0]), prime);
+    h = fnv_step(h, static_cast<unsigned char>(p[1]), prime);
+    h = fnv_step(h, static_cast<unsigned char>(p[2]), prime);
+    h = fnv_step(h, static_cast<unsigned char>(p[3]), prime);
+    h = fnv_step(h, static_cast<unsigned char>(p[4]), prime);
+    h = fnv_step(h, static_cast<unsigned char>(p[5]), prime);
+    h = fnv_step(h, static_cast<unsigned char>(p[6]), prime);
+    h = fnv_step(h, static_cast<unsigned char>(p[7]), prime);
   }
   // The tail by its offsets from the end: each case one load, xor and multiply.
   const char* const e = p + n;
   switch (n) {
-    case 7: h = fnv1a64_byte(h, static_cast<unsigned char>(e[-7])); [[fallthrough]];
-    case 6: h = fnv1a64_byte(h, static_cast<unsigned char>(e[-6])); [[fallthrough]];
-    case 5: h = fnv1a64_byte(h, static_cast<unsigned char>(e[-5])); [[fallthrough]];
-    case 4: h = fnv1a64_byte(h, static_cast<unsigned char>(e[-4])); [[fallthrough]];
-    case 3: h = fnv1a64_byte(h, static_cast<unsigned char>(e[-3])); [[fallthrough]];
-    case 2: h = fnv1a64_byte(h, static_cast<unsigned char>(e[-2])); [[fallthrough]];
-    case 1: h = fnv1a64_byte(h, static_cast<unsigned char>(e[-1])); break;
+    case 7: h = fnv_step(h, static_cast<unsigned char>(e[-7]), prime); [[fallthrough]];
+    case 6: h = fnv_step(h, static_cast<unsigned char>(e[-6]), prime); [[fallthrough]];
+    case 5: h = fnv_step(h, static_cast<unsigned char>(e[-5]), prime); [[fallthrough]];
+    case 4: h = fnv_step(h, static_cast<unsigned char>(e[-4]), prime); [[fallthrough]];
+    case 3: h = fnv_step(h, static_cast<unsigned char>(e[-3]), prime); [[fallthrough]];
+    case 2: h = fnv_step(h, static_cast<unsigned char>(e[-2]), prime); [[fallthrough]];
+    case 1: h = fnv_step(h, static_cast<unsigned char>(e[-1]), prime); break;
     default: break;
   }
   return h;
