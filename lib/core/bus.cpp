@@ -169,6 +169,9 @@ Publisher::~Publisher() = default;
 
 Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
+  detail::TopicImpl* const t = topic.impl_;
+  // No tracer, in memory (the common case): straight on, a tail call.
+  if (t->bus->options.tracer == nullptr && !t->durable) [[likely]] return t->publish_via(*state_, message, true);
   return traced(topic.impl_, message, [t = topic.impl_, st = state_.get()](const OutgoingMessage& m) {
     return t->durable ? publish_durable_noexcept(t, m) : t->publish_via(*st, m, true);
   });

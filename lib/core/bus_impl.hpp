@@ -88,6 +88,7 @@
 #include "outage.hpp"
 #include "payload_pool.hpp"
 #include "fair_queue.hpp"
+#include "hash.hpp"
 #include "retry_timer.hpp"
 #include "schema_registry.hpp"
 #include "schema_usage.hpp"
@@ -361,9 +362,13 @@ class TopicImpl {
   /// `p`: the Publisher's state (its slot may own the topic), or nullptr.
   BatchPublishResult publish_batch(std::span<const OutgoingMessage> ms, bool may_block, std::uint64_t first_id,
                                    PublisherState* p = nullptr) noexcept;
-  /// publish_batch's fast path: no schema check, no quota (their callers check).
+  /// publish_batch's fast path: no schema check, no quota, every message fits
+  /// the slot (publish_batch checks). `bad`: the index of the first message
+  /// with an empty payload or a key beyond kMaxKeyBytes (refused, nothing
+  /// published), ms.size() when none.
   BatchPublishResult publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
-                                             std::uint64_t first_id, PublisherState* p = nullptr) noexcept;
+                                             std::uint64_t first_id, PublisherState* p,
+                                             std::size_t bad) noexcept;
   /// Payloads larger than the slot and typed objects (large_payload.cpp):
   /// the checks before a slot is taken, then placing the payload in the
   /// slot or an external block (taken under the topic's backpressure).
@@ -416,6 +421,18 @@ class TopicImpl {
   const std::string name;
   const bool is_queue;
   const TopicOptions options;
+  /// lane_index(key, options.lanes) (hash.hpp) with its power-of-two test
+  /// made once, at creation: the publish paths' lane of a key.
+  std::uint32_t lane_of(std::string_view key) const noexcept {
+    const std::uint64_t h = fnv1a64(key);
+    if (lane_mask != kModuloLanes) [[likely]] return static_cast<std::uint32_t>(h) & lane_mask;
+    return options.lanes == 0 ? 0 : static_cast<std::uint32_t>(h % options.lanes);
+  }
+  static constexpr std::uint32_t kModuloLanes = 0xffffffffu;
+  /// options.lanes - 1 for a power-of-two lane count, else kModuloLanes.
+  const std::uint32_t lane_mask = options.lanes != 0 && (options.lanes & (options.lanes - 1)) == 0
+                                      ? options.lanes - 1
+                                      : kModuloLanes;
   const bool durable;
   TopicRef store_topic;  // durable only
   const std::uint32_t capacity;  // power of two
@@ -464,6 +481,14 @@ class TopicImpl {
   /// Route a filled slot to every active group's ring of its lane; `solo`:
   /// the owner's plain appends. Returns false when no group took it (freed).
   bool route(Slot* s, std::uint32_t lane, bool solo) noexcept;
+  /// route for a topic with one active group, inline in publish_via (else route).
+  bool route_one(Slot* s, std::uint32_t lane, bool solo) noexcept;
+  /// BusCore::schedule, with its first check (the lane already scheduled,
+  /// a seq_cst load: the publisher's side of the Dekker hand-off) inline.
+  void schedule(GroupLane* gl) noexcept;
+  /// publish_via for every case (publish.cpp): its lean frame's fallback.
+  Status publish_via_general(PublisherState& p, const OutgoingMessage& m, bool may_block,
+                             const PayloadFill* fill) noexcept;
   /// The topic's backpressure around `take` (backpressure.hpp).
   template <typename Take, typename T>
   T acquire_room(std::uint32_t lane, bool may_block, Take take, T none) noexcept;

@@ -108,10 +108,10 @@ inline void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std
   s->idem_len = static_cast<std::uint16_t>(m.idempotency_key.size());
   s->payload_len = static_cast<std::uint32_t>(m.payload.size());
   char* d = s->data();
-  if (!m.key.empty()) std::memcpy(d, m.key.data(), m.key.size());
-  if (!m.idempotency_key.empty()) std::memcpy(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
+  copy_short(d, m.key.data(), m.key.size());  // message_pool.hpp: short keys without a call
+  copy_short(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
   if (inline_payload)
-    std::memcpy(d + m.key.size() + m.idempotency_key.size() + ext, m.payload.data(), m.payload.size());
+    copy_payload(d + m.key.size() + m.idempotency_key.size() + ext, m.payload.data(), m.payload.size());
   s->header.id = id;
   s->header.created_at_ns = created_at;
   s->header.correlation_id = m.correlation_id;

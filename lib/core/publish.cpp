@@ -154,6 +154,37 @@ void TopicImpl::make_shared() noexcept {
   }
 }
 
+inline void TopicImpl::schedule(GroupLane* gl) noexcept {
+  // The check BusCore::schedule starts with, without the call when the lane
+  // is scheduled already (a lane being drained, mostly).
+  if (gl->scheduled.load(std::memory_order_seq_cst)) return;
+  bus->schedule(gl);
+}
+
+// A topic with one active group (the common case): route's work without its
+// loop and target array. Anything else, and a group gone or inactive: route.
+inline bool TopicImpl::route_one(Slot* s, std::uint32_t lane, bool solo) noexcept {
+  if (group_count.load(std::memory_order_acquire) != 1) [[unlikely]] return route(s, lane, solo);
+  GroupImpl* const g = groups[0].load(std::memory_order_acquire);
+  if (g == nullptr || !g->active.load(std::memory_order_acquire)) [[unlikely]] return route(s, lane, solo);
+  GroupLane* const gl = g->lanes[lane].get();
+  std::atomic<std::uint64_t>& published = lane_load[lane].published;
+  // relaxed: the ring push below (release) publishes the count with the slot.
+  s->refs.store(1, std::memory_order_relaxed);
+  const std::uint32_t index = pool.index_of(s);
+  if (solo) {
+    // The only writer while the topic is solo (make_shared waits for us).
+    published.store(published.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    gl->ring.push_solo(index);
+    AsymmetricFence::light();  // the entry, then the flag (as route)
+  } else {
+    published.fetch_add(1, std::memory_order_relaxed);
+    while (!gl->ring.try_enqueue(index)) std::this_thread::yield();  // as route
+  }
+  schedule(gl);
+  return true;
+}
+
 bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
   // Route to every active group. The slot's reference count must be final
   // before the first ring push makes it visible, so collect the targets first
@@ -198,7 +229,7 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
     } else {
       while (!gl->ring.try_enqueue(index)) std::this_thread::yield();
     }
-    bus->schedule(gl);
+    schedule(gl);
   };
   if (!overflow) {
     // relaxed: the ring push below (release) publishes the count with the slot.
@@ -371,8 +402,52 @@ void BusCore::drop_thread_publishers() noexcept {
   }
 }
 
+// ---------------------------------------------------------------- publish_via
+//
+// Two frames (doc/performance.md, sixth round). publish_via is the lean one:
+// bytes that fit the slot, no due time, expiry, headers or trace context, an
+// untyped topic in a namespace without a publish quota, through the
+// publisher's last link while it has a publisher slot and membarrier. It
+// checks all of that up front, before it has changed anything, and hands
+// anything else (and a magazine that cannot refill) to publish_via_general,
+// which serves every case. Both end in the same slot contents, counters and
+// ring appends; only the order of the checks differs, and none of them has an
+// effect before the slot is taken.
 Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool may_block,
                               const PayloadFill* fill) noexcept {
+  PublisherLink* const lp = p.last_link;
+  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+  // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the general path refuses it.)
+  if (fill != nullptr || lp == nullptr || lp->topic != this || p.slot == kNoPublisherSlot || !p.asym ||
+      has_times(m, default_ttl_ns) || m.payload.empty() || need > options.slot_bytes ||
+      (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
+      schema.load(std::memory_order_relaxed) != nullptr || objects_only.load(std::memory_order_relaxed))
+      [[unlikely]]
+    return publish_via_general(p, m, may_block, fill);
+  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
+  if (nsp->pub_limited.load(std::memory_order_relaxed)) [[unlikely]] return publish_via_general(p, m, may_block, fill);
+  // Shutdown: read once, after the slot is taken (the Dekker below); a slot
+  // taken while closing goes back to the pool.
+  Slot* const s = pool.take(lp->mag);  // plain loads and stores unless the magazine refills
+  // No slot in hand: the general path refills or waits under the topic's backpressure.
+  if (s == nullptr) [[unlikely]] return publish_via_general(p, m, may_block, fill);
+  // The slot counts in in_use now; then read closing (shutdown's Dekker, as below).
+  AsymmetricFence::light();
+  if (bus->closing()) [[unlikely]] {
+    pool.free(s);
+    return shut_down();
+  }
+  const std::uint32_t lane = lane_of(m.key);
+  fill_slot(s, m, lane, p.take_id(), now_ns(), m.schema_version);
+  const bool solo = open_window(*this, p.slot);  // "Solo publishers", bus_impl.hpp
+  route_one(s, lane, solo);
+  if (solo) close_window(*this, p.slot);
+  nsp->count_in_slot(p.slot, 1, need);
+  return Status();
+}
+
+Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& m, bool may_block,
+                                      const PayloadFill* fill) noexcept {
   const std::uint64_t id = p.take_id();
   PublisherLink* const lp = p.link(this);
   if (lp == nullptr) [[unlikely]] return publish(m, may_block, id, fill);
@@ -447,12 +522,29 @@ constexpr std::uint32_t kBatchChunk = 64;
 constexpr std::uint32_t kSortLanes = 256;
 static_assert(kBatchChunk < 256, "run numbers fit a byte");
 
-// Also true for a message with a due time or an expiry (publish takes it to delayed.cpp).
-bool has_large(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes, std::int64_t default_ttl_ns) noexcept {
-  for (const OutgoingMessage& m : ms)
-    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > slot_bytes || has_times(m, default_ttl_ns))
-      return true;
-  return false;
+// One pass over a batch (publish_batch): whether a message needs the one-by-one
+// path (beyond the slot, or a due time or an expiry: publish takes it to
+// delayed.cpp), the first the fast path refuses (an empty payload, a key
+// beyond kMaxKeyBytes), and the bytes of them all (the namespace's usage).
+struct BatchScan {
+  bool slow = false;
+  std::size_t bad;  // the first refused message's index, else the span's size
+  std::uint64_t bytes = 0;
+};
+BatchScan scan_batch(std::span<const OutgoingMessage> ms, std::uint32_t slot_bytes,
+                     std::int64_t default_ttl_ns) noexcept {
+  BatchScan sc;
+  sc.bad = ms.size();
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const OutgoingMessage& m = ms[i];
+    const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
+    sc.bytes += need;
+    sc.slow |= (need > slot_bytes) | has_times(m, default_ttl_ns);
+    if ((m.payload.empty() || (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) && sc.bad == ms.size())
+      [[unlikely]]
+      sc.bad = i;
+  }
+  return sc;
 }
 }  // namespace
 
@@ -460,8 +552,9 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
                                             std::uint64_t first_id, PublisherState* p) noexcept {
   if (objects_only.load(std::memory_order_relaxed)) return {0, bytes_to_typed()};
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
+  const BatchScan sc = scan_batch(ms, options.slot_bytes, default_ttl_ns);
   if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed) ||
-      has_large(ms, options.slot_bytes, default_ttl_ns)) {
+      sc.slow) {
     // A typed topic checks each record, a namespace with a publish quota
     // admits each message, a payload beyond the slot takes a block: publish
     // them one by one (same result as the fast path: the published prefix
@@ -490,12 +583,15 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
     }
     return r;
   }
-  BatchPublishResult r = publish_batch_unchecked(ms, may_block, first_id, p);
+  BatchPublishResult r = publish_batch_unchecked(ms, may_block, first_id, p, sc.bad);
   // Usage of the namespace (no quota: admit_publish would only count).
   if (r.published > 0) {
-    std::uint64_t bytes = 0;
-    for (std::size_t i = 0; i < r.published; ++i)
-      bytes += ms[i].key.size() + ms[i].idempotency_key.size() + ms[i].payload.size();
+    std::uint64_t bytes = sc.bytes;  // all of them, the common case; else the published prefix
+    if (r.published < ms.size()) {
+      bytes = 0;
+      for (std::size_t i = 0; i < r.published; ++i)
+        bytes += ms[i].key.size() + ms[i].idempotency_key.size() + ms[i].payload.size();
+    }
     nsp->live.msgs_in.fetch_add(r.published, std::memory_order_relaxed);
     nsp->live.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
   }
@@ -503,28 +599,20 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
 }
 
 BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
-                                                      std::uint64_t first_id, PublisherState* p) noexcept {
+                                                      std::uint64_t first_id, PublisherState* p,
+                                                      std::size_t bad) noexcept {
   // A Publisher with a slot may own the topic (solo appends per chunk, as
   // publish_via); anyone else makes it shared.
   const bool may_solo = p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available();
   if (!may_solo && owner.load(std::memory_order_relaxed) != 1) make_shared();
   BatchPublishResult r;
-  for (const OutgoingMessage& m : ms) {
-    if (m.payload.empty()) {
-      r.status = Status::from_literal(Code::InvalidArgument,
-                                      "publish_batch: a message has an empty payload (nothing published)");
-      return r;
-    }
-    if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) {
-      r.status = key_too_long();
-      return r;
-    }
-    if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
-      r.status = Status::from_literal(Code::PayloadTooLarge,
-                                      "publish_batch: a message's key + idempotency key + payload exceed the "
-                                      "topic's slot_bytes (nothing published; raise TopicOptions::slot_bytes)");
-      return r;
-    }
+  // The first message publish_batch's scan found refused: nothing is published.
+  if (bad < ms.size()) [[unlikely]] {
+    r.status = ms[bad].payload.empty()
+                   ? Status::from_literal(Code::InvalidArgument,
+                                          "publish_batch: a message has an empty payload (nothing published)")
+                   : key_too_long();
+    return r;
   }
   constexpr std::uint32_t kInline = 16;
   Slot* slots[kBatchChunk];
@@ -602,7 +690,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     for (std::uint32_t i = 0; i < k && i < kFillAhead; ++i) MessagePool::prefetch_slot(slots[i]);
     for (std::uint32_t i = 0; i < k; ++i) {
       if (i + kFillAhead < k) MessagePool::prefetch_slot(slots[i + kFillAhead]);
-      lanes_of[i] = lane_index(chunk[i].key, options.lanes);
+      lanes_of[i] = lane_of(chunk[i].key);
       fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at, chunk[i].schema_version);
       // relaxed: the ring append's release stores (and fence) publish it with the slot.
       slots[i]->refs.store(n, std::memory_order_relaxed);
@@ -679,7 +767,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
         } else {
           gl->ring.enqueue_bulk(values, len);
         }
-        bus->schedule(gl);
+        schedule(gl);
       }
     }
     if (solo) close_window(*this, p->slot);
