@@ -414,6 +414,39 @@ struct QueueBatch {
   std::int64_t committed_at = 0;
 };
 
+namespace {
+// The DeadLetter settle of a queue message: the DLQ entry and the ack in one
+// step; a DLQ over its quota keeps the message (released for kHoldDlqFullNs).
+Status settle_dead_letter(StoreTxn& t, DlqStore* dlq, const GroupRef& group, std::uint32_t lane,
+                          const ClaimedMessage& cm, const DlqEntry& entry, SettleResult* res) {
+  const std::uint64_t offset = cm.message.offset;
+  auto added = dlq->add_in(t, entry, [&]() -> Status {
+    Status as = t.ack(group, lane, offset, cm.attempt);
+    if (!as.ok()) return as;
+    Status fs = dlq->forget_outcomes_in(t, group, lane, offset);
+    return (fs.ok() || fs.code() == Code::NotFound) ? Status() : fs;
+  });
+  if (added.ok()) {
+    *res = SettleResult::DeadLettered;
+    return Status();
+  }
+  if (!message_level(added.code())) return added.status();
+  if (added.code() != Code::QuotaExceeded) {
+    *res = SettleResult::Lost;
+    return Status();
+  }
+  // The DLQ refused it (quota): keep the message, try again later.
+  Status rs = t.release(group, lane, offset, cm.attempt, kHoldDlqFullNs);
+  if (!rs.ok() && !message_level(rs.code())) return rs;
+  if (rs.ok()) {
+    auto n = dlq->note_outcome_in(t, group, lane, offset);
+    if (!n.ok() && !message_level(n.code())) return n.status();
+  }
+  *res = SettleResult::DlqFull;
+  return Status();
+}
+}  // namespace
+
 // Settle one message of a claimed queue batch inside the writer's transaction.
 // Ops of a batch are applied in order (the writer runs them FIFO); once one
 // of them could not settle its message (a conflict, a lost claim, a full
@@ -488,32 +521,8 @@ Status BusCore::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k
       res = duplicate ? SettleResult::Duplicate : SettleResult::Acked;
       return Status();
     }
-    case QueueSettle::Kind::DeadLetter: {
-      auto added = dlq->add_in(t, *op.entry, [&]() -> Status {
-        Status as = t.ack(group, gl->lane, m.offset, cm.attempt);
-        if (!as.ok()) return as;
-        Status fs = dlq->forget_outcomes_in(t, group, gl->lane, m.offset);
-        return (fs.ok() || fs.code() == Code::NotFound) ? Status() : fs;
-      });
-      if (added.ok()) {
-        res = SettleResult::DeadLettered;
-        return Status();
-      }
-      if (!message_level(added.code())) return added.status();
-      if (added.code() != Code::QuotaExceeded) {
-        res = SettleResult::Lost;
-        return Status();
-      }
-      // The DLQ refused it (quota): keep the message, try again later.
-      Status rs = t.release(group, gl->lane, m.offset, cm.attempt, kHoldDlqFullNs);
-      if (!rs.ok() && !message_level(rs.code())) return rs;
-      if (rs.ok()) {
-        auto n = dlq->note_outcome_in(t, group, gl->lane, m.offset);
-        if (!n.ok() && !message_level(n.code())) return n.status();
-      }
-      res = SettleResult::DlqFull;
-      return Status();
-    }
+    case QueueSettle::Kind::DeadLetter:
+      return settle_dead_letter(t, dlq, group, gl->lane, cm, *op.entry, &res);
     case QueueSettle::Kind::Release: {
       Status rs = t.release(group, gl->lane, m.offset, cm.attempt, op.delay_ns);
       if (!rs.ok()) {
