@@ -212,6 +212,7 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
       __builtin_prefetch(s);  // both lines, while the handler runs on the messages before it
       __builtin_prefetch(reinterpret_cast<const char*>(s) + 64);
       chunk[i] = s;
+      return true;
     });
   };
   const MessageHeader none{};
@@ -305,25 +306,26 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
   std::int64_t hold_ns = -1;
   mark_run(this, c, gl);
   while (handled < limit) {
-    std::uint32_t n = 0;
-    std::uint32_t idx;
-    bool expired = false;
-    while (n < span_max && ring.peek_single(n, idx)) {
-      Slot* s = pool.at(idx);
+    Slot* expired_head = nullptr;
+    const std::uint32_t n = ring.peek_each(ring.head_position(), span_max, [&](std::uint32_t i, std::uint32_t value) {
+      Slot* s = pool.at(value);
       // An expired message (delayed.cpp) ends the span; at its head it is taken and never delivered.
       if ((s->kind & Slot::kExtension) && slot_expired(s, now_ns())) [[unlikely]] {
-        if (n == 0) {
-          ring.advance_single(1);
-          expired = expire_if_due(gl, s, 0, 0);
-          frees.release(s);
-        }
-        break;
+        if (i == 0) expired_head = s;
+        return false;
       }
       __builtin_prefetch(reinterpret_cast<const char*>(s) + 64);  // its second line, while the next is found
-      slots[n++] = s;
+      slots[i] = s;
+      return true;
+    });
+    if (expired_head != nullptr) [[unlikely]] {
+      ring.advance_single(1);
+      const bool expired = expire_if_due(gl, expired_head, 0, 0);
+      frees.release(expired_head);
+      if (expired) continue;
     }
-    if (expired) continue;
     if (n == 0) {
+      std::uint32_t idx;
       if (!linger(frees, [&] { return ring.peek_single(0, idx); })) break;
       continue;
     }
@@ -342,16 +344,24 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
     gl->delivered.store(delivered += settled, std::memory_order_relaxed);
     gl->acked.store(acked_total += acked, std::memory_order_relaxed);
     handled += settled;
-    if (metrics && acked > 0) {
-      const std::int64_t now = now_ns();
-      for (std::uint32_t i = 0; i < acked; ++i) {
-        const std::int64_t d = now - slots[i]->header.created_at_ns;
-        gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+    // One clock read stamps the span (every message of it is done when the
+    // call returns); the sum of its latencies is stored once.
+    const std::int64_t now = metrics && acked > 0 ? now_ns() : 0;
+    std::uint64_t latency_sum = 0;
+    for (std::uint32_t i = 0; i < acked; ++i) {
+      Slot* s = slots[i];
+      bytes += s->payload_len;
+      if (metrics) {
+        const std::int64_t d = now - s->header.created_at_ns;
+        const std::uint64_t ns = d > 0 ? static_cast<std::uint64_t>(d) : 0;
+        gl->latency.count(ns);
+        latency_sum += ns;
       }
+      frees.release(s);  // after advance_single: its cell is free
     }
-    for (std::uint32_t i = 0; i < settled; ++i) bytes += slots[i]->payload_len;
-    for (std::uint32_t i = 0; i < acked; ++i) frees.release(slots[i]);
+    if (metrics && acked > 0) gl->latency.add_sum(latency_sum);
     if (acked == n) continue;
+    bytes += slots[acked]->payload_len;
     // Message `acked` failed: the delivery core decides, as in run_plain.
     if (settle_plain_failure(gl, slots[acked], result.next(), frees, &hold_ns)) break;
   }

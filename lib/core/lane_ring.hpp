@@ -206,7 +206,8 @@ class LaneRing {
   }
 
   /// peek_at for the positions from `first` on, while they hold a value,
-  /// at most `max`: each(i, value) for the i-th; returns how many. The
+  /// at most `max`: each(i, value) for the i-th, which may end the run by
+  /// returning false (the i-th is then not counted); returns how many. The
   /// ring's fields are read once (an acquire load per cell would make the
   /// compiler read them again per cell).
   template <class Each>
@@ -216,8 +217,7 @@ class LaneRing {
     std::uint32_t n = 0;
     for (; n < max; ++n) {
       const Cell& cell = cells[(first + n) & mask];
-      if (cell.seq.load(std::memory_order_acquire) != first + n + 1) break;
-      each(n, cell.value);
+      if (cell.seq.load(std::memory_order_acquire) != first + n + 1 || !each(n, cell.value)) break;
     }
     return n;
   }
@@ -251,11 +251,8 @@ class LaneRing {
   /// Take the oldest `n` values, every one of them seen by peek_single.
   void advance_single(std::uint32_t n) noexcept {
     const std::uint64_t pos = head_.load(std::memory_order_relaxed);
-    head_.store(pos + n, std::memory_order_relaxed);
-    // release: the values read above happen before an enqueuer reuses the cells.
-    for (std::uint32_t i = 0; i < n; ++i)
-      cells_[(pos + i) & mask_].seq.store(pos + i + mask_ + 1, std::memory_order_release);
-    released_.store(pos + n, std::memory_order_release);
+    take_to(pos + n);
+    free_taken(pos, pos + n);
   }
 
   /// True if the oldest position holds a value. seq_cst load: the worker's

@@ -38,6 +38,15 @@ class LatencyRecorder {
     b.store(b.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     sum_.store(sum_.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
   }
+  /// record() in two steps, for a loop over many values: count(ns) for
+  /// each (its bucket only), then add_sum(the values' sum) once.
+  void count(std::uint64_t ns) noexcept {
+    auto& b = buckets_[latency_bucket(ns)];
+    b.store(b.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  void add_sum(std::uint64_t total_ns) noexcept {
+    sum_.store(sum_.load(std::memory_order_relaxed) + total_ns, std::memory_order_relaxed);
+  }
   /// Add this recorder's counts into `out` (sized kBuckets).
   void add_to(LatencyHistogram& out) const {
     out.counts.resize(LatencyHistogram::kBuckets);
