@@ -5,6 +5,7 @@
 // warm-up, nor the retry and DropOldest paths.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "alloc_counter.hpp"
+#include "asym_fence.hpp"
+#include "bus_impl.hpp"
 #include "lanebus/lanebus.hpp"
 #include "wait.hpp"
 
@@ -206,15 +209,22 @@ TEST_CASE("Topic::publish: a thread's first publish to a bus makes its publisher
   CHECK(after == 0);
 }
 
+// Issue 21's "done when": the single-producer path (a topic published to
+// through one Publisher only goes solo: plain ring appends, the publisher's
+// slot magazines), publish and publish_batch, delivered to a batch handler
+// and a plain handler, allocates nothing. The controls: the topic is solo
+// while counted (where membarrier lets a topic go solo), and the batch
+// handler was given spans of more than one message.
 TEST_CASE("a solo Publisher, a batch handler and a plain handler allocate nothing after warm-up") {
   lanebus::test::skip_if_sanitized();
   auto bus = Bus::open({.workers = 2}).value();
   // One Publisher only: the topic is solo (plain ring appends, magazines).
   auto topic = bus->create_topic("alloc.solo", {.lanes = 8, .capacity = 4096}).value();
-  std::atomic<std::uint64_t> batched{0}, plain{0}, calls{0};
+  std::atomic<std::uint64_t> batched{0}, plain{0}, calls{0}, widest{0};
   auto sb = bus->subscribe_batch(topic, "batch", [&](std::span<const MessageView> ms) {
                   batched.fetch_add(ms.size(), std::memory_order_relaxed);
                   calls.fetch_add(1, std::memory_order_relaxed);
+                  if (ms.size() > widest.load(std::memory_order_relaxed)) widest.store(ms.size(), std::memory_order_relaxed);
                   return BatchOutcome::all_acked();
                 }).value();
   auto sp = bus->subscribe(topic, "plain", [&](const MessageView&) {
@@ -225,19 +235,36 @@ TEST_CASE("a solo Publisher, a batch handler and a plain handler allocate nothin
   char payload[64];
   std::memset(payload, 'y', sizeof(payload));
   const char* keys[] = {"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"};
-  auto run = [&](int n, std::uint64_t base) {
-    for (int i = 0; i < n; ++i)
+  OutgoingMessage span[64];
+  for (int i = 0; i < 64; ++i) span[i] = {.key = keys[i % 10], .payload = std::string_view(payload, sizeof payload)};
+  // n messages: one at a time, or in spans of 64 through publish_batch.
+  auto run = [&](int n, std::uint64_t base, bool batches) {
+    for (int i = 0; i < n;) {
+      if (batches) {
+        const int len = std::min(64, n - i);
+        REQUIRE(pub.publish_batch(topic, std::span<const OutgoingMessage>(span, static_cast<std::size_t>(len))).ok());
+        i += len;
+        continue;
+      }
       REQUIRE(pub.publish(topic, {.key = keys[i % 10], .payload = std::string_view(payload, sizeof payload)}).ok());
+      ++i;
+    }
     REQUIRE(wait_until([&] { return batched.load() == base + n && plain.load() == base + n; }));
   };
-  run(20'000, 0);
+  run(20'000, 0, false);
+  run(20'000, 20'000, true);
+  lanebus::test::alloc_count_reset();
   lanebus::test::alloc_counting(true);
-  run(kMessages, 20'000);
+  run(kMessages, 40'000, false);
+  run(kMessages, 40'000 + kMessages, true);
   lanebus::test::alloc_counting(false);
-  std::uint64_t allocs = lanebus::test::alloc_count();
-  INFO("allocations during 100k solo publishes, batch and plain deliveries: " << allocs << ", batch calls "
-                                                                             << calls.load());
+  const std::uint64_t allocs = lanebus::test::alloc_count();
+  INFO("allocations during 100k solo publishes and 100k in spans of 64, batch and plain deliveries: "
+       << allocs << ", batch calls " << calls.load() << ", widest span " << widest.load());
   CHECK(allocs == 0);
+  if (lanebus::detail::AsymmetricFence::available())
+    CHECK(lanebus::detail::Access::core(*bus)->find("alloc.solo")->owner.load() >= 2);  // solo, not shared
+  CHECK(widest.load() > 1);
 }
 
 TEST_CASE("a full fail-fast topic refuses without allocating") {

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <random>
 #include <vector>
 
@@ -29,6 +30,36 @@ TEST_CASE("every value lands in the bucket whose bounds contain it") {
     std::uint64_t lo = LatencyHistogram::upper_bound_ns(b - 1), hi = LatencyHistogram::upper_bound_ns(b);
     CHECK(hi > lo);
     CHECK(double(hi - lo) <= 0.25 * double(lo) + 1);
+  }
+}
+
+namespace {
+// The layout's definition, as latency_bucket computed it before it went
+// branch-free (histogram.hpp): the two must agree on every value.
+std::uint32_t reference_bucket(std::uint64_t ns) {
+  if (ns < 1024) return 0;
+  const std::uint32_t e = 63u - static_cast<std::uint32_t>(std::countl_zero(ns));
+  if (e > 41) return LatencyHistogram::kBuckets - 1;
+  return 1 + (e - 10) * 4 + static_cast<std::uint32_t>((ns >> (e - 2)) & 3u);
+}
+}  // namespace
+
+TEST_CASE("latency_bucket agrees with the layout's definition: every value below 2^20, each bound and power of two +-2, random values") {
+  for (std::uint64_t v = 0; v < (1u << 20); ++v) REQUIRE(latency_bucket(v) == reference_bucket(v));
+  for (std::uint32_t e = 0; e < 64; ++e)
+    for (std::uint64_t d = 0; d <= 4; ++d) {
+      const std::uint64_t v = (std::uint64_t{1} << e) + d - 2;
+      REQUIRE(latency_bucket(v) == reference_bucket(v));
+    }
+  for (std::uint32_t b = 0; b + 1 < LatencyHistogram::kBuckets; ++b)
+    for (std::uint64_t d = 0; d <= 2; ++d) {
+      const std::uint64_t v = LatencyHistogram::upper_bound_ns(b) + d - 1;
+      REQUIRE(latency_bucket(v) == reference_bucket(v));
+    }
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 1'000'000; ++i) {
+    const std::uint64_t v = rng() >> (rng() % 64);
+    REQUIRE(latency_bucket(v) == reference_bucket(v));
   }
 }
 

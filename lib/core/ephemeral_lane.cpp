@@ -9,10 +9,10 @@
 
 namespace lanebus::detail {
 
-// How far ahead a single-dequeuer run asks for slots (run_plain): a slot last
-// written on the publishing core takes a round trip between the cores to
-// read, longer than one call of a short handler.
-constexpr std::uint32_t kPrefetchAhead = 4;
+// The most messages a plain run looks at, and delivers, before it frees
+// their cells and returns their slots (run_plain): the chain's size
+// (FreeChain, Magazine::kMax).
+constexpr std::uint32_t kRunChunk = 32;
 
 // ---------------------------------------------------------------- parking (key_parallel_retry)
 
@@ -115,6 +115,24 @@ inline BatchOutcome call_batch_handler(const BatchHandler& handler, std::span<co
     return BatchOutcome::stop_at(0, Outcome::retry("handler threw a non-standard exception"));
   }
 }
+// A plain run's marks (invoke's, done once per run): the thread-locals a
+// handler's calls into the bus read, and the lane marked as running with
+// no budget and no watchdog (shutdown's report).
+inline void mark_run(BusCore* bus, Consumer* c, GroupLane* gl) noexcept {
+  tl_running_consumer = c;
+  tl_running_bus = bus;
+  tl_running_lane = gl;
+  gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+}
+// The run's end: the marks cleared, its tenancy usage (scheduler.cpp).
+inline void unmark_run(GroupLane* gl, std::uint32_t handled, std::uint64_t bytes) noexcept {
+  tl_running_consumer = nullptr;
+  tl_running_bus = nullptr;
+  tl_running_lane = nullptr;
+  gl->running_since_ns.store(0, std::memory_order_release);
+  tl_delivered_msgs += handled;
+  tl_delivered_bytes += bytes;
+}
 }  // namespace
 
 // A message of a plain run that was not acked (first attempt of the lane's
@@ -144,21 +162,32 @@ bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, F
 }
 
 
-// Delivers the lane's ring in one loop: the same steps as admit (nothing to
-// admit) → invoke → settle for an ack, with the per-call bookkeeping that
-// does not depend on the message done once per run (the running marks and
-// thread-locals of invoke, the tenancy tally) and the counters kept in
-// registers between their stores. Each counter is still stored before
-// (delivered) or after (acked) its handler call, so stats() sees what it saw
-// from the general loop. A message that is not acked is settled by the
-// delivery core as in the general loop. Returns the hold of a message kept
-// at the head for a retry (the lane's `current`), or -1.
+// Delivers the lane's ring a chunk at a time: the same steps as admit
+// (nothing to admit) → invoke → settle for an ack, with the per-call
+// bookkeeping that does not depend on the message done once per run (the
+// running marks and thread-locals of invoke, the tenancy tally) and the
+// counters kept in registers between their stores. Each counter is still
+// stored before (delivered) or after (acked) its handler call, so stats()
+// sees what it saw from the general loop. A message that is not acked is
+// settled by the delivery core as in the general loop. Returns the hold of a
+// message kept at the head for a retry (the lane's `current`), or -1.
+//
+// A chunk (doc/performance.md, "Sixth round"): the run looks at every
+// message the ring holds (up to kRunChunk, an eighth of the pool, what is
+// left of `batch`) once, fetching their slots while the handler runs, and
+// takes each as its handler is called (head_ moves per message, as before).
+// The cells of the chunk are freed, and then its slots returned, once at
+// its end: no slot goes back to the pool while its cell is taken (the rule
+// of LaneRing::take_deferred), and a slot another group holds is returned
+// by that group only after this group's cell is free. A DropOldest ring has
+// other dequeuers: its chunks are one message, taken (and freed) at once.
 std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
                                 std::uint32_t* handled_out) noexcept {
   GroupImpl* g = gl->group;
   MessagePool& pool = g->topic->pool;
   LaneRing& ring = gl->ring;
   const std::uint32_t batch = g->options.batch;
+  const std::uint32_t chunk_max = std::clamp<std::uint32_t>(pool.capacity() / 8, 1, kRunChunk);
   const bool metrics = options.metrics;
   const Handler& handler = c->handler;
   std::uint64_t delivered = gl->delivered.load(std::memory_order_relaxed);
@@ -166,77 +195,86 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
   std::uint64_t bytes = 0;
   std::uint32_t handled = 0;
   std::int64_t hold_ns = -1;
-  tl_running_consumer = c;
-  tl_running_bus = this;
-  tl_running_lane = gl;
-  // No budget, no watchdog: the run is marked as running (shutdown's report).
-  gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
-  // One dequeuer: the cells are freed a line at a time (LaneRing::take_deferred).
-  // Its rules: a slot another group still holds frees its cell at once (that
-  // group may return the slot to the pool), the chain of freed slots frees
-  // the cells before it returns slots, and the run frees the rest before it
-  // ends (and before a failure is settled).
-  auto take = [&](std::uint32_t& idx) { return single ? ring.take_deferred(idx) : ring.try_dequeue(idx); };
-  if (single) frees.defer_cells_of(&ring);
+  mark_run(this, c, gl);
+  Slot* chunk[kRunChunk];
+  std::uint64_t first = 0;  // the chunk's first position (single): cells from it on are not free
+  auto gather = [&]() -> std::uint32_t {
+    if (!single) {
+      std::uint32_t idx;
+      if (!ring.try_dequeue(idx)) return 0;
+      chunk[0] = pool.at(idx);
+      return 1;
+    }
+    const std::uint32_t max = std::min(chunk_max, batch - handled);
+    first = ring.head_position();
+    return ring.peek_each(first, max, [&](std::uint32_t i, std::uint32_t value) {
+      Slot* s = pool.at(value);
+      __builtin_prefetch(s);  // both lines, while the handler runs on the messages before it
+      __builtin_prefetch(reinterpret_cast<const char*>(s) + 64);
+      chunk[i] = s;
+      return true;
+    });
+  };
+  const MessageHeader none{};
+  MessageView view(none, {}, {}, {}, 0, 0);  // repointed per message (Access::rebind)
+  Access::set_attempt(view, 1);
+  bool with_headers = false;  // the view holds a message's headers
   const WallClock::Reading clock = WallClock::reading();
   while (handled < batch) {
-    std::uint32_t idx;
-    if (!take(idx)) {
-      if (!linger(frees, [&] { return take(idx); })) break;
+    std::uint32_t n = gather();
+    if (n == 0) {
+      // The wait looks at one cell (a DropOldest ring's dequeue takes the message).
+      std::uint32_t idx;
+      if (!linger(frees, [&] { return single ? ring.peek_at(first, idx) : (n = gather()) != 0; })) break;
+      if (single) n = gather();
     }
-    Slot* s = pool.at(idx);
-    if (single && s->refs.load(std::memory_order_relaxed) != 1) ring.release_taken();
-    // A later message's slot, fetched while this one's handler runs: both
-    // lines of the slot kPrefetchAhead messages on (the ones in between were
-    // asked for by the messages before), else the next one's.
-    if (std::uint32_t next; single && (ring.peek_single(kPrefetchAhead - 1, next) || ring.peek_single(0, next))) {
-      const char* line = reinterpret_cast<const char*>(pool.at(next));
-      __builtin_prefetch(line);
-      __builtin_prefetch(line + 64);
-    }
-    std::string_view headers{};  // headers and trace context (trace.hpp)
-    if (s->kind & Slot::kExtension) [[unlikely]] {
-      // A due time or an expiry (delayed.cpp): an expired message is never delivered.
-      if (single) ring.release_taken();
-      if (expire_if_due(gl, s, 0, 0)) {
-        frees.release(s);
-        continue;
+    std::uint64_t freed = first;  // the chunk's cells below it are free
+    bool held = false;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      Slot* s = chunk[i];
+      if (single) ring.take_to(first + i + 1);
+      std::string_view headers{};  // headers and trace context (trace.hpp)
+      if (s->kind & Slot::kExtension) [[unlikely]] {
+        // A due time or an expiry (delayed.cpp): its cell is freed first. An
+        // expired message is never delivered (its slot goes with the chunk's).
+        if (single) ring.free_taken(freed, first + i + 1);
+        freed = first + i + 1;
+        if (expire_if_due(gl, s, 0, 0)) continue;
+        headers = slot_headers(s);
       }
-      headers = slot_headers(s);
-    }
-    const std::int64_t created_at = s->header.created_at_ns;
-    if (metrics) gl->oldest_ns.store(created_at, std::memory_order_relaxed);
-    const std::string_view payload = s->payload();
-    MessageView view(s->header, s->key(), s->idempotency_key(), payload, s->lane, 0);
-    Access::set_attempt(view, 1);
-    Access::set_headers(view, headers);
-    gl->delivered.store(++delivered, std::memory_order_relaxed);
-    bytes += payload.size();
-    ++handled;
-    const Outcome out = call_handler(handler, view, !headers.empty());
-    if (out.kind() == Outcome::Kind::Ack) [[likely]] {
+      const std::int64_t created_at = s->header.created_at_ns;
+      if (metrics) gl->oldest_ns.store(created_at, std::memory_order_relaxed);
+      const std::string_view payload = s->payload();
+      Access::rebind(view, s->header, s->key(), s->idempotency_key(), payload, s->lane);
+      if (!headers.empty() || with_headers) [[unlikely]] {
+        Access::set_headers(view, headers);
+        with_headers = !headers.empty();
+      }
+      gl->delivered.store(++delivered, std::memory_order_relaxed);
+      bytes += payload.size();
+      ++handled;
+      const Outcome out = call_handler(handler, view, !headers.empty());
+      if (out.kind() != Outcome::Kind::Ack) [[unlikely]] {
+        // Not acked: the delivery core decides, as in the general loop. The
+        // chunk ends with it; the messages after it stay in the ring.
+        if (single) ring.free_taken(freed, first + i + 1);
+        for (std::uint32_t j = 0; j < i; ++j) frees.release(chunk[j]);
+        held = settle_plain_failure(gl, s, out, frees, &hold_ns);
+        n = 0;  // settled
+        break;
+      }
       gl->acked.store(++acked, std::memory_order_relaxed);
       if (metrics) {  // record_latency, inlined; the run's copy of the clock's anchor
         const std::int64_t d = WallClock::now_ns(clock) - created_at;
         gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
       }
-      frees.release(s);
-      continue;
     }
-    // Not acked: the delivery core decides, as in the general loop.
-    if (single) ring.release_taken();
-    if (settle_plain_failure(gl, s, out, frees, &hold_ns)) break;
+    // The chunk's end: its cells, then its slots (acked or expired).
+    if (single && n != 0) ring.free_taken(freed, first + n);
+    for (std::uint32_t j = 0; j < n; ++j) frees.release(chunk[j]);
+    if (held) break;
   }
-  if (single) {
-    ring.release_taken();
-    frees.defer_cells_of(nullptr);
-  }
-  tl_running_consumer = nullptr;
-  tl_running_bus = nullptr;
-  tl_running_lane = nullptr;
-  gl->running_since_ns.store(0, std::memory_order_release);
-  tl_delivered_msgs += handled;  // tenancy usage (scheduler.cpp)
-  tl_delivered_bytes += bytes;
+  unmark_run(gl, handled, bytes);
   *handled_out = handled;
   return hold_ns;
 }
@@ -266,30 +304,28 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
   std::uint64_t bytes = 0;
   std::uint32_t handled = 0;
   std::int64_t hold_ns = -1;
-  tl_running_consumer = c;
-  tl_running_bus = this;
-  tl_running_lane = gl;
-  gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+  mark_run(this, c, gl);
   while (handled < limit) {
-    std::uint32_t n = 0;
-    std::uint32_t idx;
-    bool expired = false;
-    while (n < span_max && ring.peek_single(n, idx)) {
-      Slot* s = pool.at(idx);
+    Slot* expired_head = nullptr;
+    const std::uint32_t n = ring.peek_each(ring.head_position(), span_max, [&](std::uint32_t i, std::uint32_t value) {
+      Slot* s = pool.at(value);
       // An expired message (delayed.cpp) ends the span; at its head it is taken and never delivered.
       if ((s->kind & Slot::kExtension) && slot_expired(s, now_ns())) [[unlikely]] {
-        if (n == 0) {
-          ring.advance_single(1);
-          expired = expire_if_due(gl, s, 0, 0);
-          frees.release(s);
-        }
-        break;
+        if (i == 0) expired_head = s;
+        return false;
       }
       __builtin_prefetch(reinterpret_cast<const char*>(s) + 64);  // its second line, while the next is found
-      slots[n++] = s;
+      slots[i] = s;
+      return true;
+    });
+    if (expired_head != nullptr) [[unlikely]] {
+      ring.advance_single(1);
+      const bool expired = expire_if_due(gl, expired_head, 0, 0);
+      frees.release(expired_head);
+      if (expired) continue;
     }
-    if (expired) continue;
     if (n == 0) {
+      std::uint32_t idx;
       if (!linger(frees, [&] { return ring.peek_single(0, idx); })) break;
       continue;
     }
@@ -308,25 +344,28 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
     gl->delivered.store(delivered += settled, std::memory_order_relaxed);
     gl->acked.store(acked_total += acked, std::memory_order_relaxed);
     handled += settled;
-    if (metrics && acked > 0) {
-      const std::int64_t now = now_ns();
-      for (std::uint32_t i = 0; i < acked; ++i) {
-        const std::int64_t d = now - slots[i]->header.created_at_ns;
-        gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+    // One clock read stamps the span (every message of it is done when the
+    // call returns); the sum of its latencies is stored once.
+    const std::int64_t now = metrics && acked > 0 ? now_ns() : 0;
+    std::uint64_t latency_sum = 0;
+    for (std::uint32_t i = 0; i < acked; ++i) {
+      Slot* s = slots[i];
+      bytes += s->payload_len;
+      if (metrics) {
+        const std::int64_t d = now - s->header.created_at_ns;
+        const std::uint64_t ns = d > 0 ? static_cast<std::uint64_t>(d) : 0;
+        gl->latency.count(ns);
+        latency_sum += ns;
       }
+      frees.release(s);  // after advance_single: its cell is free
     }
-    for (std::uint32_t i = 0; i < settled; ++i) bytes += slots[i]->payload_len;
-    for (std::uint32_t i = 0; i < acked; ++i) frees.release(slots[i]);
+    if (metrics && acked > 0) gl->latency.add_sum(latency_sum);
     if (acked == n) continue;
+    bytes += slots[acked]->payload_len;
     // Message `acked` failed: the delivery core decides, as in run_plain.
     if (settle_plain_failure(gl, slots[acked], result.next(), frees, &hold_ns)) break;
   }
-  tl_running_consumer = nullptr;
-  tl_running_bus = nullptr;
-  tl_running_lane = nullptr;
-  gl->running_since_ns.store(0, std::memory_order_release);
-  tl_delivered_msgs += handled;  // tenancy usage (scheduler.cpp)
-  tl_delivered_bytes += bytes;
+  unmark_run(gl, handled, bytes);
   *handled_out = handled;
   return hold_ns;
 }

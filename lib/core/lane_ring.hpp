@@ -26,6 +26,7 @@
 //    lane's `scheduled` flag: the Dekker hand-off of bus_impl.hpp).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -194,14 +195,64 @@ class LaneRing {
     return true;
   }
 
+  /// The value at position `pos` (at or past the oldest), if it is there: a
+  /// ring with one dequeuer, as peek_single, for a run that knows its
+  /// position (ephemeral_lane.cpp run_plain: head_ is not read again).
+  bool peek_at(std::uint64_t pos, std::uint32_t& value) const noexcept {
+    const Cell& cell = cells_[pos & mask_];
+    if (cell.seq.load(std::memory_order_acquire) != pos + 1) return false;
+    value = cell.value;
+    return true;
+  }
+
+  /// peek_at for the positions from `first` on, while they hold a value,
+  /// at most `max`: each(i, value) for the i-th, which may end the run by
+  /// returning false (the i-th is then not counted); returns how many. The
+  /// ring's fields are read once (an acquire load per cell would make the
+  /// compiler read them again per cell).
+  template <class Each>
+  std::uint32_t peek_each(std::uint64_t first, std::uint32_t max, Each&& each) const noexcept {
+    const Cell* const cells = cells_.get();
+    const std::uint64_t mask = mask_;
+    std::uint32_t n = 0;
+    for (; n < max; ++n) {
+      const Cell& cell = cells[(first + n) & mask];
+      if (cell.seq.load(std::memory_order_acquire) != first + n + 1 || !each(n, cell.value)) break;
+    }
+    return n;
+  }
+
+  /// Take every value below position `end` (seen by peek_at; one dequeuer)
+  /// and leave their cells taken, not yet free: head_ moves (ready(),
+  /// size_approx() and a steal's second look see them taken), free_taken
+  /// frees the cells. Relaxed, as try_dequeue_single: only the owner
+  /// writes head_.
+  void take_to(std::uint64_t end) noexcept { head_.store(end, std::memory_order_relaxed); }
+
+  /// Free the cells of positions [first, end), taken by take_to (one
+  /// dequeuer; `first` is the first position whose cell is not free).
+  /// A run frees them before it returns any of their slots to the pool
+  /// (the rule of take_deferred).
+  void free_taken(std::uint64_t first, std::uint64_t end) noexcept {
+    // Locals, and a pointer walk to the ring's end and from its start: the
+    // release stores would make the compiler load the members again per cell.
+    Cell* const cells = cells_.get();
+    const std::uint64_t mask = mask_;
+    std::uint64_t p = first;
+    while (p < end) {
+      Cell* c = &cells[p & mask];
+      Cell* const stop = c + std::min<std::uint64_t>(end - p, mask + 1 - (p & mask));
+      // release: the values read happen before an enqueuer reuses the cells.
+      for (; c != stop; ++c, ++p) c->seq.store(p + mask + 1, std::memory_order_release);
+    }
+    released_.store(end, std::memory_order_release);
+  }
+
   /// Take the oldest `n` values, every one of them seen by peek_single.
   void advance_single(std::uint32_t n) noexcept {
     const std::uint64_t pos = head_.load(std::memory_order_relaxed);
-    head_.store(pos + n, std::memory_order_relaxed);
-    // release: the values read above happen before an enqueuer reuses the cells.
-    for (std::uint32_t i = 0; i < n; ++i)
-      cells_[(pos + i) & mask_].seq.store(pos + i + mask_ + 1, std::memory_order_release);
-    released_.store(pos + n, std::memory_order_release);
+    take_to(pos + n);
+    free_taken(pos, pos + n);
   }
 
   /// True if the oldest position holds a value. seq_cst load: the worker's

@@ -40,6 +40,16 @@ struct Access {
     return std::unique_ptr<Namespaces>(new Namespaces(core));
   }
   static void set_attempt(MessageView& view, std::uint32_t attempt) noexcept { view.attempt_override_ = attempt; }
+  /// Point a view at the next message of a plain run (ephemeral_lane.cpp):
+  /// only the fields that differ between its messages are written.
+  static void rebind(MessageView& view, const MessageHeader& header, std::string_view key,
+                     std::string_view idempotency_key, std::string_view payload, std::uint32_t lane) noexcept {
+    view.header_ = &header;
+    view.key_ = key;
+    view.idempotency_key_ = idempotency_key;
+    view.payload_ = payload;
+    view.lane_ = lane;
+  }
   static void set_deadline_ns(MessageView& view, std::int64_t deadline_ns) noexcept {
     view.deadline_ns_ = deadline_ns;
   }

@@ -16,12 +16,17 @@
 
 namespace lanebus::detail {
 
+/// Branch-free (it runs once per delivery, doc/performance.md "Sixth round"):
+/// clamped to [1023, 2^42 - 1], ns has its top bit e in [9, 41]; its top
+/// three bits t = ns >> (e - 2) are 4 + sub, so 1 + (e - 10) * 4 + sub is
+/// 4e + t - 43. The clamp sends [0, 1024) to bucket 0 (e = 9, t = 7) and
+/// everything from 2^42 on to the last (e = 41, t = 7: 128).
+/// tests/histogram_test.cpp checks it against the definition above.
 inline std::uint32_t latency_bucket(std::uint64_t ns) noexcept {
-  if (ns < 1024) return 0;
-  const std::uint32_t e = 63u - static_cast<std::uint32_t>(std::countl_zero(ns));
-  if (e > 41) return LatencyHistogram::kBuckets - 1;
-  const std::uint32_t sub = static_cast<std::uint32_t>((ns >> (e - 2)) & 3u);
-  return 1 + (e - 10) * 4 + sub;
+  constexpr std::uint64_t kLow = 1023, kHigh = (std::uint64_t{1} << 42) - 1;
+  const std::uint64_t x = ns < kLow ? kLow : ns > kHigh ? kHigh : ns;
+  const std::uint32_t e = 63u - static_cast<std::uint32_t>(std::countl_zero(x));
+  return 4 * e + static_cast<std::uint32_t>(x >> (e - 2)) - 43;
 }
 
 class LatencyRecorder {
@@ -32,6 +37,15 @@ class LatencyRecorder {
     auto& b = buckets_[latency_bucket(ns)];
     b.store(b.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     sum_.store(sum_.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
+  }
+  /// record() in two steps, for a loop over many values: count(ns) for
+  /// each (its bucket only), then add_sum(the values' sum) once.
+  void count(std::uint64_t ns) noexcept {
+    auto& b = buckets_[latency_bucket(ns)];
+    b.store(b.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  void add_sum(std::uint64_t total_ns) noexcept {
+    sum_.store(sum_.load(std::memory_order_relaxed) + total_ns, std::memory_order_relaxed);
   }
   /// Add this recorder's counts into `out` (sized kBuckets).
   void add_to(LatencyHistogram& out) const {
