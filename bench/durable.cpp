@@ -257,13 +257,12 @@ Run sqlite_full(int threads, std::uint64_t batch, const std::string& dir) {
   return r;
 }
 
-// delayed_sync_4p (doc/delays.md): 4 producers publish_async through a Bus
-// (Durability::Sync, g_window in flight each) to a durable topic with one
-// consuming group, every message delayed by 1 ms (stored in the delayed
-// index, moved to its lane when due) or not; msgs/s from the first publish to
-// the last delivery, so the delayed side pays its store put, the move
-// transaction and the delivery.
-double bus_publish_4p(bool delayed, const std::string& dir) {
+// A Bus with one worker over a Sync store in `dir` and one durable topic.
+struct SyncBus {
+  std::unique_ptr<lanebus::Bus> bus;
+  lanebus::Topic topic;
+};
+SyncBus open_sync_bus(const std::string& dir, const char* topic_name) {
   lanebus::BusOptions bo;
   bo.workers = 1;
   bo.store.directory = dir;
@@ -273,10 +272,23 @@ double bus_publish_4p(bool delayed, const std::string& dir) {
   if (!bus.ok()) std::exit(1);
   lanebus::TopicOptions to;
   to.durable = true;
-  auto topic = (*bus)->create_topic("bench.delayed", to);
+  auto topic = (*bus)->create_topic(topic_name, to);
   if (!topic.ok()) std::exit(1);
+  return {std::move(*bus), *topic};
+}
+
+// delayed_sync_4p (doc/delays.md): 4 producers publish_async through a Bus
+// (Durability::Sync, g_window in flight each) to a durable topic with one
+// consuming group, every message delayed by 1 ms (stored in the delayed
+// index, moved to its lane when due) or not; msgs/s from the first publish to
+// the last delivery, so the delayed side pays its store put, the move
+// transaction and the delivery.
+double bus_publish_4p(bool delayed, const std::string& dir) {
+  SyncBus sb = open_sync_bus(dir, "bench.delayed");
+  std::unique_ptr<lanebus::Bus>& bus = sb.bus;
+  lanebus::Topic& topic = sb.topic;
   std::atomic<std::uint64_t> delivered{0}, published{0};
-  auto sub = (*bus)->subscribe(*topic, "g", [&](const lanebus::MessageView&) {
+  auto sub = bus->subscribe(topic, "g", [&](const lanebus::MessageView&) {
     delivered.fetch_add(1, std::memory_order_relaxed);
     return lanebus::Outcome::ack();
   });
@@ -293,7 +305,7 @@ double bus_publish_4p(bool delayed, const std::string& dir) {
         lanebus::OutgoingMessage m{.key = key, .payload = kPayload};
         if (delayed) m.delay = std::chrono::milliseconds(1);
         in_flight.fetch_add(1, std::memory_order_relaxed);
-        auto s = topic->publish_async(m, [&](const lanebus::Status& st, std::uint64_t) {
+        auto s = topic.publish_async(m, [&](const lanebus::Status& st, std::uint64_t) {
           if (st.ok()) published.fetch_add(1, std::memory_order_relaxed);
           in_flight.fetch_sub(1, std::memory_order_release);
         });
@@ -315,17 +327,8 @@ double bus_publish_4p(bool delayed, const std::string& dir) {
 // g_seconds: Topic::publish_batch of `batch` messages at a time (batch > 1),
 // or Topic::publish one by one (batch == 1). Returns messages committed per second.
 double bus_publish_batched(std::size_t batch, const std::string& dir) {
-  lanebus::BusOptions bo;
-  bo.workers = 1;
-  bo.store.directory = dir;
-  bo.store.durability = lanebus::Durability::Sync;
-  bo.store.map_size_initial = 256ull << 20;
-  auto bus = lanebus::Bus::open(bo);
-  if (!bus.ok()) std::exit(1);
-  lanebus::TopicOptions to;
-  to.durable = true;
-  auto topic = (*bus)->create_topic("bench.batched", to);
-  if (!topic.ok()) std::exit(1);
+  SyncBus sb = open_sync_bus(dir, "bench.batched");  // the bus lives until the return
+  lanebus::Topic& topic = sb.topic;
   std::vector<std::string> keys;
   for (int k = 0; k < 64; ++k) keys.push_back("key" + std::to_string(k));
   std::vector<lanebus::OutgoingMessage> span(batch);
@@ -335,10 +338,10 @@ double bus_publish_batched(std::size_t batch, const std::string& dir) {
   const auto until = start + std::chrono::duration<double>(g_seconds);
   while (Clock::now() < until) {
     if (batch == 1) {
-      if (!topic->publish(span[0]).ok()) std::exit(1);
+      if (!topic.publish(span[0]).ok()) std::exit(1);
       n += 1;
     } else {
-      lanebus::BatchPublishResult r = topic->publish_batch(span);
+      lanebus::BatchPublishResult r = topic.publish_batch(span);
       if (!r.ok()) std::exit(1);
       n += r.published;
     }
