@@ -89,6 +89,34 @@ TEST_CASE("a name lives in its first segment or in the longest declared namespac
   CHECK(ns.create("shop.cart").code() == Code::Conflict);
 }
 
+TEST_CASE("delayed and expiring publishes count in their namespace's usage on every publish path") {
+  // publish_timed counts a slotted publisher's message in its tally
+  // (count_in_slot) and anything else through admit_publish: both must show.
+  lanebus::test::TempDir dir;
+  auto bus = open_bus(dir.file("store"), false);
+  Namespaces& ns = *bus->namespaces();
+  auto t = bus->create_topic("later.events").value();
+  auto sub = bus->subscribe(t, "g", [](const MessageView&) { return Outcome::ack(); }).value();
+  OutgoingMessage delayed = msg("abc");
+  delayed.delay = std::chrono::hours(1);
+  OutgoingMessage expiring = msg("de");
+  expiring.ttl = std::chrono::hours(1);
+  REQUIRE(t.publish(delayed).ok());   // the thread's implicit publisher
+  REQUIRE(t.publish(expiring).ok());
+  Publisher pub = bus->publisher();
+  REQUIRE(pub.publish(t, delayed).ok());  // an explicit one
+  OutgoingMessage batch[2] = {delayed, expiring};
+  REQUIRE(t.publish_batch(batch).published == 2);
+  // A refused one counts nothing: its TTL ends before its due time.
+  OutgoingMessage bad = msg("zz");
+  bad.delay = std::chrono::hours(2);
+  bad.ttl = std::chrono::hours(1);
+  CHECK(t.publish(bad).code() == Code::InvalidArgument);
+  const NamespaceUsage u = ns.describe("later").value().usage;
+  CHECK(u.msgs_in == 5);
+  CHECK(u.bytes_in == 3 * 4 + 2 * 3);  // key "k" + payload
+}
+
 TEST_CASE("namespace policies and credentials are durable in the store and reloaded") {
   lanebus::test::TempDir dir;
   NamespacePolicy p;

@@ -381,9 +381,11 @@ class TopicImpl {
   /// A message with a due time or an expiry (delayed.cpp): the slot gets an
   /// extension block; a delayed one waits in `delays` until due. `mag`: the
   /// calling publisher's magazine for the slot (publish_via), else the pool's
-  /// shared path.
+  /// shared path; `pub_slot`: its publisher slot, whose tally counts the
+  /// message in a namespace without a publish quota (count_in_slot).
   Status publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
-                       const PayloadFill* fill = nullptr, Magazine* mag = nullptr) noexcept;
+                       const PayloadFill* fill = nullptr, Magazine* mag = nullptr,
+                       std::uint32_t pub_slot = 0xffffffffu /* kNoPublisherSlot */) noexcept;
   /// publish_durable of a message with a due time or an expiry
   /// (delayed_durable.cpp): sets req's expiry; a delayed one is stored in
   /// the delayed index (*handled = true, `done` consumed), else the caller

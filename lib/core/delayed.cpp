@@ -218,7 +218,7 @@ std::size_t DelayQueue::size() const noexcept {
 // ---------------------------------------------------------------- the timed publish
 
 Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
-                                const PayloadFill* fill, Magazine* mag) noexcept {
+                                const PayloadFill* fill, Magazine* mag, std::uint32_t pub_slot) noexcept {
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (fill == nullptr && objects_only.load(std::memory_order_relaxed))
@@ -226,7 +226,11 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
                                 "publish: the topic carries typed objects; publish through its TypedTopic<T>");
   const std::int64_t now = now_ns();
   MessageTimes times;
-  try {
+  const std::int64_t delay = m.delay.count();
+  if (delay > 0 && delay < kLongestTtlNs && m.deliver_at == 0 && !m.ttl && options.default_ttl.count() == 0 &&
+      now < kLatestDueNs - kLongestTtlNs) [[likely]] {
+    times.due_ns = now + delay;  // a plain delay: resolve_times' answer without its checks' cost
+  } else try {
     if (Status st = resolve_times(m, options.default_ttl.count(), now, &times); !st.ok()) {
       refused.fetch_add(1, std::memory_order_relaxed);
       return st;
@@ -242,11 +246,14 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
     return Status::from_literal(Code::PayloadTooLarge,
                                 "publish: the key or idempotency key exceeds 65535 bytes (the limit of an "
                                 "in-memory topic's slot)");
-  // Headers, and the calling handler's trace context (trace.hpp), after the times.
+  // Headers, and the calling handler's trace context (trace.hpp), after the
+  // times. Neither (a plain delay or TTL): no call.
   HeaderBlock headers;
-  if (Status st = stored_headers(m, &headers); !st.ok()) {
-    refused.fetch_add(1, std::memory_order_relaxed);
-    return st;
+  if (!m.headers.empty() || tl_trace != nullptr) {
+    if (Status st = stored_headers(m, &headers); !st.ok()) {
+      refused.fetch_add(1, std::memory_order_relaxed);
+      return st;
+    }
   }
   const std::size_t ext = kExtensionBytes + headers.bytes().size();
   const std::size_t keys = m.key.size() + m.idempotency_key.size();
@@ -263,17 +270,27 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   }
   if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
-  if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
-                                    options.block_timeout);
-      !q.ok())
-    return q;
-  const std::uint32_t lane = lane_for_key(m.key, options.lanes);
+  // A slotted publisher in a namespace without a publish quota counts the
+  // message in its own tally once it is taken (count_in_slot, as publish_via
+  // does: no locked instruction); anything else is admitted here, and a
+  // refusal below undoes it (unadmit).
+  const bool tally = pub_slot != kNoPublisherSlot && !nsp->pub_limited.load(std::memory_order_relaxed);
+  if (!tally) {
+    if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
+                                      options.block_timeout);
+        !q.ok())
+      return q;
+  }
+  auto unadmit = [&] {
+    if (!tally) nsp->unadmit_publish(need);
+  };
+  const std::uint32_t lane = lane_of(m.key);
   // A publisher's magazine (publish_via) takes a slot with plain loads and
   // stores; the shared path with try_alloc's locked instruction.
   Slot* s = mag != nullptr ? pool.take(*mag) : pool.try_alloc();
   if (s == nullptr) s = acquire_slot(lane, may_block);
   if (s == nullptr) {
-    nsp->unadmit_publish(need);
+    unadmit();
     return no_slot(may_block);
   }
   if (mag != nullptr) {
@@ -287,7 +304,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   }
   if (bus->closing()) {  // shutdown's Dekker, as in publish
     pool.free(s);
-    nsp->unadmit_publish(need);
+    unadmit();
     return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   }
   s->kind = Slot::kExtension;  // a free slot is kInline (MessagePool::recycle)
@@ -296,7 +313,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   if (large) {
     if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
       pool.free(s);
-      nsp->unadmit_publish(need);
+      unadmit();
       return st;
     }
   }
@@ -304,6 +321,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
     // Not delayed (only an expiry), or due already: the shared path's route.
     if (owner.load(std::memory_order_relaxed) != 1) make_shared();
     route(s, lane, false);
+    if (tally) nsp->count_in_slot(pub_slot, 1, need);
     return Status();
   }
   bool earliest;
@@ -311,10 +329,11 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
     earliest = delays.push(pool.index_of(s), times.due_ns, pool.capacity());
   } catch (const std::bad_alloc&) {  // the heap's one-time reservation
     pool.free(s);
-    nsp->unadmit_publish(need);
+    unadmit();
     return Status::from_literal(Code::Internal, "publish: out of memory reserving the topic's delay heap");
   }
   if (earliest) bus->arm_delayed(&delays.entry, times.due_ns);
+  if (tally) nsp->count_in_slot(pub_slot, 1, need);
   return Status();
 }
 
