@@ -107,11 +107,29 @@ TEST_CASE("publishing and delivering messages with headers and trace context all
   lanebus::test::skip_if_sanitized();
   auto bus = Bus::open({.workers = 2}).value();
   auto in = bus->create_topic("alloc.traced", {.lanes = 4, .capacity = 8192}).value();
-  auto out = bus->create_topic("alloc.relayed", {.lanes = 4, .capacity = 8192}).value();
+  // `out` holds every relayed message at once (60 k < 64 Ki): the relays
+  // publish into it from the same two workers that drain it, so with a
+  // smaller pool both could block in the relay (Block backpressure) while
+  // nobody runs "end", until block_timeout fails the publishes (seen: 3 runs
+  // in 18 once the timed publish got faster).
+  auto out = bus->create_topic("alloc.relayed", {.lanes = 4, .capacity = 1u << 16}).value();
   std::atomic<std::uint64_t> relayed{0}, ended{0}, with_parent{0};
   // The relay reads a header and publishes without headers of its own: the
   // message gets the handler's traceparent and tracestate (lib/core/trace.hpp).
+  // Warm-up: each worker's first relay waits (up to 10 s) until the other
+  // worker relays too, so both make their thread's publisher before the
+  // count starts (seen: a worker that never ran the relay in warm-up made it
+  // during the count, 3 allocations, 1 run in 16).
+  std::atomic<int> relay_threads{0};
   auto relay = bus->subscribe(in, "relay", [&](const MessageView& m) {
+                      static thread_local bool relayed_here = false;  // trivially destroyed: no TLS atexit
+                      if (!relayed_here) {
+                        relayed_here = true;
+                        relay_threads.fetch_add(1);
+                        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                        while (relay_threads.load() < 2 && std::chrono::steady_clock::now() < until)
+                          std::this_thread::yield();
+                      }
                       if (m.headers().find("tenant").has_value()) (void)out.publish({.key = m.key(), .payload = m.payload()});
                       relayed.fetch_add(1, std::memory_order_relaxed);
                       return Outcome::ack();
@@ -132,11 +150,14 @@ TEST_CASE("publishing and delivering messages with headers and trace context all
     for (int i = 0; i < n; ++i) {
       const char key[2] = {'k', static_cast<char>('a' + i % 26)};
       const OutgoingMessage m{.key = std::string_view(key, 2), .payload = ps, .headers = headers};
-      REQUIRE(((i % 2) ? pub.publish(in, m) : in.publish(m)).ok());
+      const Status st = (i % 2) ? pub.publish(in, m) : in.publish(m);
+      INFO(st.to_string());
+      REQUIRE(st.ok());
     }
     REQUIRE(wait_until([&] { return relayed.load() == base + n && ended.load() == base + n; }));
   };
   run(10'000, 0);  // warm-up
+  CHECK(relay_threads.load() == 2);  // both workers relayed (made their publishers)
   lanebus::test::alloc_count_reset();
   lanebus::test::alloc_counting(true);
   run(kMessages / 2, 10'000);
