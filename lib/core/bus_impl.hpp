@@ -380,20 +380,39 @@ class TopicImpl {
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// A message with a due time or an expiry (delayed.cpp): the slot gets an
   /// extension block; a delayed one waits in `delays` until due. `mag`: the
-  /// calling publisher's magazine for the slot (publish_via), else the pool's
-  /// shared path; `pub_slot`: its publisher slot, whose tally counts the
-  /// message in a namespace without a publish quota (count_in_slot).
+  /// calling publisher (publish_via; nullptr: the shared path): its
+  /// magazine `mag` gives the slot, its slot's tally counts the message in a
+  /// namespace without a publish quota (count_in_slot), and it routes
+  /// delayed messages that are due (release_inline).
   Status publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
-                       const PayloadFill* fill = nullptr, Magazine* mag = nullptr,
-                       std::uint32_t pub_slot = 0xffffffffu /* kNoPublisherSlot */) noexcept;
+                       const PayloadFill* fill = nullptr, PublisherState* pub = nullptr,
+                       Magazine* mag = nullptr) noexcept;
   /// publish_durable of a message with a due time or an expiry
   /// (delayed_durable.cpp): sets req's expiry; a delayed one is stored in
   /// the delayed index (*handled = true, `done` consumed), else the caller
   /// appends `req`. Errors (refused times) undo the namespace admission.
   Status publish_timed_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp, std::size_t need,
                                PublishCallback& done, bool* handled);
-  /// The timer thread: route every delayed slot that is due, re-arm for the next.
+  /// publish_timed's steps: the message's due time and expiry (a plain
+  /// delay without resolve_times' checks; a refusal counted), and the filled
+  /// slot's hand-off (routed when due, else into `delays`; an error leaves
+  /// the slot to the caller).
+  Status times_of(const OutgoingMessage& m, std::int64_t now, MessageTimes* times) noexcept;
+  Status hand_off_timed(Slot* s, std::uint32_t lane, std::int64_t due_ns, std::int64_t now,
+                        PublisherState* pub) noexcept;
+  /// The timer thread: route every delayed slot that is due, re-arm for the
+  /// next; or, when a publisher released since its last look, look again in
+  /// kTimerDeferNs (delayed.hpp, "Publishers release").
   void release_due() noexcept;
+  /// A publisher (publish_timed): route the delayed slots due at `now`
+  /// through `p`, unless another thread holds the delay heap.
+  void release_inline(PublisherState* p, std::int64_t now) noexcept;
+  /// How long the timer defers to publishers that release (2 × this bounds
+  /// the lateness a publisher's stop can add).
+  static constexpr std::int64_t kTimerDeferNs = 100'000;
+  /// A publisher releases once the earliest item is this late: a call
+  /// (the heap's mutex, a solo window) then carries several messages.
+  static constexpr std::int64_t kInlineLagNs = 20'000;
   /// Route `n` filled slots (each to its own lane) as publisher `p` would:
   /// solo while `p` may own the topic, else the shared path (p == nullptr:
   /// shared). release_due's hand-off (publish.cpp, beside open_window).

@@ -168,6 +168,20 @@ std::uint32_t DelayQueue::pop_due(std::int64_t now_ns, Item* out, std::uint32_t 
   *next = 0;
   if (!ready_.load(std::memory_order_acquire)) return 0;
   std::lock_guard l(mu_);
+  return pop_due_locked(now_ns, out, max, next);
+}
+
+std::uint32_t DelayQueue::try_pop_due(std::int64_t now_ns, Item* out, std::uint32_t max,
+                                      std::int64_t* next) noexcept {
+  *next = 0;
+  if (!ready_.load(std::memory_order_acquire)) return 0;
+  std::unique_lock l(mu_, std::try_to_lock);
+  if (!l.owns_lock()) return 0;
+  return pop_due_locked(now_ns, out, max, next);
+}
+
+std::uint32_t DelayQueue::pop_due_locked(std::int64_t now_ns, Item* out, std::uint32_t max,
+                                         std::int64_t* next) noexcept {
   std::uint32_t n = 0;
   for (int round = 0;; ++round) {
     take_staged();
@@ -217,8 +231,25 @@ std::size_t DelayQueue::size() const noexcept {
 
 // ---------------------------------------------------------------- the timed publish
 
+Status TopicImpl::times_of(const OutgoingMessage& m, std::int64_t now, MessageTimes* times) noexcept {
+  const std::int64_t delay = m.delay.count();
+  if (delay > 0 && delay < kLongestTtlNs && m.deliver_at == 0 && !m.ttl && options.default_ttl.count() == 0 &&
+      now < kLatestDueNs - kLongestTtlNs) [[likely]] {
+    *times = MessageTimes{.due_ns = now + delay};  // a plain delay: resolve_times' answer without its checks
+    return Status();
+  }
+  try {
+    Status st = resolve_times(m, options.default_ttl.count(), now, times);
+    if (!st.ok()) refused.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  } catch (const std::bad_alloc&) {
+    return Status::from_literal(Code::InvalidArgument, "publish: bad delay or ttl (out of memory naming it)");
+  }
+}
+
 Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
-                                const PayloadFill* fill, Magazine* mag, std::uint32_t pub_slot) noexcept {
+                                const PayloadFill* fill, PublisherState* pub, Magazine* mag) noexcept {
+  const std::uint32_t pub_slot = pub != nullptr ? pub->slot : kNoPublisherSlot;
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (fill == nullptr && objects_only.load(std::memory_order_relaxed))
@@ -226,18 +257,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
                                 "publish: the topic carries typed objects; publish through its TypedTopic<T>");
   const std::int64_t now = now_ns();
   MessageTimes times;
-  const std::int64_t delay = m.delay.count();
-  if (delay > 0 && delay < kLongestTtlNs && m.deliver_at == 0 && !m.ttl && options.default_ttl.count() == 0 &&
-      now < kLatestDueNs - kLongestTtlNs) [[likely]] {
-    times.due_ns = now + delay;  // a plain delay: resolve_times' answer without its checks' cost
-  } else try {
-    if (Status st = resolve_times(m, options.default_ttl.count(), now, &times); !st.ok()) {
-      refused.fetch_add(1, std::memory_order_relaxed);
-      return st;
-    }
-  } catch (const std::bad_alloc&) {
-    return Status::from_literal(Code::InvalidArgument, "publish: bad delay or ttl (out of memory naming it)");
-  }
+  if (Status st = times_of(m, now, &times); !st.ok()) return st;
   std::uint16_t schema_version = m.schema_version;
   if (schema.load(std::memory_order_relaxed) != nullptr) {
     if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
@@ -317,34 +337,72 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
       return st;
     }
   }
-  if (times.due_ns <= now) {
+  if (Status st = hand_off_timed(s, lane, times.due_ns, now, pub); !st.ok()) {
+    pool.free(s);
+    unadmit();
+    return st;
+  }
+  if (tally) nsp->count_in_slot(pub_slot, 1, need);
+  return Status();
+}
+
+Status TopicImpl::hand_off_timed(Slot* s, std::uint32_t lane, std::int64_t due_ns, std::int64_t now,
+                                 PublisherState* pub) noexcept {
+  if (due_ns <= now) {
     // Not delayed (only an expiry), or due already: the shared path's route.
     if (owner.load(std::memory_order_relaxed) != 1) make_shared();
     route(s, lane, false);
-    if (tally) nsp->count_in_slot(pub_slot, 1, need);
     return Status();
   }
   bool earliest;
   try {
-    earliest = delays.push(pool.index_of(s), times.due_ns, pool.capacity());
+    earliest = delays.push(pool.index_of(s), due_ns, pool.capacity());
   } catch (const std::bad_alloc&) {  // the heap's one-time reservation
-    pool.free(s);
-    unadmit();
     return Status::from_literal(Code::Internal, "publish: out of memory reserving the topic's delay heap");
   }
-  if (earliest) bus->arm_delayed(&delays.entry, times.due_ns);
-  if (tally) nsp->count_in_slot(pub_slot, 1, need);
+  if (earliest) {
+    bus->arm_delayed(&delays.entry, due_ns);
+  } else if (pub != nullptr && delays.due_by(now - kInlineLagNs)) {
+    release_inline(pub, now);  // earlier messages are due: route them here (design notes)
+  }
   return Status();
+}
+
+void TopicImpl::release_inline(PublisherState* p, std::int64_t now) noexcept {
+  constexpr std::uint32_t kChunk = 64;
+  DelayQueue::Item items[kChunk];
+  Slot* slots[kChunk];
+  std::int64_t next = 0;
+  std::unique_lock releasing(delays.releasing, std::try_to_lock);
+  if (!releasing.owns_lock()) return;  // the timer or another publisher releases now
+  const std::uint32_t n = delays.try_pop_due(now, items, kChunk, &next);
+  if (n == 0) return;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Slot* s = pool.at(items[i].index);
+    s->header.created_at_ns = items[i].due_ns;  // as release_due
+    slots[i] = s;
+  }
+  route_due(p, slots, n);
+  // No arming: the timer stays armed at or before the next due time
+  // (armed_ only grew), and defers once it sees this (design notes).
+  delays.note_inline_release();
 }
 
 void TopicImpl::release_due() noexcept {
   constexpr std::uint32_t kChunk = 64;
   DelayQueue::Item items[kChunk];
   Slot* slots[kChunk];
+  if (delays.take_inline_release()) {
+    // A publisher releases due items as it publishes: leave them to it and
+    // look again in kTimerDeferNs (design notes, "Publishers release").
+    bus->arm_delayed(&delays.entry, now_ns() + kTimerDeferNs);
+    return;
+  }
   // The timer thread's own publisher (made once, on its first release):
   // route_due appends solo while no other thread publishes to the topic.
   PublisherState* p = bus->thread_publisher();
   std::int64_t next = 0;
+  std::unique_lock releasing(delays.releasing);  // after a publisher's routing of earlier items
   for (;;) {
     const std::uint32_t n = delays.pop_due(now_ns(), items, kChunk, &next);
     for (std::uint32_t i = 0; i < n; ++i) {

@@ -36,6 +36,21 @@
 //   append), then re-arms for the next one. The ordering rule follows: a
 //   delayed message enters its lane when due, behind what the lane holds
 //   then.
+// - Publishers release (release_inline). A steady stream of delayed
+//   publishes makes the timer thread a third busy thread: it woke every few
+//   tens of µs to route a handful of slots, on a 2-vCPU machine taking turns
+//   with the publisher and the worker. So a publisher that finds an item due
+//   (due_by: one relaxed load of armed_ against the clock it read anyway)
+//   takes the due items itself (try_pop_due: never waits for the heap's
+//   mutex) and routes them through its own publisher: solo like its other
+//   publishes, so the topic stays solo. It does not touch the timer; the
+//   timer, on its next look, finds the flag the publisher left and defers
+//   by kTimerDeferNs instead of routing (so it neither races the publisher
+//   for the mutex nor makes the topic shared). Once the publisher stops, the
+//   timer's next look finds no flag and releases as before: in that one
+//   case a message is late by at most 2 × kTimerDeferNs (doc/delays.md).
+//   One releaser at a time (`releasing`, held from the pop to the last
+//   route): items leave the heap in due order, and so enter their lanes.
 // - Lock order: DelayQueue::mu_ (the heap: the timer thread and shutdown)
 //   is a leaf; publishers never take it after the first push. release_due
 //   routes with it released and arms the timer (its own leaf mutex) after.
@@ -191,6 +206,22 @@ class DelayQueue {
   /// none). Returning fewer than `max`, it has taken in every append that
   /// does not arm the timer itself (design notes).
   std::uint32_t pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept;
+  /// pop_due for a publisher (release_inline): 0 at once if another thread
+  /// holds the heap (the timer thread, or another publisher releasing).
+  std::uint32_t try_pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept;
+  /// Is an item due at `now_ns`, as far as the timer's next look knows
+  /// (one relaxed load: the publishers' test before try_pop_due)?
+  bool due_by(std::int64_t now_ns) const noexcept { return armed_.load(std::memory_order_relaxed) <= now_ns; }
+  /// A publisher released due items since the timer's last look (publishers
+  /// set it; the timer thread takes it: design notes, "Publishers release").
+  void note_inline_release() noexcept {
+    if (!inline_released_.load(std::memory_order_relaxed)) inline_released_.store(true, std::memory_order_relaxed);
+  }
+  bool take_inline_release() noexcept { return inline_released_.exchange(false, std::memory_order_relaxed); }
+  /// Held across a pop and the routing of what it took (release_due locks
+  /// it, release_inline tries): a second releaser routing its later items
+  /// first would break the order rule within a key.
+  std::mutex releasing;
   /// Every item, for discarding at shutdown.
   std::uint32_t pop_any(Item* out, std::uint32_t max) noexcept;
   /// Waiting items (approximate while publishers run).
@@ -204,6 +235,7 @@ class DelayQueue {
     return a.due_ns < b.due_ns || (a.due_ns == b.due_ns && a.seq < b.seq);
   }
   void init(std::uint32_t capacity);
+  std::uint32_t pop_due_locked(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept;
   void take_staged() noexcept;  // REQUIRES: mu_ held (and so for the three below)
   const Item* first() const noexcept;  // the earliest of the run and the heap, or nullptr
   void pop_first(const Item* f) noexcept;
@@ -224,6 +256,7 @@ class DelayQueue {
   std::vector<Item> heap_;                 // guarded by mu_; capacity reserved once
   std::uint64_t seq_ = 0;                  // guarded by mu_
   alignas(64) std::atomic<std::int64_t> armed_{kNone};
+  std::atomic<bool> inline_released_{false};
 };
 
 }  // namespace lanebus::detail

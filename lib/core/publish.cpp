@@ -465,7 +465,7 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the shared
   // path refuses it.)
   // A due time or an expiry: delayed.cpp, with this publisher's magazine.
-  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill, &link.mag, p.slot);
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill, &p, &link.mag);
   if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
       nsp->pub_limited.load(std::memory_order_relaxed) ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
