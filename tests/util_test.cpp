@@ -109,7 +109,8 @@ TEST_CASE("ByteWriter and ByteReader: the bytes of a record, round trips, reads 
   CHECK(r.done());
 
   // Trailing bytes: ok but not done.
-  ByteReader more(bytes + "!");
+  const std::string with_tail = bytes + "!";  // a reader views its bytes: they must outlive it
+  ByteReader more(with_tail);
   (void)more.u8();
   CHECK(more.ok());
   CHECK_FALSE(more.done());
