@@ -379,7 +379,7 @@ class TopicImpl {
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
   /// A message with a due time or an expiry (delayed.cpp): the slot gets an
-  /// extension block; a delayed one waits in `delays` until due. `mag`: the
+  /// extension block; a delayed one waits in `delays` until due. `pub`: the
   /// calling publisher (publish_via; nullptr: the shared path): its
   /// magazine `mag` gives the slot, its slot's tally counts the message in a
   /// namespace without a publish quota (count_in_slot), and it routes

@@ -368,30 +368,38 @@ Status TopicImpl::hand_off_timed(Slot* s, std::uint32_t lane, std::int64_t due_n
   return Status();
 }
 
+namespace {
+constexpr std::uint32_t kReleaseChunk = 64;
+
+/// Route `n` (<= kReleaseChunk) popped items through `p`. Each enters its
+/// lane now: its created_at becomes its due time (the order rule; latency
+/// counts from here).
+void route_popped(TopicImpl& t, PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept {
+  Slot* slots[kReleaseChunk];
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Slot* s = t.pool.at(items[i].index);
+    s->header.created_at_ns = items[i].due_ns;
+    slots[i] = s;
+  }
+  t.route_due(p, slots, n);
+}
+}  // namespace
+
 void TopicImpl::release_inline(PublisherState* p, std::int64_t now) noexcept {
-  constexpr std::uint32_t kChunk = 64;
-  DelayQueue::Item items[kChunk];
-  Slot* slots[kChunk];
+  DelayQueue::Item items[kReleaseChunk];
   std::int64_t next = 0;
   std::unique_lock releasing(delays.releasing, std::try_to_lock);
   if (!releasing.owns_lock()) return;  // the timer or another publisher releases now
-  const std::uint32_t n = delays.try_pop_due(now, items, kChunk, &next);
+  const std::uint32_t n = delays.try_pop_due(now, items, kReleaseChunk, &next);
   if (n == 0) return;
-  for (std::uint32_t i = 0; i < n; ++i) {
-    Slot* s = pool.at(items[i].index);
-    s->header.created_at_ns = items[i].due_ns;  // as release_due
-    slots[i] = s;
-  }
-  route_due(p, slots, n);
+  route_popped(*this, p, items, n);
   // No arming: the timer stays armed at or before the next due time
   // (armed_ only grew), and defers once it sees this (design notes).
   delays.note_inline_release();
 }
 
 void TopicImpl::release_due() noexcept {
-  constexpr std::uint32_t kChunk = 64;
-  DelayQueue::Item items[kChunk];
-  Slot* slots[kChunk];
+  DelayQueue::Item items[kReleaseChunk];
   if (delays.take_inline_release()) {
     // A publisher releases due items as it publishes: leave them to it and
     // look again in kTimerDeferNs (design notes, "Publishers release").
@@ -404,14 +412,9 @@ void TopicImpl::release_due() noexcept {
   std::int64_t next = 0;
   std::unique_lock releasing(delays.releasing);  // after a publisher's routing of earlier items
   for (;;) {
-    const std::uint32_t n = delays.pop_due(now_ns(), items, kChunk, &next);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      Slot* s = pool.at(items[i].index);
-      s->header.created_at_ns = items[i].due_ns;  // it enters its lane now (the order rule; latency from here)
-      slots[i] = s;
-    }
-    if (n > 0) route_due(p, slots, n);
-    if (n < kChunk) break;
+    const std::uint32_t n = delays.pop_due(now_ns(), items, kReleaseChunk, &next);
+    if (n > 0) route_popped(*this, p, items, n);
+    if (n < kReleaseChunk) break;
   }
   if (next != 0) bus->arm_delayed(&delays.entry, next);
 }

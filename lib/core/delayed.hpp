@@ -39,8 +39,9 @@
 // - Publishers release (release_inline). A steady stream of delayed
 //   publishes makes the timer thread a third busy thread: it woke every few
 //   tens of µs to route a handful of slots, on a 2-vCPU machine taking turns
-//   with the publisher and the worker. So a publisher that finds an item due
-//   (due_by: one relaxed load of armed_ against the clock it read anyway)
+//   with the publisher and the worker. So a publisher that finds the
+//   earliest item kInlineLagNs late (due_by: one relaxed load of armed_
+//   against the clock it read anyway)
 //   takes the due items itself (try_pop_due: never waits for the heap's
 //   mutex) and routes them through its own publisher: solo like its other
 //   publishes, so the topic stays solo. It does not touch the timer; the
