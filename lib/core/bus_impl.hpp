@@ -413,10 +413,20 @@ class TopicImpl {
   /// A publisher releases once the earliest item is this late: a call
   /// (the heap's mutex, a solo window) then carries several messages.
   static constexpr std::int64_t kInlineLagNs = 20'000;
+  /// Open publisher `p`'s solo window on this topic ("Solo publishers"):
+  /// true when `p` owns it (append solo, then leave_solo). False: the topic
+  /// is shared now (made so if it was not; p == nullptr: shared).
+  bool enter_solo(const PublisherState* p) noexcept;
+  void leave_solo(const PublisherState* p) noexcept;
   /// Route `n` filled slots (each to its own lane) as publisher `p` would:
   /// solo while `p` may own the topic, else the shared path (p == nullptr:
   /// shared). release_due's hand-off (publish.cpp, beside open_window).
   void route_due(PublisherState* p, Slot* const* slots, std::uint32_t n) noexcept;
+  /// Route `n` (at most 64) items popped from `delays` through publisher
+  /// `p` (route_due), or (nullptr: the timer, the topic lent to it) with
+  /// shared appends. Each enters its lane now: its created_at becomes its
+  /// due time (the order rule; latency counts from here).
+  void route_popped(PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept;
   /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
   void discard_delayed() noexcept;
   /// The store append for `m` (durable topics; also the outbox of
@@ -470,8 +480,18 @@ class TopicImpl {
   std::atomic<std::uint64_t> refused{0};
   /// Solo ownership: 0 = nobody published yet, 1 = shared, k + 2 = solo by
   /// the publisher of slot k. Goes 0 → k + 2 → 0 (its publisher is gone),
-  /// and to 1 from any state, for good.
+  /// and to 1 from any state, for good. kLent marks 0 or k + 2 while the
+  /// timer thread routes due delayed messages (lend_to_timer): the owner
+  /// waits for it to come back, anyone else makes the topic shared.
   std::atomic<std::uintptr_t> owner{0};
+  static constexpr std::uintptr_t kLent = std::uintptr_t{1} << (sizeof(std::uintptr_t) * 8 - 1);
+  /// The timer thread's route of due delayed messages (release_due) without
+  /// taking or ending solo ownership: marks `owner` lent, waits for the
+  /// owner's window to close (heavy fence), and returns the value to give
+  /// back; 1 when the topic is shared (nothing lent). Until give_back the
+  /// caller routes with shared appends and no solo append runs.
+  std::uintptr_t lend_to_timer() noexcept;
+  void give_back(std::uintptr_t lent) noexcept;
   /// Set (for good) by the first solo claim, which then runs a heavy fence:
   /// from then on a worker letting go of one of this topic's lanes runs the
   /// heavy fence too, because solo appends end with a light one

@@ -99,6 +99,20 @@ bool DelayQueue::push(std::uint32_t index, std::int64_t due_ns, std::uint32_t ca
   // try only means the cell's previous reader has not finished its store.
   while (!ring_->try_enqueue(index)) std::this_thread::yield();
   // seq_cst, after the ring's seq_cst store: the Dekker pair with pop_due.
+  return lower_armed(due_ns);
+}
+
+bool DelayQueue::push_solo(std::uint32_t index, std::int64_t due_ns, std::uint32_t capacity) {
+  if (!ready_.load(std::memory_order_acquire)) init(capacity);
+  due_[index] = due_ns;  // published to the timer thread by the ring's release store
+  ring_->push_solo(index);  // never full (push)
+  AsymmetricFence::light();  // the entry, then armed_: pop_due's heavy fence is the other half
+  if (lower_armed(due_ns)) return true;
+  note_publisher_release();  // a stream: the timer defers to this publisher (design notes)
+  return false;
+}
+
+bool DelayQueue::lower_armed(std::int64_t due_ns) noexcept {
   std::int64_t armed = armed_.load(std::memory_order_seq_cst);
   while (due_ns < armed) {
     if (armed_.compare_exchange_weak(armed, due_ns, std::memory_order_seq_cst)) return true;
@@ -119,7 +133,7 @@ void DelayQueue::push_heap(const Item& it) noexcept {
 
 void DelayQueue::take_staged() noexcept {
   std::uint32_t index;
-  while (ring_->try_dequeue(index)) {
+  while (ring_->try_dequeue_single(index)) {  // one dequeuer: mu_ is held
     const Item it{due_[index], seq_++, index};
     // Not before the run's last item (a steady delay: always): the run's
     // tail, O(1); else the heap. Both stay sorted by (due time, sequence).
@@ -164,11 +178,12 @@ void DelayQueue::pop_root() noexcept {
   }
 }
 
-std::uint32_t DelayQueue::pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept {
+std::uint32_t DelayQueue::pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next,
+                                  const std::atomic<bool>& ever_solo) noexcept {
   *next = 0;
   if (!ready_.load(std::memory_order_acquire)) return 0;
   std::lock_guard l(mu_);
-  return pop_due_locked(now_ns, out, max, next);
+  return pop_due_locked(now_ns, out, max, next, &ever_solo);
 }
 
 std::uint32_t DelayQueue::try_pop_due(std::int64_t now_ns, Item* out, std::uint32_t max,
@@ -177,11 +192,11 @@ std::uint32_t DelayQueue::try_pop_due(std::int64_t now_ns, Item* out, std::uint3
   if (!ready_.load(std::memory_order_acquire)) return 0;
   std::unique_lock l(mu_, std::try_to_lock);
   if (!l.owns_lock()) return 0;
-  return pop_due_locked(now_ns, out, max, next);
+  return pop_due_locked(now_ns, out, max, next, nullptr);
 }
 
-std::uint32_t DelayQueue::pop_due_locked(std::int64_t now_ns, Item* out, std::uint32_t max,
-                                         std::int64_t* next) noexcept {
+std::uint32_t DelayQueue::pop_due_locked(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next,
+                                         const std::atomic<bool>* ever_solo) noexcept {
   std::uint32_t n = 0;
   for (int round = 0;; ++round) {
     take_staged();
@@ -199,7 +214,15 @@ std::uint32_t DelayQueue::pop_due_locked(std::int64_t now_ns, Item* out, std::ui
     // ring again (design notes: a racing append is seen here, or its
     // publisher sees armed_ and arms the timer itself).
     armed_.store(earliest, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // A solo publisher appends with a light fence (push_solo): the heavy one
+    // here. ever_solo is read after the store: one that reads it false does
+    // so before the first solo claim's heavy fence (publish.cpp
+    // open_window_slow), whose publisher then sees the store.
+    if (ever_solo != nullptr && ever_solo->load(std::memory_order_seq_cst)) {
+      AsymmetricFence::heavy();
+    } else {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
     if (!ring_->ready()) {
       *next = earliest == kNone ? 0 : earliest;
       return n;
@@ -349,17 +372,23 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
 Status TopicImpl::hand_off_timed(Slot* s, std::uint32_t lane, std::int64_t due_ns, std::int64_t now,
                                  PublisherState* pub) noexcept {
   if (due_ns <= now) {
-    // Not delayed (only an expiry), or due already: the shared path's route.
-    if (owner.load(std::memory_order_relaxed) != 1) make_shared();
-    route(s, lane, false);
+    // Not delayed (only an expiry), or due already: routed now, solo when
+    // the publisher owns the topic.
+    route_due(pub, &s, 1);
     return Status();
   }
+  // The staging ring takes solo appends from the topic's solo publisher
+  // (delayed.hpp, "Solo publishers"); any other append makes the topic shared first.
+  const bool solo = enter_solo(pub);
   bool earliest;
   try {
-    earliest = delays.push(pool.index_of(s), due_ns, pool.capacity());
-  } catch (const std::bad_alloc&) {  // the heap's one-time reservation
+    const std::uint32_t index = pool.index_of(s);
+    earliest = solo ? delays.push_solo(index, due_ns, pool.capacity()) : delays.push(index, due_ns, pool.capacity());
+  } catch (const std::bad_alloc&) {  // the heap's one-time reservation (before any append)
+    if (solo) leave_solo(pub);
     return Status::from_literal(Code::Internal, "publish: out of memory reserving the topic's delay heap");
   }
+  if (solo) leave_solo(pub);
   if (earliest) {
     bus->arm_delayed(&delays.entry, due_ns);
   } else if (pub != nullptr && delays.due_by(now - kInlineLagNs)) {
@@ -369,21 +398,22 @@ Status TopicImpl::hand_off_timed(Slot* s, std::uint32_t lane, std::int64_t due_n
 }
 
 namespace {
-constexpr std::uint32_t kReleaseChunk = 64;
+constexpr std::uint32_t kReleaseChunk = 64;  // route_popped's most
+}  // namespace
 
-/// Route `n` (<= kReleaseChunk) popped items through `p`. Each enters its
-/// lane now: its created_at becomes its due time (the order rule; latency
-/// counts from here).
-void route_popped(TopicImpl& t, PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept {
+void TopicImpl::route_popped(PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept {
   Slot* slots[kReleaseChunk];
   for (std::uint32_t i = 0; i < n; ++i) {
-    Slot* s = t.pool.at(items[i].index);
+    Slot* s = pool.at(items[i].index);
     s->header.created_at_ns = items[i].due_ns;
     slots[i] = s;
   }
-  t.route_due(p, slots, n);
+  if (p != nullptr) {
+    route_due(p, slots, n);
+  } else {
+    for (std::uint32_t i = 0; i < n; ++i) route(slots[i], slots[i]->lane, false);
+  }
 }
-}  // namespace
 
 void TopicImpl::release_inline(PublisherState* p, std::int64_t now) noexcept {
   DelayQueue::Item items[kReleaseChunk];
@@ -392,30 +422,39 @@ void TopicImpl::release_inline(PublisherState* p, std::int64_t now) noexcept {
   if (!releasing.owns_lock()) return;  // the timer or another publisher releases now
   const std::uint32_t n = delays.try_pop_due(now, items, kReleaseChunk, &next);
   if (n == 0) return;
-  route_popped(*this, p, items, n);
+  route_popped(p, items, n);
   // No arming: the timer stays armed at or before the next due time
   // (armed_ only grew), and defers once it sees this (design notes).
-  delays.note_inline_release();
+  delays.note_publisher_release();
 }
 
 void TopicImpl::release_due() noexcept {
   DelayQueue::Item items[kReleaseChunk];
-  if (delays.take_inline_release()) {
+  if (delays.take_publisher_release()) {
     // A publisher releases due items as it publishes: leave them to it and
     // look again in kTimerDeferNs (design notes, "Publishers release").
     bus->arm_delayed(&delays.entry, now_ns() + kTimerDeferNs);
     return;
   }
-  // The timer thread's own publisher (made once, on its first release):
-  // route_due appends solo while no other thread publishes to the topic.
-  PublisherState* p = bus->thread_publisher();
+  // The timer routes with shared appends, the topic lent to it
+  // (lend_to_timer): it neither takes solo ownership nor ends it, so the
+  // topic's publisher stays solo after a pause in its stream.
   std::int64_t next = 0;
+  std::uintptr_t lent = 0;
+  bool borrowed = false;
   std::unique_lock releasing(delays.releasing);  // after a publisher's routing of earlier items
   for (;;) {
-    const std::uint32_t n = delays.pop_due(now_ns(), items, kReleaseChunk, &next);
-    if (n > 0) route_popped(*this, p, items, n);
+    const std::uint32_t n = delays.pop_due(now_ns(), items, kReleaseChunk, &next, ever_solo);
+    if (n > 0) {
+      if (!borrowed) {
+        lent = lend_to_timer();
+        borrowed = true;
+      }
+      route_popped(nullptr, items, n);
+    }
     if (n < kReleaseChunk) break;
   }
+  if (borrowed) give_back(lent);
   if (next != 0) bus->arm_delayed(&delays.entry, next);
 }
 

@@ -29,6 +29,17 @@
 //   having moved the ring and taken what is due, stores the next due time in
 //   armed_, fences, and looks at the ring again: either it sees a racing
 //   append (and takes it in), or that publisher sees the new armed_.
+// - Solo publishers (bus_impl.hpp) append with push_solo inside their
+//   in_push window: a plain store of the ring's tail and a light fence
+//   before reading armed_, no locked instruction (the CAS and the seq_cst
+//   store of push were two thirds of its samples). The other side of that
+//   Dekker pair is then the heavy fence: the timer's pop_due runs it when
+//   the topic was ever solo, as a worker letting go of a lane does. A
+//   publisher's own try_pop_due needs none: its appends come before it in
+//   program order, and any other publisher made the topic shared first
+//   (make_shared's heavy fence), after which every append is seq_cst.
+//   Pops are serialized by mu_, so the ring has one dequeuer at a time
+//   (try_dequeue_single: no CAS on its head).
 // - The bus's RetryTimer holds one TimerEntry per topic (Kind::Delayed); on
 //   the timer thread release_due routes every due slot to the topic's groups
 //   in heap order, through the timer thread's own publisher (solo while no
@@ -46,8 +57,12 @@
 //   mutex) and routes them through its own publisher: solo like its other
 //   publishes, so the topic stays solo. It does not touch the timer; the
 //   timer, on its next look, finds the flag the publisher left and defers
-//   by kTimerDeferNs instead of routing (so it neither races the publisher
-//   for the mutex nor makes the topic shared). Once the publisher stops, the
+//   by kTimerDeferNs instead of routing. A solo publisher's append that
+//   does not arm the timer leaves the flag too: the timer routing through
+//   its own publisher would make the topic shared for good (its first look
+//   comes before the stream's first inline release). So the timer neither
+//   races the publisher for the mutex nor makes the topic shared. Once the
+//   publisher stops, the
 //   timer's next look finds no flag and releases as before: in that one
 //   case a message is late by at most 2 × kTimerDeferNs (doc/delays.md).
 //   One releaser at a time (`releasing`, held from the pop to the last
@@ -65,6 +80,7 @@
 #include <mutex>
 #include <vector>
 
+#include "asym_fence.hpp"
 #include "lane_ring.hpp"
 #include "lanebus/message.hpp"
 #include "lanebus/status.hpp"
@@ -202,23 +218,38 @@ class DelayQueue {
   /// each) on the first call (std::bad_alloc then). Returns true when the
   /// caller must arm the timer for `due_ns` (earlier than what it is armed for).
   bool push(std::uint32_t index, std::int64_t due_ns, std::uint32_t capacity);
+  /// push for the topic's solo publisher, inside its in_push window (bus_impl.hpp,
+  /// "Solo publishers"): a plain append (lane_ring.hpp invariant 5) and a
+  /// light fence, no locked instruction. The timer's pop_due pays the heavy
+  /// fence instead (its `ever_solo`). Returns as push.
+  bool push_solo(std::uint32_t index, std::int64_t due_ns, std::uint32_t capacity);
   /// The timer thread: up to `max` items due at `now_ns` (wall clock),
   /// earliest first. *next: the due time of the earliest remaining item (0 =
   /// none). Returning fewer than `max`, it has taken in every append that
   /// does not arm the timer itself (design notes).
-  std::uint32_t pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept;
-  /// pop_due for a publisher (release_inline): 0 at once if another thread
-  /// holds the heap (the timer thread, or another publisher releasing).
+  /// `ever_solo`: the topic's flag (TopicImpl::ever_solo), read after the
+  /// store of the next due time: once set, a solo publisher may append
+  /// without a full fence (push_solo), and the heavy fence (asym_fence.hpp)
+  /// stands in for the full one of the Dekker pair with push.
+  std::uint32_t pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next,
+                        const std::atomic<bool>& ever_solo) noexcept;
+  /// pop_due for a publisher (release_inline), which has just appended: 0
+  /// at once if another thread holds the heap (the timer thread, or another
+  /// publisher releasing). No heavy fence: the caller is the solo publisher,
+  /// or the topic is shared for good and every append is seq_cst.
   std::uint32_t try_pop_due(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept;
   /// Is an item due at `now_ns`, as far as the timer's next look knows
   /// (one relaxed load: the publishers' test before try_pop_due)?
   bool due_by(std::int64_t now_ns) const noexcept { return armed_.load(std::memory_order_relaxed) <= now_ns; }
-  /// A publisher released due items since the timer's last look (publishers
-  /// set it; the timer thread takes it: design notes, "Publishers release").
-  void note_inline_release() noexcept {
-    if (!inline_released_.load(std::memory_order_relaxed)) inline_released_.store(true, std::memory_order_relaxed);
+  /// A publisher released due items, or the solo publisher appended one not
+  /// earliest (and so releases what is due at its next appends), since the
+  /// timer's last look: publishers set it, the timer thread takes it (design
+  /// notes, "Publishers release").
+  void note_publisher_release() noexcept {
+    if (!publisher_releases_.load(std::memory_order_relaxed))
+      publisher_releases_.store(true, std::memory_order_relaxed);
   }
-  bool take_inline_release() noexcept { return inline_released_.exchange(false, std::memory_order_relaxed); }
+  bool take_publisher_release() noexcept { return publisher_releases_.exchange(false, std::memory_order_relaxed); }
   /// Held across a pop and the routing of what it took (release_due locks
   /// it, release_inline tries): a second releaser routing its later items
   /// first would break the order rule within a key.
@@ -236,7 +267,11 @@ class DelayQueue {
     return a.due_ns < b.due_ns || (a.due_ns == b.due_ns && a.seq < b.seq);
   }
   void init(std::uint32_t capacity);
-  std::uint32_t pop_due_locked(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next) noexcept;
+  /// push's end: lower armed_ to `due_ns` if that is earlier (true: the caller arms the timer).
+  bool lower_armed(std::int64_t due_ns) noexcept;
+  /// `ever_solo`: as pop_due; nullptr for try_pop_due.
+  std::uint32_t pop_due_locked(std::int64_t now_ns, Item* out, std::uint32_t max, std::int64_t* next,
+                               const std::atomic<bool>* ever_solo) noexcept;
   void take_staged() noexcept;  // REQUIRES: mu_ held (and so for the three below)
   const Item* first() const noexcept;  // the earliest of the run and the heap, or nullptr
   void pop_first(const Item* f) noexcept;
@@ -257,7 +292,7 @@ class DelayQueue {
   std::vector<Item> heap_;                 // guarded by mu_; capacity reserved once
   std::uint64_t seq_ = 0;                  // guarded by mu_
   alignas(64) std::atomic<std::int64_t> armed_{kNone};
-  std::atomic<bool> inline_released_{false};
+  std::atomic<bool> publisher_releases_{false};  // on armed_'s line: the appends read it anyway
 };
 
 }  // namespace lanebus::detail

@@ -85,15 +85,32 @@ inline bool open_window(TopicImpl& t, std::uint32_t slot) noexcept {
     PublisherSlot& ps = t.bus->publisher_slot(slot);
     ps.in_push.store(1, std::memory_order_relaxed);
     AsymmetricFence::light();  // the window, then the owner: make_shared runs the heavy fence
-    if (t.owner.load(std::memory_order_relaxed) == tag) [[likely]] return true;
+    // acquire: after a lend (lend_to_timer), the timer's appends happen before ours.
+    if (t.owner.load(std::memory_order_acquire) == tag) [[likely]] return true;
     ps.in_push.store(0, std::memory_order_release);
   }
   return open_window_slow(t, slot);
 }
 
+/// Wait while the timer has borrowed the topic from `tag` (or from nobody:
+/// 0) and return the owner after; any other value at once.
+std::uintptr_t wait_lent(const TopicImpl& t, std::uintptr_t tag) noexcept {
+  std::uintptr_t o = t.owner.load(std::memory_order_acquire);
+  for (std::uint32_t spin = 0; o == (tag | TopicImpl::kLent) || o == TopicImpl::kLent; ++spin) {
+    if (spin < 128) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+    o = t.owner.load(std::memory_order_acquire);
+  }
+  return o;
+}
+
 bool open_window_slow(TopicImpl& t, std::uint32_t slot) noexcept {
   const std::uintptr_t tag = std::uintptr_t{slot} + 2;
-  std::uintptr_t o = t.owner.load(std::memory_order_relaxed);
+  // Lent from us or from nobody: the timer gives it back after a few routes.
+  std::uintptr_t o = wait_lent(t, tag);
   if (o == 0 && t.owner.compare_exchange_strong(o, tag, std::memory_order_acq_rel, std::memory_order_relaxed)) {
     o = tag;
     if (!t.ever_solo.load(std::memory_order_relaxed)) {
@@ -108,8 +125,10 @@ bool open_window_slow(TopicImpl& t, std::uint32_t slot) noexcept {
     PublisherSlot& ps = t.bus->publisher_slot(slot);
     ps.in_push.store(1, std::memory_order_relaxed);
     AsymmetricFence::light();  // the window, then the owner: make_shared runs the heavy fence
-    if (t.owner.load(std::memory_order_relaxed) == tag) return true;
+    if (t.owner.load(std::memory_order_acquire) == tag) return true;
     ps.in_push.store(0, std::memory_order_release);
+    // Lent meanwhile: try again once it is back.
+    if (t.owner.load(std::memory_order_acquire) == (tag | TopicImpl::kLent)) return open_window_slow(t, slot);
   }
   if (t.owner.load(std::memory_order_relaxed) != 1) t.make_shared();
   return false;
@@ -144,14 +163,39 @@ void TopicImpl::make_shared() noexcept {
   std::uintptr_t o = owner.load(std::memory_order_acquire);
   while (o != 1) {
     if (!owner.compare_exchange_weak(o, 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-    if (o >= 2) {
+    // Lent (lend_to_timer): the timer's appends are shared ones already.
+    if ((o & ~kLent) >= 2) {
       // The old owner either sees owner == 1 at its next re-check, or its
       // window is open and visible here: wait for it to close (asym_fence.hpp).
       AsymmetricFence::heavy();
-      wait_window(bus->publisher_slot(static_cast<std::uint32_t>(o - 2)));
+      wait_window(bus->publisher_slot(static_cast<std::uint32_t>((o & ~kLent) - 2)));
     }
     return;
   }
+}
+
+std::uintptr_t TopicImpl::lend_to_timer() noexcept {
+  std::uintptr_t o = owner.load(std::memory_order_acquire);
+  for (;;) {
+    if (o == 1) return 1;  // shared: nothing to lend
+    // Never lent twice: the timer is the one borrower, and it gives back first.
+    if (owner.compare_exchange_weak(o, o | kLent, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+  }
+  if (o >= 2) {
+    // As make_shared: the owner sees the mark at its next re-check, or its
+    // window is open and visible here; after the wait its appends are ours to see.
+    AsymmetricFence::heavy();
+    wait_window(bus->publisher_slot(static_cast<std::uint32_t>(o - 2)));
+  }
+  return o;
+}
+
+void TopicImpl::give_back(std::uintptr_t lent) noexcept {
+  if (lent == 1) return;
+  // release: our appends happen before the owner's next solo ones. Fails
+  // only when another publisher made the topic shared meanwhile (for good).
+  std::uintptr_t expected = lent | kLent;
+  owner.compare_exchange_strong(expected, lent, std::memory_order_acq_rel, std::memory_order_relaxed);
 }
 
 inline void TopicImpl::schedule(GroupLane* gl) noexcept {
@@ -305,15 +349,18 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   return Status();
 }
 
+bool TopicImpl::enter_solo(const PublisherState* p) noexcept {
+  if (p != nullptr && p->slot != kNoPublisherSlot && p->asym) return open_window(*this, p->slot);  // false: made shared
+  if (owner.load(std::memory_order_relaxed) != 1) make_shared();
+  return false;
+}
+
+void TopicImpl::leave_solo(const PublisherState* p) noexcept { close_window(*this, p->slot); }
+
 void TopicImpl::route_due(PublisherState* p, Slot* const* slots, std::uint32_t n) noexcept {
-  bool solo = false;
-  if (p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available()) {
-    solo = open_window(*this, p->slot);  // false: made shared
-  } else if (owner.load(std::memory_order_relaxed) != 1) {
-    make_shared();
-  }
+  const bool solo = enter_solo(p);
   for (std::uint32_t i = 0; i < n; ++i) route(slots[i], slots[i]->lane, solo);
-  if (solo) close_window(*this, p->slot);
+  if (solo) leave_solo(p);
 }
 
 // ---------------------------------------------------------------- implicit publishers

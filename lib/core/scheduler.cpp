@@ -146,9 +146,15 @@ PublisherState::~PublisherState() {
     TopicImpl* t = links[i].topic;
     t->pool.detach(&links[i].mag);
     if (slot != kNoPublisherSlot) {
-      // Give up solo ownership: the next publisher of the topic may take it.
-      std::uintptr_t mine = std::uintptr_t{slot} + 2;
-      t->owner.compare_exchange_strong(mine, 0, std::memory_order_acq_rel, std::memory_order_relaxed);
+      // Give up solo ownership: the next publisher of the topic may take it
+      // (once the timer gives it back, if it has it lent: lend_to_timer).
+      const std::uintptr_t mine = std::uintptr_t{slot} + 2;
+      for (;;) {
+        std::uintptr_t o = mine;
+        if (t->owner.compare_exchange_strong(o, 0, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+        if (o != (mine | TopicImpl::kLent)) break;  // shared, or never ours
+        std::this_thread::yield();
+      }
     }
   }
   if (slot != kNoPublisherSlot && bus != nullptr) bus->release_publisher_slot(slot);
