@@ -5,6 +5,10 @@
 // on a shared VM swing by 2x; instruction counts do not.
 //
 // Usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch]
+//                [--stream 0|1] [--delay-us D]
+//   --delay-us D: every message published with OutgoingMessage::delay of D µs
+//   (doc/delays.md): Publisher::publish then counts the timed publish and the
+//   publisher's releases of due messages (release_inline).
 //   --handler batch: Bus::subscribe_batch instead of subscribe.
 //   One producer thread publishes N 64-byte messages (16 keys over 8 lanes)
 //   to one topic with G groups on one worker: through Publisher::publish
@@ -31,6 +35,7 @@ int main(int argc, char** argv) {
   bool metrics = true;
   bool batch_handler = false;
   bool stream = false;
+  std::int64_t delay_us = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string_view a = argv[i];
     const char* v = argv[i + 1];
@@ -40,12 +45,15 @@ int main(int argc, char** argv) {
     else if (a == "--metrics") metrics = std::atoi(v) != 0;
     else if (a == "--handler") batch_handler = std::string_view(v) == "batch";
     else if (a == "--stream") stream = std::atoi(v) != 0;
+    else if (a == "--delay-us") delay_us = std::atoll(v);
     else {
-      std::fprintf(stderr, "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch] [--stream 0|1]\n");
+      std::fprintf(stderr,
+                   "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch] "
+                   "[--stream 0|1] [--delay-us D]\n");
       return 2;
     }
   }
-  if (batch == 0 || batch > 1024 || groups == 0) return 2;
+  if (batch == 0 || batch > 1024 || groups == 0 || delay_us < 0) return 2;
   // spin = 0: the worker lingers 1 µs on an emptied lane and parks at once,
   // so the wait between rounds adds no spinning to the counts.
   // --stream 1 (for perf): one unbroken stream under the topic's backpressure,
@@ -55,7 +63,8 @@ int main(int argc, char** argv) {
                                  .spin = stream ? std::chrono::nanoseconds(50'000) : std::chrono::nanoseconds(0),
                                  .metrics = metrics})
                  .value();
-  auto topic = bus->create_topic("hotpath", {.lanes = 8, .capacity = 4096}).value();
+  // Delayed messages hold their slots for the delay (doc/delays.md, "Sizing").
+  auto topic = bus->create_topic("hotpath", {.lanes = 8, .capacity = delay_us > 0 ? 65536u : 4096u}).value();
   // The handlers' counter on a line of its own: on main's stack beside the
   // publisher's locals, every handler's increment cost the publisher a miss.
   struct alignas(64) Counter : std::atomic<std::uint64_t> {
@@ -112,7 +121,9 @@ int main(int argc, char** argv) {
       for (std::uint32_t j = 0; j < b; ++j) {
         const std::uint64_t seq = done + i + j;
         std::memcpy(payload, &seq, sizeof seq);
-        span[j] = {.key = keys[seq % keys.size()], .payload = std::string_view(payload, sizeof payload)};
+        span[j] = {.key = keys[seq % keys.size()],
+                   .payload = std::string_view(payload, sizeof payload),
+                   .delay = std::chrono::microseconds(delay_us)};
         if (batch == 1 && !pub.publish(topic, span[0]).ok()) return 1;
       }
       if (batch > 1) {
@@ -127,8 +138,10 @@ int main(int argc, char** argv) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (void)bus->shutdown(lanebus::ShutdownMode::Drain);
-  std::printf("bench=hotpath msgs=%llu batch=%u groups=%u metrics=%d stream=%d handled=%llu msgs_per_sec=%.0f\n",
+  std::printf("bench=hotpath msgs=%llu batch=%u groups=%u metrics=%d stream=%d delay_us=%lld handled=%llu "
+              "msgs_per_sec=%.0f\n",
               static_cast<unsigned long long>(msgs), batch, groups, metrics ? 1 : 0, stream ? 1 : 0,
+              static_cast<long long>(delay_us),
               static_cast<unsigned long long>(handled.load()), static_cast<double>(msgs) / secs);
   return 0;
 }

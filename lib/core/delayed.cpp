@@ -339,7 +339,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   if (mag != nullptr) {
     // The slot counts in in_use; then read closing (shutdown's Dekker, as in
     // publish_via: a light fence here, shutdown runs the heavy one).
-    if (AsymmetricFence::available()) {
+    if (pub->asym) {
       AsymmetricFence::light();
     } else {
       std::atomic_thread_fence(std::memory_order_seq_cst);

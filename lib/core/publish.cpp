@@ -466,11 +466,14 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
   const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
   // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the general path refuses it.)
   if (fill != nullptr || lp == nullptr || lp->topic != this || p.slot == kNoPublisherSlot || !p.asym ||
-      has_times(m, default_ttl_ns) || m.payload.empty() || need > options.slot_bytes ||
+      m.payload.empty() || need > options.slot_bytes ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
       schema.load(std::memory_order_relaxed) != nullptr || objects_only.load(std::memory_order_relaxed))
       [[unlikely]]
     return publish_via_general(p, m, may_block, fill);
+  // A due time or an expiry (delayed.cpp), with this link's magazine: as
+  // publish_via_general would, without its link search.
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, p.take_id(), nullptr, &p, &lp->mag);
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (nsp->pub_limited.load(std::memory_order_relaxed)) [[unlikely]] return publish_via_general(p, m, may_block, fill);
   // Shutdown: read once, after the slot is taken (the Dekker below); a slot
