@@ -302,6 +302,70 @@ TEST_CASE("a destroyed Publisher gives its topic back, its cached slots do not h
   bus.reset();  // q outlives the bus: its destructor hands its slots back to live memory (ASan)
 }
 
+TEST_CASE("delayed messages: the timer routes a paused stream's tail without taking the topic from its publisher") {
+  // The timer thread routes due messages while the topic is lent to it
+  // (TopicImpl::lend_to_timer): it must neither take solo ownership nor end
+  // it, so a publisher's delayed stream stays solo across its pauses
+  // (delayed.hpp, "Solo publishers"). A second Publisher taking the topic
+  // over while the timer routes, and the owner's Publisher destroyed after,
+  // lose nothing and keep each key's order.
+  const bool asym = lanebus::detail::AsymmetricFence::available();
+  auto bus = std::move(*Bus::open({.name = "solo-delay", .workers = 2}));
+  Topic topic = *bus->create_topic("solo.delay", {.lanes = 4, .capacity = 4096});
+  Sequences seqs;
+  auto sub = *bus->subscribe(topic, "g", [&](const MessageView& m) {
+    seqs.see(m.key(), std::stoi(std::string(m.payload())));
+    return Outcome::ack();
+  });
+  std::uint64_t total = 0;
+  std::uintptr_t owner = 0;
+  {
+    Publisher a = bus->publisher();
+    int next_a = 0;
+    for (int round = 0; round < 5; ++round) {
+      // A burst delayed 1 ms, then a pause: the timer routes every message of it.
+      for (int i = 0; i < 200; ++i, ++next_a) {
+        const std::string key = "a" + std::to_string(next_a % 4), p = payload_of(next_a / 4);
+        OutgoingMessage m{.key = key, .payload = p};
+        m.delay = std::chrono::milliseconds(1);
+        REQUIRE(a.publish(topic, m).ok());
+      }
+      total += 200;
+      REQUIRE(wait_until([&] { return seqs.seen.load() == total; }, std::chrono::seconds(10)));
+      if (round == 0) owner = owner_of(*bus, "solo.delay");
+      if (asym) {
+        CHECK(owner >= 2);
+        CHECK(owner_of(*bus, "solo.delay") == owner);  // still a's, never lent for good
+      }
+    }
+    // b takes the topic over while a's delayed messages come due (the timer
+    // routes some of them with the topic lent): shared for good.
+    std::thread b([&, pub = bus->publisher()]() mutable {
+      for (int i = 0; i < 2000; ++i) {
+        // Undelayed messages pass delayed ones of their key (the order
+        // rule): the delayed half gets a key of its own.
+        const std::string p = payload_of(i / 2);
+        OutgoingMessage m{.key = i % 2 == 0 ? "bd" : "b", .payload = p};
+        if (i % 2 == 0) m.delay = std::chrono::microseconds(300);
+        REQUIRE(pub.publish(topic, m).ok());
+      }
+    });
+    for (int i = 0; i < 2000; ++i, ++next_a) {
+      const std::string key = "a" + std::to_string(next_a % 4), p = payload_of(next_a / 4);
+      OutgoingMessage m{.key = key, .payload = p};
+      m.delay = std::chrono::microseconds(200);
+      REQUIRE(a.publish(topic, m).ok());
+    }
+    b.join();
+    total += 4000;
+  }  // a's Publisher destroyed: nothing waits on a lend
+  REQUIRE(wait_until([&] { return seqs.seen.load() == total; }, std::chrono::seconds(10)));
+  CHECK(seqs.violations == 0);
+  CHECK(owner_of(*bus, "solo.delay") == 1);
+  CHECK(wait_until([&] { return bus->stats().topics.at(0).slots_in_use == 0; }, std::chrono::seconds(10)));
+  CHECK(bus->shutdown(ShutdownMode::Drain, std::chrono::milliseconds(2000)).ok());
+}
+
 TEST_CASE("Topic::publish goes through the thread's own publisher: solo for one thread, shared for two, given back when the thread exits") {
   const bool asym = lanebus::detail::AsymmetricFence::available();
   auto bus = std::move(*Bus::open({.name = "implicit", .workers = 2}));
