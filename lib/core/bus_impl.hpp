@@ -398,7 +398,7 @@ class TopicImpl {
   /// slot's hand-off (routed when due, else into `delays`; an error leaves
   /// the slot to the caller).
   Status times_of(const OutgoingMessage& m, std::int64_t now, MessageTimes* times) noexcept;
-  Status hand_off_timed(Slot* s, std::uint32_t lane, std::int64_t due_ns, std::int64_t now,
+  Status hand_off_timed(Slot* s, std::int64_t due_ns, std::int64_t now,
                         PublisherState* pub) noexcept;
   /// The timer thread: route every delayed slot that is due, re-arm for the
   /// next; or, when a publisher released since its last look, look again in

@@ -360,7 +360,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
       return st;
     }
   }
-  if (Status st = hand_off_timed(s, lane, times.due_ns, now, pub); !st.ok()) {
+  if (Status st = hand_off_timed(s, times.due_ns, now, pub); !st.ok()) {
     pool.free(s);
     unadmit();
     return st;
@@ -369,7 +369,7 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   return Status();
 }
 
-Status TopicImpl::hand_off_timed(Slot* s, std::uint32_t lane, std::int64_t due_ns, std::int64_t now,
+Status TopicImpl::hand_off_timed(Slot* s, std::int64_t due_ns, std::int64_t now,
                                  PublisherState* pub) noexcept {
   if (due_ns <= now) {
     // Not delayed (only an expiry), or due already: routed now, solo when
