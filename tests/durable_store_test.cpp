@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "delayed_index.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lanebus.hpp"
 #include "fsync_counter.hpp"
@@ -1165,4 +1166,57 @@ TEST_CASE("LmdbEnv: a read beyond the reserved slots waits for one; a nested rea
   REQUIRE_MESSAGE(nested.ok(), nested.status().to_string());
   CHECK(env->read_slots_reserved() == 3);
   CHECK(env->reader_slots_held() == 3);
+}
+
+// ---------------------------------------------------------------- the delayed index
+
+TEST_CASE("delayed index: entries keep due-time order whether appended, inserted or given a new tie-break") {
+  // put_delayed writes in place under a new key: MDB_APPEND when the key sorts
+  // last (a steady delay), an insert when it does not, and a bumped tie-break
+  // when the key is taken (two publishes of one nanosecond). None may
+  // overwrite another entry, and every one decodes back unchanged.
+  TempDir dir;
+  auto store = must_open(options_for(dir.path()));
+  auto t = store->open_topic("later", TopicSpec{2, false, {}});
+  REQUIRE(t.ok());
+  const std::int64_t base = 4'000'000'000'000'000'000LL;  // far in the future: nothing is due
+  // due offsets: growing (appends), one earlier (an insert), and three with
+  // the same due, created and tie-break (the second and third bump it).
+  const std::int64_t dues[] = {10, 20, 30, 15, 40, 40, 40};
+  REQUIRE(store->write([&](lanebus::detail::StoreTxn& txn) -> lanebus::Status {
+    for (std::size_t i = 0; i < std::size(dues); ++i) {
+      AppendRequest r = request(*t, "k", "payload-" + std::to_string(i));
+      r.header.id = 100 + i;
+      r.due_ns = base + dues[i];
+      r.header.created_at_ns = r.due_ns;
+      if (auto s = lanebus::detail::put_delayed(txn, r, 7); !s.ok()) return s;
+    }
+    return lanebus::Status();
+  }).ok());
+  auto n = lanebus::detail::count_delayed(*store, 0);
+  REQUIRE(n.ok());
+  CHECK(*n == std::size(dues));
+  auto first = lanebus::detail::earliest_delayed(*store);
+  REQUIRE(first.ok());
+  CHECK(*first == base + 10);
+  std::vector<std::pair<std::int64_t, std::string>> seen;  // (due, payload) in key order
+  REQUIRE(store->read([&](lanebus::detail::StoreTxn& txn) -> lanebus::Status {
+    lanebus::Status bad;
+    lanebus::Status s = txn.scan(lanebus::detail::StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view v) {
+      AppendRequest r;
+      bad = lanebus::detail::decode_delayed(k, v, &r);
+      if (!bad.ok()) return false;
+      seen.emplace_back(r.due_ns - base, r.payload);
+      return true;
+    });
+    return s.ok() ? bad : s;
+  }).ok());
+  REQUIRE(seen.size() == std::size(dues));
+  const std::vector<std::int64_t> order = {10, 15, 20, 30, 40, 40, 40};
+  for (std::size_t i = 0; i < seen.size(); ++i) CHECK(seen[i].first == order[i]);
+  CHECK(seen[1].second == "payload-3");
+  // The three of one key, in tie-break order: the first holds 7, then 8 and 9.
+  CHECK(seen[4].second == "payload-4");
+  CHECK(seen[5].second == "payload-5");
+  CHECK(seen[6].second == "payload-6");
 }

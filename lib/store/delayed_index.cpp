@@ -18,22 +18,26 @@ namespace {
 constexpr std::size_t kFixed = 4 + 4 + 4 + 4 + 8 * 4 + 4 + 2 + 2 + 8 + 2 + 2 + 4;  // before the strings
 }  // namespace
 
-std::string delayed_key(std::int64_t due_ns, std::int64_t created_ns, std::uint32_t topic_id, std::uint32_t tiebreak) {
-  std::string k(kDelayedKeyBytes, '\0');
-  put_be64(k.data(), static_cast<std::uint64_t>(due_ns));
-  put_be64(k.data() + 8, static_cast<std::uint64_t>(created_ns));
-  put_be32(k.data() + 16, topic_id);
-  put_be32(k.data() + 20, tiebreak);
-  return k;
+namespace {
+void fill_delayed_key(char* k, std::int64_t due_ns, std::int64_t created_ns, std::uint32_t topic_id,
+                      std::uint32_t tiebreak) noexcept {
+  put_be64(k, static_cast<std::uint64_t>(due_ns));
+  put_be64(k + 8, static_cast<std::uint64_t>(created_ns));
+  put_be32(k + 16, topic_id);
+  put_be32(k + 20, tiebreak);
 }
 
-std::string encode_delayed(const AppendRequest& r) {
+std::size_t delayed_size(const AppendRequest& r) noexcept {
   // Format 2 (message headers, doc/tracing.md): le16 length and the stored
   // header block after the three strings. Without headers: format 1, unchanged.
   const std::size_t hext = r.headers.empty() ? 0 : 2 + r.headers.size();
-  std::string v(kFixed + r.key.size() + r.idempotency_key.size() + r.payload.size() + hext + 4, '\0');
-  char* p = v.data();
-  put_le32(p, hext == 0 ? 1 : 2);
+  return kFixed + r.key.size() + r.idempotency_key.size() + r.payload.size() + hext + 4;
+}
+
+/// encode_delayed into `size` (delayed_size) bytes at `p`.
+void encode_delayed_into(const AppendRequest& r, char* p, std::size_t size) noexcept {
+  std::memset(p, 0, kFixed);
+  put_le32(p, r.headers.empty() ? 1 : 2);
   put_le32(p + 4, r.topic_id);
   put_le32(p + 8, r.lane);
   put_le64(p + 16, r.header.id);
@@ -53,12 +57,24 @@ std::string encode_delayed(const AppendRequest& r) {
   std::memcpy(d, r.idempotency_key.data(), r.idempotency_key.size());
   d += r.idempotency_key.size();
   std::memcpy(d, r.payload.data(), r.payload.size());
-  if (hext != 0) {
+  if (!r.headers.empty()) {
     d += r.payload.size();
     put_le16(d, static_cast<std::uint16_t>(r.headers.size()));
     std::memcpy(d + 2, r.headers.data(), r.headers.size());
   }
-  put_le32(p + v.size() - 4, crc32c(p, v.size() - 4));
+  put_le32(p + size - 4, crc32c(p, size - 4));
+}
+}  // namespace
+
+std::string delayed_key(std::int64_t due_ns, std::int64_t created_ns, std::uint32_t topic_id, std::uint32_t tiebreak) {
+  std::string k(kDelayedKeyBytes, '\0');
+  fill_delayed_key(k.data(), due_ns, created_ns, topic_id, tiebreak);
+  return k;
+}
+
+std::string encode_delayed(const AppendRequest& r) {
+  std::string v(delayed_size(r), '\0');
+  encode_delayed_into(r, v.data(), v.size());
   return v;
 }
 
@@ -104,15 +120,22 @@ Status decode_delayed(std::string_view key, std::string_view v, AppendRequest* o
 }
 
 Status put_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak) {
-  std::string k = delayed_key(r.due_ns, r.header.created_at_ns, r.topic_id, tiebreak);
+  // Encoded in place (MDB_RESERVE) under a key no entry holds: the first try
+  // appends (MDB_APPEND: due times mostly grow, so the key sorts last and
+  // LMDB skips the search), the second inserts, later ones bump the tie-break.
+  char k[kDelayedKeyBytes];
+  fill_delayed_key(k, r.due_ns, r.header.created_at_ns, r.topic_id, tiebreak);
+  const std::size_t size = delayed_size(r);
   for (int tries = 0;; ++tries) {
-    auto existing = t.get(StoreTable::Delayed, k);
-    if (!existing.ok() && existing.code() != Code::NotFound) return existing.status();
-    if (!existing.ok()) break;
+    auto at = t.reserve_new(StoreTable::Delayed, std::string_view(k, sizeof k), size, tries == 0);
+    if (at.ok()) {
+      encode_delayed_into(r, *at, size);
+      return Status();
+    }
+    if (at.code() != Code::Conflict) return at.status();
     if (tries == 64) return Status(Code::Internal, "delayed entry: no free key after 64 tie-breaks");
-    put_be32(k.data() + 20, ++tiebreak);
+    if (tries > 0) put_be32(k + 20, ++tiebreak);  // taken (the first try only found it not last)
   }
-  return t.put(StoreTable::Delayed, k, encode_delayed(r));
 }
 
 Status store_delayed(StoreTxn& t, const AppendRequest& r, std::uint32_t tiebreak, bool* appended) {

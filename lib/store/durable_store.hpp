@@ -255,6 +255,11 @@ class StoreTxn {
   /// Value of `key`, valid until the function returns. NotFound when absent.
   Result<std::string_view> get(StoreTable table, std::string_view key);
   Status put(StoreTable table, std::string_view key, std::string_view value);
+  /// `size` bytes to fill under a new `key` (LMDB's MDB_RESERVE, valid until
+  /// the next write): Conflict when the key exists, or with `append` when it
+  /// does not sort after every key of `table` (MDB_APPEND: no search); the
+  /// batch goes on either way.
+  Result<char*> reserve_new(StoreTable table, std::string_view key, std::size_t size, bool append);
   /// NotFound when absent.
   Status del(StoreTable table, std::string_view key);
   /// Visit, in key order, the keys >= `from` ("" = from the first key) that start with `prefix`, until

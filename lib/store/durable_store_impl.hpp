@@ -174,6 +174,12 @@ struct DurableStore::WriteCtx {
     if (!s.ok()) return fail(std::move(s));
     return s;
   }
+  /// LmdbTxn::reserve_new: Conflict (the key is taken) leaves the batch alive.
+  Result<char*> reserve_new(LmdbDbi dbi, std::string_view key, std::size_t size, bool append) {
+    auto r = txn->reserve_new(dbi, key, size, append);
+    if (!r.ok() && r.code() != Code::Conflict) (void)fail(r.status());
+    return r;
+  }
   Status del(LmdbDbi dbi, std::string_view key) {
     Status s = txn->del(dbi, key);
     if (!s.ok() && s.code() != Code::NotFound) return fail(std::move(s));

@@ -299,6 +299,15 @@ Status LmdbTxn::put_append(LmdbDbi dbi, std::string_view key, std::string_view v
   return Status();
 }
 
+Result<char*> LmdbTxn::reserve_new(LmdbDbi dbi, std::string_view key, std::size_t size, bool append) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{size, nullptr};
+  int rc = mdb_put(txn_, dbi, &k, &v, MDB_RESERVE | MDB_NOOVERWRITE | (append ? MDB_APPEND : 0u));
+  if (rc == MDB_KEYEXIST) return Status(Code::Conflict, "the key exists or does not sort last");
+  if (rc != 0) return lmdb_error(rc, "write to", env_->path());
+  return static_cast<char*>(v.mv_data);
+}
+
 const char* lmdb_version_string() noexcept { return mdb_version(nullptr, nullptr, nullptr); }
 
 Result<char*> LmdbTxn::reserve(LmdbDbi dbi, std::string_view key, std::size_t size) {

@@ -68,6 +68,11 @@ class LmdbTxn {
   /// Reserve `size` bytes under `key` and return where to write them (LMDB's
   /// MDB_RESERVE): saves one copy for large values. Same errors as put.
   Result<char*> reserve(LmdbDbi dbi, std::string_view key, std::size_t size);
+  /// reserve for a new key (MDB_NOOVERWRITE; with `append`, MDB_APPEND too:
+  /// no search when the key sorts after every key of `dbi`). Conflict, and
+  /// nothing written, when the key exists or (`append`) does not sort last.
+  /// Other errors as put.
+  Result<char*> reserve_new(LmdbDbi dbi, std::string_view key, std::size_t size, bool append);
   /// Delete `key`. NotFound when absent.
   Status del(LmdbDbi dbi, std::string_view key);
   /// Commit. On MapFull/DiskFull the transaction was aborted and the

@@ -21,6 +21,12 @@ Status StoreTxn::put(StoreTable table, std::string_view key, std::string_view va
   return static_cast<DurableStore::WriteCtx*>(ctx_)->put(store_->dbi_ext_[static_cast<int>(table)], key, value);
 }
 
+Result<char*> StoreTxn::reserve_new(StoreTable table, std::string_view key, std::size_t size, bool append) {
+  if (!ctx_) return Status(Code::InvalidArgument, "put in a read transaction");
+  return static_cast<DurableStore::WriteCtx*>(ctx_)->reserve_new(store_->dbi_ext_[static_cast<int>(table)], key, size,
+                                                                  append);
+}
+
 Status StoreTxn::del(StoreTable table, std::string_view key) {
   if (!ctx_) return Status(Code::InvalidArgument, "del in a read transaction");
   return static_cast<DurableStore::WriteCtx*>(ctx_)->del(store_->dbi_ext_[static_cast<int>(table)], key);
