@@ -52,11 +52,11 @@ Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest&
   const std::uint32_t tiebreak = g_tiebreak.fetch_add(1, std::memory_order_relaxed);
   // Stored in the index, or appended at once when it is due by the time the
   // writer runs it (store_delayed: a delay shorter than the writer's queue).
-  auto put = [r = std::move(req), tiebreak](StoreTxn& t) -> Status {
-    bool appended = false;
-    return store_delayed(t, r, tiebreak, &appended);
-  };
   if (!done) {
+    auto put = [&req, tiebreak](StoreTxn& t) -> Status {
+      bool appended = false;
+      return store_delayed(t, req, tiebreak, &appended);
+    };
     Status ws = bus->store()->write(put);
     if (!ws.ok()) {
       nsp->unadmit_publish(need);
@@ -67,8 +67,8 @@ Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest&
     bus->arm_durable_delays(due);
     return Status();
   }
-  Status ws = bus->store()->write_async(
-      std::move(put), [this, lane, nsp, need, due, done = std::move(done)](const Status& s) {
+  Status ws = bus->store()->delayed_async(
+      std::move(req), tiebreak, [this, lane, nsp, need, due, done = std::move(done)](const Status& s) {
         if (s.ok()) {
           lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
           bus->arm_durable_delays(due);

@@ -518,6 +518,11 @@ class DurableStore {
   /// and never calls `done`, when refused up front (ShutDown, read-only).
   /// Blocks only while max_pending operations are queued.
   [[nodiscard]] Status write_async(std::function<Status(StoreTxn&)> fn, StatusCallback done);
+  /// write_async of store_delayed(t, request, tiebreak) (delayed_index.hpp),
+  /// queued as an operation of its own: a durable delayed publish without a
+  /// write function wrapped around it (two allocations and two indirect
+  /// calls per message). Same errors and rules as write_async.
+  [[nodiscard]] Status delayed_async(AppendRequest request, std::uint32_t tiebreak, StatusCallback done);
   /// Run `fn` in a short read transaction (never blocks on writers).
   [[nodiscard]] Status read(const std::function<Status(StoreTxn&)>& fn);
 
@@ -564,6 +569,8 @@ class DurableStore {
   // because a MapFull batch is retried after the map grows).
   struct WriteOp {
     bool is_append = false;
+    bool is_delayed = false;            // delayed_async: `request` goes to store_delayed, then `done`
+    std::uint32_t delayed_tiebreak = 0;
     AppendRequest request;
     AppendCallback append_done;
     std::function<Status(WriteCtx&)> apply;
@@ -599,6 +606,7 @@ class DurableStore {
   void process_batch(std::vector<WriteOp>& ops);
   void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
   Status apply_append(WriteCtx& ctx, WriteOp& op);
+  Status apply_delayed(WriteCtx& ctx, WriteOp& op);
   Status apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* more);
   Status check_open() const;
   Status check_writable() const;

@@ -206,7 +206,7 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
     std::size_t applied = 0;
     for (WriteOp& op : ops) {
       if (op.excluded) continue;
-      op.status = op.is_append ? apply_append(ctx, op) : op.apply(ctx);
+      op.status = op.is_append ? apply_append(ctx, op) : op.is_delayed ? apply_delayed(ctx, op) : op.apply(ctx);
       ++applied;
       if (!ctx.dead.ok()) break;
     }

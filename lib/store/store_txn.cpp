@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "delayed_index.hpp"
 #include "durable_store_impl.hpp"
 #include "quote.hpp"
 
@@ -162,6 +163,23 @@ Status DurableStore::write_async(std::function<Status(StoreTxn&)> fn, StatusCall
     return fn(t);
   };
   return enqueue(std::move(op), true);
+}
+
+Status DurableStore::delayed_async(AppendRequest request, std::uint32_t tiebreak, StatusCallback done) {
+  Status s = check_writable();
+  if (!s.ok()) return s;
+  WriteOp op;
+  op.is_delayed = true;
+  op.request = std::move(request);
+  op.delayed_tiebreak = tiebreak;
+  op.done = std::move(done);
+  return enqueue(std::move(op), true);
+}
+
+Status DurableStore::apply_delayed(WriteCtx& ctx, WriteOp& op) {
+  StoreTxn t(this, &ctx, ctx.txn, ctx.now_ns);
+  bool appended = false;
+  return store_delayed(t, op.request, op.delayed_tiebreak, &appended);  // may run again: `request` stays
 }
 
 }  // namespace lanebus::detail
