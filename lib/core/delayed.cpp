@@ -439,22 +439,19 @@ void TopicImpl::release_due() noexcept {
   // The timer routes with shared appends, the topic lent to it
   // (lend_to_timer): it neither takes solo ownership nor ends it, so the
   // topic's publisher stays solo after a pause in its stream.
+  // Lent a chunk at a time: the topic's publisher waits for one chunk's
+  // routes at most, not for a whole backlog's.
   std::int64_t next = 0;
-  std::uintptr_t lent = 0;
-  bool borrowed = false;
   std::unique_lock releasing(delays.releasing);  // after a publisher's routing of earlier items
   for (;;) {
     const std::uint32_t n = delays.pop_due(now_ns(), items, kReleaseChunk, &next, ever_solo);
     if (n > 0) {
-      if (!borrowed) {
-        lent = lend_to_timer();
-        borrowed = true;
-      }
+      const std::uintptr_t lent = lend_to_timer();
       route_popped(nullptr, items, n);
+      give_back(lent);
     }
     if (n < kReleaseChunk) break;
   }
-  if (borrowed) give_back(lent);
   if (next != 0) bus->arm_delayed(&delays.entry, next);
 }
 
