@@ -648,6 +648,110 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
   return r;
 }
 
+namespace {
+/// A chunk's messages grouped by lane, each lane's in span order: run r is
+/// slot indices index[start[r] .. start[r] + len[r]) of lane lane[r].
+struct LaneRuns {
+  std::uint32_t index[kBatchChunk];
+  std::uint32_t lane[kBatchChunk], start[kBatchChunk], len[kBatchChunk];
+  std::uint32_t count = 0;
+};
+
+/// Group the `k` filled slots (lane of slot i: lanes_of[i]) into runs: a
+/// counting sort with a table on the stack where the topic's lane count
+/// allows (the default 8 lanes), else a scan per lane.
+void sort_into_runs(const MessagePool& pool, Slot* const* slots, const std::uint32_t* lanes_of, std::uint32_t k,
+                    std::uint32_t lanes, LaneRuns* out) noexcept {
+  std::uint32_t nruns = 0;
+  if (lanes <= kSortLanes) {
+    std::uint8_t run_of_lane[kSortLanes];  // 0: no run yet; else the run's number + 1
+    std::memset(run_of_lane, 0, lanes);
+    std::uint8_t run_of[kBatchChunk];
+    for (std::uint32_t i = 0; i < k; ++i) {
+      std::uint8_t& r1 = run_of_lane[lanes_of[i]];
+      if (r1 == 0) {
+        out->lane[nruns] = lanes_of[i];
+        out->len[nruns] = 0;
+        r1 = static_cast<std::uint8_t>(++nruns);
+      }
+      run_of[i] = static_cast<std::uint8_t>(r1 - 1);
+      ++out->len[r1 - 1];
+    }
+    std::uint32_t fill[kBatchChunk];
+    for (std::uint32_t r2 = 0, at = 0; r2 < nruns; at += out->len[r2++]) out->start[r2] = fill[r2] = at;
+    for (std::uint32_t i = 0; i < k; ++i) out->index[fill[run_of[i]]++] = pool.index_of(slots[i]);
+  } else {
+    static_assert(kBatchChunk <= 64, "done_mask is one word");
+    std::uint64_t done_mask = 0;
+    std::uint32_t at = 0;
+    for (std::uint32_t i = 0; i < k; ++i) {
+      if (done_mask & (std::uint64_t{1} << i)) continue;
+      out->lane[nruns] = lanes_of[i];
+      out->start[nruns] = at;
+      for (std::uint32_t j = i; j < k; ++j) {
+        if (lanes_of[j] != lanes_of[i]) continue;
+        done_mask |= std::uint64_t{1} << j;
+        out->index[at++] = pool.index_of(slots[j]);
+      }
+      out->len[nruns] = at - out->start[nruns];
+      ++nruns;
+    }
+  }
+  out->count = nruns;
+}
+
+/// The topic's active groups, as route collects them: at most `max` in
+/// `targets`; *overflow when there are more.
+std::uint32_t active_groups(const TopicImpl& t, GroupImpl** targets, std::uint32_t max, bool* overflow) noexcept {
+  std::uint32_t n = 0;
+  *overflow = false;
+  const std::uint32_t ng = t.group_count.load(std::memory_order_acquire);
+  for (std::uint32_t gi = 0; gi < ng; ++gi) {
+    GroupImpl* g = t.groups[gi].load(std::memory_order_acquire);
+    if (g == nullptr || !g->active.load(std::memory_order_acquire)) continue;
+    if (n == max) {
+      *overflow = true;
+      break;
+    }
+    targets[n++] = g;
+  }
+  return n;
+}
+
+/// Fill the chunk's `k` slots from `chunk` (ids from `first_id`, one clock
+/// read), each referenced by `refs` groups; lanes_of[i]: message i's lane.
+void fill_chunk(TopicImpl& t, Slot* const* slots, const OutgoingMessage* chunk, std::uint32_t k,
+                std::uint64_t first_id, std::uint32_t refs, std::uint32_t* lanes_of) noexcept {
+  const std::int64_t created_at = now_ns();  // one read per chunk
+  // The slots' lines, for writing, kFillAhead slots ahead of the fill: a
+  // worker read them last (MessagePool::take's comment).
+  constexpr std::uint32_t kFillAhead = 4;
+  for (std::uint32_t i = 0; i < k && i < kFillAhead; ++i) MessagePool::prefetch_slot(slots[i]);
+  for (std::uint32_t i = 0; i < k; ++i) {
+    if (i + kFillAhead < k) MessagePool::prefetch_slot(slots[i + kFillAhead]);
+    lanes_of[i] = t.lane_of(chunk[i].key);
+    fill_slot(slots[i], chunk[i], lanes_of[i], first_id + i, created_at, chunk[i].schema_version);
+    // relaxed: the ring append's release stores (and fence) publish it with the slot.
+    slots[i]->refs.store(refs, std::memory_order_relaxed);
+  }
+}
+
+/// A chunk no group takes: counted as published and unrouted, its slots freed.
+void drop_unrouted(TopicImpl& t, Slot* const* slots, const std::uint32_t* lanes_of, std::uint32_t k,
+                   bool solo) noexcept {
+  for (std::uint32_t i = 0; i < k; ++i) {
+    std::atomic<std::uint64_t>& published = t.lane_load[lanes_of[i]].published;
+    if (solo) {
+      published.store(published.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    } else {
+      published.fetch_add(1, std::memory_order_relaxed);
+    }
+    t.pool.free(slots[i]);
+  }
+  t.unrouted.fetch_add(k, std::memory_order_relaxed);
+}
+}  // namespace
+
 BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
                                                       std::uint64_t first_id, PublisherState* p,
                                                       std::size_t bad) noexcept {
@@ -667,13 +771,10 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
   constexpr std::uint32_t kInline = 16;
   Slot* slots[kBatchChunk];
   std::uint32_t lanes_of[kBatchChunk];
-  std::uint32_t run[kBatchChunk];
-  std::uint32_t run_lane[kBatchChunk], run_start[kBatchChunk], run_len[kBatchChunk];
-  std::uint64_t done_mask = 0;
-  static_assert(kBatchChunk <= 64, "done_mask is one word");
+  LaneRuns runs;
   while (r.published < ms.size()) {
     if (bus->closing()) {
-      r.status = Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+      r.status = shut_down();
       return r;
     }
     const OutgoingMessage* chunk = ms.data() + r.published;
@@ -681,45 +782,24 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     std::uint32_t k = pool.try_alloc_bulk(slots, want);
     if (k == 0) {
       // Nothing free: this message waits (or fails, or drops) exactly as publish's.
-      const std::uint32_t lane = lane_index(chunk[0].key, options.lanes);
-      Slot* s = acquire_slot(lane, may_block);
-      if (s == nullptr) {
-        if (bus->closing()) {
-          r.status = Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
-          return r;
-        }
-        refused.fetch_add(1, std::memory_order_relaxed);
-        r.status = (may_block && options.backpressure != Backpressure::FailFast)
-                       ? Status::from_literal(Code::TimedOut,
-                                              "publish: the topic stayed full for its whole block_timeout")
-                       : Status::from_literal(Code::WouldBlock,
-                                              "publish: the topic is full (all capacity slots in use)");
+      slots[0] = acquire_slot(lane_index(chunk[0].key, options.lanes), may_block);
+      if (slots[0] == nullptr) {
+        r.status = no_slot(may_block);
         return r;
       }
-      slots[0] = s;
       k = 1;
     }
     // The pool's in_use grew (seq_cst) before this check: shutdown's Dekker, as in publish.
     if (bus->closing()) {
       for (std::uint32_t i = 0; i < k; ++i) pool.free(slots[i]);
-      r.status = Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+      r.status = shut_down();
       return r;
     }
     // Targets, as in publish. More groups than kInline: the guard-reference
     // path of publish, one message at a time.
     GroupImpl* targets[kInline];
-    std::uint32_t n = 0;
     bool overflow = false;
-    const std::uint32_t ng = group_count.load(std::memory_order_acquire);
-    for (std::uint32_t gi = 0; gi < ng; ++gi) {
-      GroupImpl* g = groups[gi].load(std::memory_order_acquire);
-      if (g == nullptr || !g->active.load(std::memory_order_acquire)) continue;
-      if (n == kInline) {
-        overflow = true;
-        break;
-      }
-      targets[n++] = g;
-    }
+    const std::uint32_t n = active_groups(*this, targets, kInline, &overflow);
     if (overflow) {
       for (std::uint32_t i = 0; i < k; ++i) pool.free(slots[i]);
       Status st = publish(chunk[0], may_block, first_id + r.published);
@@ -733,76 +813,21 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
       ++r.published;
       continue;
     }
-    const std::int64_t created_at = now_ns();  // one read per chunk
-    // The slots' lines, for writing, kFillAhead slots ahead of the fill: a
-    // worker read them last (MessagePool::take's comment).
-    constexpr std::uint32_t kFillAhead = 4;
-    for (std::uint32_t i = 0; i < k && i < kFillAhead; ++i) MessagePool::prefetch_slot(slots[i]);
-    for (std::uint32_t i = 0; i < k; ++i) {
-      if (i + kFillAhead < k) MessagePool::prefetch_slot(slots[i + kFillAhead]);
-      lanes_of[i] = lane_of(chunk[i].key);
-      fill_slot(slots[i], chunk[i], lanes_of[i], first_id + r.published + i, created_at, chunk[i].schema_version);
-      // relaxed: the ring append's release stores (and fence) publish it with the slot.
-      slots[i]->refs.store(n, std::memory_order_relaxed);
-    }
+    fill_chunk(*this, slots, chunk, k, first_id + r.published, n, lanes_of);
     // Solo ownership for this chunk's appends ("Solo publishers", bus_impl.hpp).
     const bool solo = may_solo && open_window(*this, p->slot);
     if (n == 0) {
-      for (std::uint32_t i = 0; i < k; ++i) {
-        std::atomic<std::uint64_t>& published = lane_load[lanes_of[i]].published;
-        if (solo) {
-          published.store(published.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-        } else {
-          published.fetch_add(1, std::memory_order_relaxed);
-        }
-        pool.free(slots[i]);
-      }
+      drop_unrouted(*this, slots, lanes_of, k, solo);
       if (solo) close_window(*this, p->slot);
-      unrouted.fetch_add(k, std::memory_order_relaxed);
       r.published += k;
       continue;
     }
-    // Each lane's messages, in span order, as one run per group ring. The
-    // runs: a counting sort of the chunk by lane where the lane count allows
-    // a table on the stack (the default 8 lanes), else a scan per lane.
-    std::uint32_t nruns = 0;
-    if (options.lanes <= kSortLanes) {
-      std::uint8_t run_of_lane[kSortLanes];  // 0: no run yet; else the run's number + 1
-      std::memset(run_of_lane, 0, options.lanes);
-      std::uint8_t run_of[kBatchChunk];
-      for (std::uint32_t i = 0; i < k; ++i) {
-        std::uint8_t& r1 = run_of_lane[lanes_of[i]];
-        if (r1 == 0) {
-          run_lane[nruns] = lanes_of[i];
-          run_len[nruns] = 0;
-          r1 = static_cast<std::uint8_t>(++nruns);
-        }
-        run_of[i] = static_cast<std::uint8_t>(r1 - 1);
-        ++run_len[r1 - 1];
-      }
-      std::uint32_t fill[kBatchChunk];
-      for (std::uint32_t r2 = 0, at = 0; r2 < nruns; at += run_len[r2++]) run_start[r2] = fill[r2] = at;
-      for (std::uint32_t i = 0; i < k; ++i) run[fill[run_of[i]]++] = pool.index_of(slots[i]);
-    } else {
-      done_mask = 0;
-      std::uint32_t at = 0;
-      for (std::uint32_t i = 0; i < k; ++i) {
-        if (done_mask & (std::uint64_t{1} << i)) continue;
-        run_lane[nruns] = lanes_of[i];
-        run_start[nruns] = at;
-        for (std::uint32_t j = i; j < k; ++j) {
-          if (lanes_of[j] != lanes_of[i]) continue;
-          done_mask |= std::uint64_t{1} << j;
-          run[at++] = pool.index_of(slots[j]);
-        }
-        run_len[nruns] = at - run_start[nruns];
-        ++nruns;
-      }
-    }
-    for (std::uint32_t r2 = 0; r2 < nruns; ++r2) {
-      const std::uint32_t lane = run_lane[r2];
-      const std::uint32_t len = run_len[r2];
-      const std::uint32_t* values = run + run_start[r2];
+    // Each lane's messages, in span order, as one run per group ring.
+    sort_into_runs(pool, slots, lanes_of, k, options.lanes, &runs);
+    for (std::uint32_t r2 = 0; r2 < runs.count; ++r2) {
+      const std::uint32_t lane = runs.lane[r2];
+      const std::uint32_t len = runs.len[r2];
+      const std::uint32_t* values = runs.index + runs.start[r2];
       std::atomic<std::uint64_t>& published = lane_load[lane].published;
       if (solo) {
         published.store(published.load(std::memory_order_relaxed) + len, std::memory_order_relaxed);
