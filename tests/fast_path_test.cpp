@@ -332,10 +332,13 @@ TEST_CASE("delayed messages: the timer routes a paused stream's tail without tak
       }
       total += 200;
       REQUIRE(wait_until([&] { return seqs.seen.load() == total; }, std::chrono::seconds(10)));
-      if (round == 0) owner = owner_of(*bus, "solo.delay");
+      // The timer may not have given its last lend back yet (it routes the
+      // last message, then gives back): the kLent bit is masked off.
+      constexpr std::uintptr_t kLent = lanebus::detail::TopicImpl::kLent;
+      if (round == 0) owner = owner_of(*bus, "solo.delay") & ~kLent;
       if (asym) {
         CHECK(owner >= 2);
-        CHECK(owner_of(*bus, "solo.delay") == owner);  // still a's, never lent for good
+        CHECK((owner_of(*bus, "solo.delay") & ~kLent) == owner);  // still a's, never taken for good
       }
     }
     // b takes the topic over while a's delayed messages come due (the timer
