@@ -92,18 +92,26 @@ inline bool open_window(TopicImpl& t, std::uint32_t slot) noexcept {
   return open_window_slow(t, slot);
 }
 
-/// Wait while the timer has borrowed the topic from `tag` (or from nobody:
-/// 0) and return the owner after; any other value at once.
-std::uintptr_t wait_lent(const TopicImpl& t, std::uintptr_t tag) noexcept {
-  std::uintptr_t o = t.owner.load(std::memory_order_acquire);
-  for (std::uint32_t spin = 0; o == (tag | TopicImpl::kLent) || o == TopicImpl::kLent; ++spin) {
+/// Spin (then yield) until `done()`: the short waits of the solo hand-offs.
+template <class Done>
+void spin_until(Done&& done) noexcept {
+  for (std::uint32_t spin = 0; !done(); ++spin) {
     if (spin < 128) {
       cpu_relax();
     } else {
       std::this_thread::yield();
     }
-    o = t.owner.load(std::memory_order_acquire);
   }
+}
+
+/// Wait while the timer has borrowed the topic from `tag` (or from nobody:
+/// 0) and return the owner after; any other value at once.
+std::uintptr_t wait_lent(const TopicImpl& t, std::uintptr_t tag) noexcept {
+  std::uintptr_t o;
+  spin_until([&] {
+    o = t.owner.load(std::memory_order_acquire);
+    return o != (tag | TopicImpl::kLent) && o != TopicImpl::kLent;
+  });
   return o;
 }
 
@@ -141,13 +149,7 @@ void close_window(TopicImpl& t, std::uint32_t slot) noexcept {
 
 /// Wait for `in_push` of a publisher slot to drop (a solo publish in flight).
 void wait_window(const PublisherSlot& ps) noexcept {
-  for (std::uint32_t spin = 0; ps.in_push.load(std::memory_order_acquire) != 0; ++spin) {
-    if (spin < 128) {
-      cpu_relax();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  spin_until([&] { return ps.in_push.load(std::memory_order_acquire) == 0; });
 }
 }  // namespace
 

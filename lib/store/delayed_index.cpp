@@ -66,12 +66,6 @@ void encode_delayed_into(const AppendRequest& r, char* p, std::size_t size) noex
 }
 }  // namespace
 
-std::string delayed_key(std::int64_t due_ns, std::int64_t created_ns, std::uint32_t topic_id, std::uint32_t tiebreak) {
-  std::string k(kDelayedKeyBytes, '\0');
-  fill_delayed_key(k.data(), due_ns, created_ns, topic_id, tiebreak);
-  return k;
-}
-
 std::string encode_delayed(const AppendRequest& r) {
   std::string v(delayed_size(r), '\0');
   encode_delayed_into(r, v.data(), v.size());

@@ -36,7 +36,6 @@ namespace lanebus::detail {
 
 inline constexpr std::size_t kDelayedKeyBytes = 24;
 
-std::string delayed_key(std::int64_t due_ns, std::int64_t created_ns, std::uint32_t topic_id, std::uint32_t tiebreak);
 std::string encode_delayed(const AppendRequest& r);
 /// Corruption when the value is not one encode_delayed wrote (size, format, CRC).
 Status decode_delayed(std::string_view key, std::string_view value, AppendRequest* out);
