@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -511,5 +513,56 @@ TEST_CASE("structs with a RecordSchema travel as records") {
   for (std::uint32_t i = 1; i <= 5; ++i)
     REQUIRE(orders.publish(Order{"c-" + std::to_string(i), 100 * i, false, 0, i}).ok());
   REQUIRE(wait_until([&] { return got.load() == 5; }));
+  CHECK(ok.load());
+}
+
+TEST_CASE("typed handlers see the message's headers (Delivery::headers), in memory and durable") {
+  lanebus::test::TempDir dir;
+  BusOptions o;
+  o.workers = 2;
+  o.store.directory = dir.file("store");
+  auto bus = Bus::open(o).value();
+  const Header hs[] = {{"tenant", "acme"}, {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}};
+  TraceContext parent;
+  REQUIRE(TraceContext::parse(hs[1].value, &parent));
+  auto ticks = bus->create_topic<Tick>("h.ticks").value();        // an object in the slot
+  auto frames = bus->create_topic<Frame>("h.frames").value();     // an object in a block
+  auto names = bus->create_durable_topic<std::string>("h.names").value();  // encoded by the codec
+  std::atomic<int> seen{0};
+  std::atomic<bool> ok{true};
+  auto check = [&](const Delivery& d) {
+    if (d.headers().size() != 2 || d.headers().find("tenant") != std::optional<std::string_view>("acme") ||
+        d.headers().find("traceparent") != std::optional<std::string_view>(hs[1].value) ||
+        current_trace_context().span_id != parent.span_id)
+      ok = false;
+    seen.fetch_add(1);
+  };
+  auto s1 = bus->subscribe<Tick>(ticks, "g", [&](const Tick&, const Delivery& d) {
+                  check(d);
+                  return Outcome::ack();
+                }).value();
+  auto s2 = bus->subscribe<Frame>(frames, "g", [&](const Frame&, const Delivery& d) {
+                  check(d);
+                  return Outcome::ack();
+                }).value();
+  auto s3 = bus->subscribe<std::string>(names, "g", [&](const std::string& s, const Delivery& d) {
+                  if (s != "n") ok = false;
+                  check(d);
+                  return Outcome::ack();
+                }).value();
+  OutgoingMessage env{.key = "k", .headers = hs};
+  REQUIRE(ticks.publish(Tick{1, {}}, env).ok());
+  auto frame = std::make_unique<Frame>();
+  REQUIRE(frames.publish(*frame, env).ok());
+  REQUIRE(names.publish(std::string("n"), env).ok());
+  // And without headers: an empty view.
+  std::atomic<int> bare{0};
+  auto plain = bus->create_topic<Tick>("h.bare").value();
+  auto s4 = bus->subscribe<Tick>(plain, "g", [&](const Tick&, const Delivery& d) {
+                  if (d.headers().empty() && d.headers().encoded().empty()) bare.fetch_add(1);
+                  return Outcome::ack();
+                }).value();
+  REQUIRE(plain.publish(Tick{2, {}}).ok());
+  REQUIRE(wait_until([&] { return seen.load() == 3 && bare.load() == 1; }));
   CHECK(ok.load());
 }

@@ -55,6 +55,9 @@ class Delivery {
   /// Offset in the lane's log (durable topics), 0 for in-memory ones.
   std::uint64_t offset() const noexcept { return view_.offset(); }
   std::int64_t deadline_ns() const noexcept { return view_.deadline_ns(); }
+  /// The message's headers (OutgoingMessage::headers, plus the trace context
+  /// the library added; doc/tracing.md), valid for the handler call.
+  HeadersView headers() const noexcept { return view_.headers(); }
   /// The untyped view (its payload() is the object's bytes in memory, the
   /// encoded bytes on a durable topic).
   const MessageView& view() const noexcept { return view_; }
