@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
     r.headers.assign(h.bytes());
     put("record_fuzz", detail::encode_log_record(r, 1));
   }
-  // DLQ entries.
-  for (int i = 0; i < 2; ++i) {
+  // DLQ entries: format 1, and format 2 (the third, with headers).
+  for (int i = 0; i < 3; ++i) {
     DlqEntry e;
     e.id = 1 + static_cast<std::uint64_t>(i);
     e.topic = "orders";
@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
     e.error_text = "bad field";
     e.attempts = 3;
     if (i == 1) e.state = DlqState::Archived, e.state_changed_by = "ops";
+    if (i == 2) e.headers = std::string("\x01\x00\x0d\x00\x06\x04\x00tenantacme", 17);
     put("dlq_entry_fuzz", detail::encode_dlq_entry(e));
   }
   // A small real store: its data.mdb, and its catalogue values by database.

@@ -530,6 +530,12 @@ PYBIND11_MODULE(lanebus, m) {
       .def_readonly("lane", &lanebus::DlqEntry::lane)
       .def_readonly("offset", &lanebus::DlqEntry::offset)
       .def_readonly("dead_at_ns", &lanebus::DlqEntry::dead_at_ns)
+      .def_property_readonly("headers", [](const lanebus::DlqEntry& e) {
+        py::dict d;  // the message's headers, name -> value (doc/tracing.md); a replay publishes them again
+        for (lanebus::Header h : lanebus::HeadersView(e.headers))
+          d[py::str(std::string(h.name))] = py::bytes(h.value.data(), h.value.size());
+        return d;
+      })
       .def("__repr__", [](const lanebus::DlqEntry& e) {
         return "<lanebus.DeadLetter " + std::to_string(e.id) + " " + e.topic + "/" + e.group + " " +
                lanebus::to_string(e.error_class) + " " + lanebus::to_string(e.state) + ": " + e.reason + ">";

@@ -222,7 +222,8 @@ static void reject_to_dlq_then_replay(const char* root) {
   lanebus_subscription* sub = NULL;
   MUST(lanebus_consume(bus, queue, record, &r, 0, &sub, &err));
   MUST(lanebus_publish(queue, "p1", 2, "good-1", 6, &err));
-  MUST(lanebus_publish(queue, "p2", 2, "bad-2", 5, &err));
+  const lanebus_header tenant = {"tenant", 6, "acme", 4};
+  MUST(lanebus_publish_headers(queue, "p2", 2, "bad-2", 5, &tenant, 1, &err));
   CHECK(wait_count(&r.done, 1));
 
   /* The rejected message reaches the DLQ (poll: the entry is written by the store's writer). */
@@ -248,6 +249,12 @@ static void reject_to_dlq_then_replay(const char* root) {
     CHECK(e->payload_len == 5 && memcmp(e->payload, "bad-2", 5) == 0);
     CHECK(e->key_len == 2 && memcmp(e->key, "p2", 2) == 0);
     CHECK(e->attempts == 1);
+    lanebus_header h;
+    CHECK(lanebus_dlq_entry_header_count(e) == 1);
+    CHECK(lanebus_dlq_entry_header(e, 0, &h) == 0);
+    CHECK(h.name_len == 6 && memcmp(h.name, "tenant", 6) == 0 && h.value_len == 4 && memcmp(h.value, "acme", 4) == 0);
+    CHECK(lanebus_dlq_entry_header(e, 1, &h) == -1);
+    CHECK(lanebus_dlq_entry_header(NULL, 0, &h) == -1 && lanebus_dlq_entry_header_count(NULL) == 0);
   }
   lanebus_dlq_list_free(list);
   /* Every topic, any state: the same single entry. */

@@ -137,6 +137,30 @@ TEST_CASE("lanebus dlq replay re-appends the messages, refuses a second replay, 
   CHECK(audit[1].ids == std::vector<std::uint64_t>{3});
 }
 
+TEST_CASE("lanebus dlq show and lanebus tail print message headers; a replay keeps them") {
+  Fixture f;
+  DlqEntry e = f.dlq->show(1).value();
+  // tenant="acme", note="a\"b" (a quote, escaped in the output).
+  e.headers = std::string("\x02\x00\x17\x00", 4) + std::string("\x06\x04\x00" "tenantacme", 13) +
+              std::string("\x04\x03\x00" "notea\"b", 10);
+  const std::uint64_t id = f.dlq->add(e).value();
+  std::string out;
+  REQUIRE(f.dlq_cmd("show " + f.store_dir + " " + std::to_string(id), &out) == 0);
+  CHECK(contains(out, "headers          tenant=\"acme\" note=\"a\\\"b\""));
+  REQUIRE(f.dlq_cmd("show " + f.store_dir + " 1", &out) == 0);
+  CHECK(contains(out, "headers          none"));
+  // Replayed by the tool: the appended record carries them, and tail prints them.
+  REQUIRE(f.dlq_cmd("replay " + f.store_dir + " --operator alice 1 " + std::to_string(id), &out) == 0);
+  const std::uint64_t end = f.store->end_offset(f.topic, 0).value();
+  auto batch = f.store->read(f.topic, 0, end - 2).value();
+  REQUIRE(batch.messages.size() == 2);
+  CHECK(batch.messages[0].headers.empty());
+  CHECK(batch.messages[1].headers == e.headers);
+  REQUIRE(run_shell(f.tool + " tail " + f.store_dir + " payments --lane 0 --from earliest", &out) == 0);
+  CHECK(contains(out, "payload=\"{\\\"amount\\\":1}\" headers={tenant=\"acme\" note=\"a\\\"b\"}\n"));
+  CHECK(contains(out, "payload=\"{\\\"amount\\\":1}\"\n"));  // the one without headers: nothing added
+}
+
 TEST_CASE("lanebus dlq on a directory that is not a store: exit 1, clear error, nothing created") {
   lanebus::test::TempDir dir;
   std::string tool = lanebus::test::helper_path("LANEBUS_TOOL");

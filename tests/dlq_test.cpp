@@ -128,6 +128,7 @@ void check_same_message(const DlqEntry& a, const DlqEntry& b) {
   CHECK(a.lane == b.lane);
   CHECK(a.offset == b.offset);
   CHECK(a.group == b.group);
+  CHECK(a.headers == b.headers);
 }
 
 }  // namespace
@@ -777,6 +778,41 @@ TEST_CASE("a malformed entry record decodes to Corruption") {
   CHECK(detail::decode_dlq_entry("").code() == Code::Corruption);
   enc[0] = 9;  // a newer layout
   CHECK(detail::decode_dlq_entry(enc).code() == Code::Corruption);
+}
+
+TEST_CASE("an entry with headers is format 2; one without stays format 1; bad header blocks are refused") {
+  Fixture f;
+  DlqEntry plain = f.entry(1);
+  CHECK(detail::encode_dlq_entry(plain)[0] == 1);  // as before, byte for byte
+  DlqEntry with = f.entry(2);
+  with.headers = std::string("\x02\x00\x0d\x00", 4) + std::string("\x01\x01\x00" "ab", 5) +
+                 std::string("\x02\x03\x00" "xyabc", 8);
+  std::string enc = detail::encode_dlq_entry(with);
+  CHECK(enc[0] == 2);
+  DlqEntry back = detail::decode_dlq_entry(enc).value();
+  check_same_message(back, with);
+  CHECK(HeadersView(back.headers).find("xy") == std::optional<std::string_view>("abc"));
+  // Through the store, across a reopen.
+  const std::uint64_t id = f.add(with);
+  f.reopen();
+  check_same_message(f.dlq->show(id).value(), with);
+  // A damaged block in a stored entry: Corruption, not a view past the bytes.
+  std::string bad = enc;
+  bad[bad.size() - with.headers.size()] = 5;  // the count lies
+  CHECK(detail::decode_dlq_entry(bad).code() == Code::Corruption);
+  // Format 2 with an empty block is not written by anyone: Corruption.
+  std::string empty_block = detail::encode_dlq_entry(plain);
+  empty_block[0] = 2;
+  empty_block += std::string(4, '\0');
+  CHECK(detail::decode_dlq_entry(empty_block).code() == Code::Corruption);
+  // add refuses a block that is not one, and stores nothing.
+  const std::uint64_t before = f.dlq->counters().value().entries;
+  DlqEntry e = f.entry(3);
+  e.headers = "not a header block";
+  auto r = f.dlq->add(e);
+  CHECK(r.code() == Code::InvalidArgument);
+  CHECK(contains(r.status().message(), "headers"));
+  CHECK(f.dlq->counters().value().entries == before);
 }
 
 TEST_CASE("to_string and parse of classes and states are inverse") {

@@ -28,8 +28,9 @@ namespace {
 struct RecordingTracer : Tracer {
   struct Span {
     SpanKind kind;
-    std::string topic, group;
+    std::string topic, group, tracestate;
     TraceContext parent, span;
+    SpanOutcome outcome;
   };
   std::mutex mu;
   std::vector<Span> spans;
@@ -46,9 +47,10 @@ struct RecordingTracer : Tracer {
     c.flags = 1;
     return c;
   }
-  void end(const SpanInfo& info, const TraceContext& span, const SpanEnd&) noexcept override {
+  void end(const SpanInfo& info, const TraceContext& span, const SpanEnd& e) noexcept override {
     std::lock_guard<std::mutex> l(mu);
-    spans.push_back(Span{info.kind, std::string(info.topic), std::string(info.group), info.parent, span});
+    spans.push_back(Span{info.kind, std::string(info.topic), std::string(info.group), std::string(info.tracestate),
+                         info.parent, span, e.outcome});
   }
   std::vector<Span> snapshot() {
     std::lock_guard<std::mutex> l(mu);
@@ -136,26 +138,45 @@ TEST_CASE("one trace id from a publish through the bridge out, JetStream and the
   }
   REQUIRE(root_publish.valid());
   REQUIRE(caller_publish.valid());
+  // The cloud's mirror-in stored each message in a Publish span of its own,
+  // a child of the edge's publish span; the stored traceparent is that span.
+  REQUIRE(wait_until([&] { return cloud_tracer.snapshot().size() >= 4; }));
+  TraceContext root_in, caller_in;
+  std::string caller_in_state;
+  for (const auto& s : cloud_tracer.snapshot()) {
+    if (s.kind != SpanKind::Publish) continue;
+    CHECK(s.topic == "orders-in");
+    CHECK(s.outcome == SpanOutcome::Ok);
+    if (s.parent.span_id == root_publish.span_id) root_in = s.span;
+    if (s.parent.span_id == caller_publish.span_id) {
+      caller_in = s.span;
+      caller_in_state = s.tracestate;
+    }
+  }
+  REQUIRE(root_in.valid());
+  REQUIRE(caller_in.valid());
+  CHECK(root_in.trace_id == root_publish.trace_id);
+  CHECK(caller_in.trace_id == caller_publish.trace_id);
+  CHECK(caller_in_state == "vendor=abc");
   char buf1[TraceContext::kTraceparentBytes], buf2[TraceContext::kTraceparentBytes];
   {
     std::lock_guard<std::mutex> l(mu);
     REQUIRE(got.size() == 2);
-    CHECK(got[0] == "root|" + std::string(root_publish.format(buf1)) + "||");
-    CHECK(got[1] == "caller|" + std::string(caller_publish.format(buf2)) + "|vendor=abc|acme");
+    CHECK(got[0] == "root|" + std::string(root_in.format(buf1)) + "||");
+    CHECK(got[1] == "caller|" + std::string(caller_in.format(buf2)) + "|vendor=abc|acme");
   }
   // The bridge's own handler calls on the edge (group of the mirror) are in the same traces.
   std::size_t bridge_handles = 0;
   for (const auto& s : edge_spans)
     if (s.kind == SpanKind::Handle && s.topic == "orders" && s.span.trace_id == root_publish.trace_id) ++bridge_handles;
   CHECK(bridge_handles >= 1);
-  // The cloud's handler spans are children of the edge's publish spans: one trace id end to end.
-  REQUIRE(wait_until([&] { return cloud_tracer.snapshot().size() >= 2; }));
+  // The cloud's handler spans are children of its mirror-in publish spans: one trace id end to end.
   const auto cloud_spans = cloud_tracer.snapshot();
   std::size_t children = 0;
   for (const auto& s : cloud_spans) {
     if (s.kind != SpanKind::Handle || s.group != "audit") continue;
-    if (s.parent.span_id == root_publish.span_id && s.span.trace_id == root_publish.trace_id) ++children;
-    if (s.parent.span_id == caller_publish.span_id && s.span.trace_id == caller_publish.trace_id) ++children;
+    if (s.parent.span_id == root_in.span_id && s.span.trace_id == root_publish.trace_id) ++children;
+    if (s.parent.span_id == caller_in.span_id && s.span.trace_id == caller_publish.trace_id) ++children;
   }
   CHECK(children == 2);
   (void)(*back)->close();

@@ -372,3 +372,101 @@ TEST_CASE("a refused publish ends its span as Failed with the status") {
   CHECK(spans[0].end.outcome == SpanOutcome::Failed);
   CHECK(spans[0].end.status.code() == Code::InvalidArgument);
 }
+
+TEST_CASE("a dead-lettered message keeps its headers; a replay delivers them again, trace context included") {
+  TempDir tmp;
+  auto bus = open_store(tmp.file("store"));
+  DeadLetters* dlq = bus->dead_letters().value();
+  const Header hs[] = {{"traceparent", kParent}, {"tenant", "acme"}};
+  TraceContext parent;
+  REQUIRE(TraceContext::parse(kParent, &parent));
+
+  // Three origins: in memory, a durable topic, a durable queue. Each handler
+  // rejects a message the first time it sees it and acks it after a replay.
+  auto mem = bus->create_topic("dlqh.mem").value();
+  auto dur = bus->create_topic("dlqh.dur", {.durable = true}).value();
+  auto queue = bus->create_queue("dlqh.queue").value();
+  std::mutex mu;
+  std::vector<std::string> replayed;  // "<topic>|<headers>|<trace id matches>"
+  std::vector<std::string> rejected;  // the topics whose handler rejected its first message
+  auto handler = [&](std::string topic) {
+    return [&, topic](const MessageView& v) {
+      std::lock_guard<std::mutex> l(mu);
+      if (std::find(rejected.begin(), rejected.end(), topic) == rejected.end()) {
+        rejected.push_back(topic);
+        return Outcome::reject("first sight");
+      }
+      replayed.push_back(topic + "|" + headers_text(v) + "|" +
+                         (current_trace_context().trace_id == parent.trace_id ? "same trace" : "other trace"));
+      return Outcome::ack();
+    };
+  };
+  auto s1 = bus->subscribe(mem, "g", handler("mem")).value();
+  auto s2 = bus->subscribe(dur, "g", handler("dur")).value();
+  auto s3 = bus->consume(queue, handler("queue")).value();
+  for (Topic* t : {&mem, &dur, &queue}) REQUIRE(t->publish({.key = "k", .payload = "order", .headers = hs}).ok());
+  REQUIRE(wait_until([&] { return dlq->list().value().size() == 3; }));
+
+  std::vector<std::uint64_t> ids;
+  const std::vector<DlqEntry> entries = dlq->list().value();
+  for (const DlqEntry& e : entries) {
+    CHECK_MESSAGE(HeadersView(e.headers).find("tenant") == std::optional<std::string_view>("acme"), e.topic);
+    CHECK_MESSAGE(HeadersView(e.headers).find("traceparent") == std::optional<std::string_view>(kParent), e.topic);
+    ids.push_back(e.id);
+  }
+  REQUIRE(dlq->replay(ids, "tester").value() == 3);
+  REQUIRE(wait_until([&] {
+    std::lock_guard<std::mutex> l(mu);
+    return replayed.size() == 3;
+  }));
+  std::lock_guard<std::mutex> l(mu);
+  std::sort(replayed.begin(), replayed.end());
+  const std::string expect = "|traceparent=" + std::string(kParent) + ";tenant=acme;|same trace";
+  std::string all;
+  for (const std::string& r : replayed) all += r + "\n";
+  INFO(all);
+  CHECK(replayed == std::vector<std::string>{"dur" + expect, "mem" + expect, "queue" + expect});
+}
+
+TEST_CASE("a replay keeps the trace pair the library added beyond the 16 headers of the message's own") {
+  TempDir tmp;
+  auto bus = open_store(tmp.file("store"));
+  DeadLetters* dlq = bus->dead_letters().value();
+  auto in = bus->create_topic("relay.in").value();
+  auto out = bus->create_topic("relay.out").value();
+  std::string names[kMaxHeaders];
+  Header sixteen[kMaxHeaders];
+  for (std::size_t i = 0; i < kMaxHeaders; ++i) {
+    names[i] = "h" + std::to_string(i);
+    sixteen[i] = Header{names[i], "v"};
+  }
+  // A handler of `in` publishes to `out` with 16 headers of its own: the
+  // library adds traceparent and tracestate (18 stored).
+  auto relay = bus->subscribe(in, "relay", [&](const MessageView&) {
+                     return out.publish({.key = "k", .payload = "relayed", .headers = sixteen}).ok()
+                                ? Outcome::ack()
+                                : Outcome::reject("relay failed");
+                   }).value();
+  std::atomic<int> calls{0};
+  std::mutex mu;
+  std::string seen;
+  auto sink = bus->subscribe(out, "sink", [&](const MessageView& v) {
+                    if (calls.fetch_add(1) == 0) return Outcome::reject("first sight");
+                    std::lock_guard<std::mutex> l(mu);
+                    seen = headers_text(v);
+                    return Outcome::ack();
+                  }).value();
+  const Header parent[] = {{"traceparent", kParent}, {"tracestate", "vendor=1"}};
+  REQUIRE(in.publish({.key = "k", .payload = "go", .headers = parent}).ok());
+  REQUIRE(wait_until([&] { return dlq->list().value().size() == 1; }));
+  const std::vector<DlqEntry> entries = dlq->list().value();
+  const DlqEntry& e = entries.at(0);
+  CHECK(HeadersView(e.headers).size() == kMaxHeaders + 2);
+  REQUIRE(dlq->replay({e.id}, "tester").value() == 1);
+  REQUIRE(wait_until([&] { return calls.load() == 2; }));
+  std::lock_guard<std::mutex> l(mu);
+  std::string expect;
+  for (std::size_t i = 0; i < kMaxHeaders; ++i) expect += names[i] + "=v;";
+  expect += "traceparent=" + std::string(kParent) + ";tracestate=vendor=1;";
+  CHECK(seen == expect);
+}

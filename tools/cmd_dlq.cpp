@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "dlq.hpp"
 #include "durable_store.hpp"
+#include "text.hpp"
 
 namespace lanebus::tool {
 namespace {
@@ -90,25 +91,6 @@ std::string fmt_age(std::int64_t ns) {
   return buf;
 }
 
-// Printable ASCII as is; backslash, quote and everything else escaped (\xNN, \n, \t).
-std::string escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c >= 0x20 && c < 0x7f) out.push_back(static_cast<char>(c));
-    else {
-      char b[5];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      out += b;
-    }
-  }
-  return out;
-}
-
 std::int64_t wall_now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -169,6 +151,7 @@ void print_entry(const DlqEntry& e) {
   std::printf("  key              \"%s\"\n", escape(e.key).c_str());
   std::printf("  idempotency key  \"%s\"\n", escape(e.idempotency_key).c_str());
   std::printf("  payload          %zu bytes \"%s\"\n", e.payload.size(), escape(e.payload).c_str());
+  std::printf("  headers          %s\n", e.headers.empty() ? "none" : headers_text(e.headers).c_str());
 }
 
 std::string join_ids(const std::vector<std::uint64_t>& ids) {

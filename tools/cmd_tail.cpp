@@ -10,27 +10,10 @@
 #include "args.hpp"
 #include "commands.hpp"
 #include "guarded.hpp"
+#include "text.hpp"
 #include "durable_store.hpp"
 
 namespace lanebus::tool {
-namespace {
-
-std::string escaped(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"') {
-      out += static_cast<char>(c);
-    } else {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      out += b;
-    }
-  }
-  return out;
-}
-
-
-}  // namespace
 
 static int tail_main(const TailArgs& args);
 
@@ -103,10 +86,12 @@ static int tail_main(const TailArgs& args) {
       }
       if (b->messages.empty()) break;
       for (const auto& m : b->messages) {
-        std::printf("lane=%u offset=%llu id=%llu created_at=%lld attempt=%u key=\"%s\" payload=\"%s\"\n", lane,
+        // Headers last, only when the message has some: `headers={name="value" ...}`.
+        const std::string headers = m.headers.empty() ? std::string() : " headers={" + headers_text(m.headers) + "}";
+        std::printf("lane=%u offset=%llu id=%llu created_at=%lld attempt=%u key=\"%s\" payload=\"%s\"%s\n", lane,
                     static_cast<unsigned long long>(m.offset), static_cast<unsigned long long>(m.header.id),
-                    static_cast<long long>(m.header.created_at_ns), m.header.attempt, escaped(m.key).c_str(),
-                    escaped(m.payload).c_str());
+                    static_cast<long long>(m.header.created_at_ns), m.header.attempt, escape(m.key).c_str(),
+                    escape(m.payload).c_str(), headers.c_str());
       }
       printed += b->messages.size();
       pos = b->next_offset;

@@ -98,6 +98,12 @@ struct DlqEntry {
   std::string key{};
   std::string idempotency_key{};
   std::string payload{};  ///< Must not be empty.
+  /// The message's headers (OutgoingMessage::headers, with the trace context
+  /// the library added; doc/tracing.md) in their stored form: read them with
+  /// `HeadersView(entry.headers)`. Empty when it had none. A replay publishes
+  /// them again, so a replayed message keeps its trace context. On add: empty
+  /// or a well-formed block (else InvalidArgument).
+  std::string headers{};
 
   // ---- the failure ----
   ErrorClass error_class = ErrorClass::Transient;

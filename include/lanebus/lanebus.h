@@ -330,7 +330,19 @@ typedef struct lanebus_dlq_entry {
   uint32_t lane;
   uint64_t offset;
   int64_t dead_at_ns;
+  /** The message's headers in their stored form (doc/storage-format.md);
+   *  read them with lanebus_dlq_entry_header. NULL when it had none. A
+   *  replay publishes them again (trace context included). */
+  const void* headers;
+  size_t headers_len;
 } lanebus_dlq_entry;
+
+/** The number of headers of a DLQ entry's message (0 for NULL). */
+LANEBUS_C_API size_t lanebus_dlq_entry_header_count(const lanebus_dlq_entry* entry);
+/** Header `index` (0-based, in publish order) of a DLQ entry's message into
+ *  *out (views valid until the list is freed; not NUL-terminated). Returns
+ *  0, or -1 when index is out of range. */
+LANEBUS_C_API int lanebus_dlq_entry_header(const lanebus_dlq_entry* entry, size_t index, lanebus_header* out);
 
 typedef struct lanebus_dlq_list lanebus_dlq_list;
 

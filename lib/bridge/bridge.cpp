@@ -1091,6 +1091,14 @@ struct InBatch {
   std::uint64_t next_dseq = 0, through = 0;
   int take = 0;
   bool anomaly = false;
+  /// With a tracer: the Publish span of each new message (doc/tracing.md),
+  /// ended once the batch is stored or refused (end_in_spans). Views into
+  /// the fetched messages, valid until the list is destroyed.
+  struct Span {
+    SpanInfo info;
+    TraceContext span;
+  };
+  std::vector<Span> spans;
 };
 
 // Decide, message by message, what of `list` to store (see run_in for the
@@ -1099,7 +1107,7 @@ struct InBatch {
 // own (Lanebus-*), as message headers (doc/tracing.md): the first value of
 // each, in the server's order, while they pass the rules and limits of
 // OutgoingMessage::headers; one that does not is left out.
-void in_headers(natsMsg* msg, HeaderBlock* out) {
+void in_headers(natsMsg* msg, HeaderBlock* out, Tracer* tracer, InBatch::Span* span) {
   const char** keys = nullptr;
   int count = 0;
   if (natsMsgHeader_Keys(msg, &keys, &count) != NATS_OK || keys == nullptr) return;
@@ -1117,12 +1125,33 @@ void in_headers(natsMsg* msg, HeaderBlock* out) {
     bytes += name.size() + h.value.size();
     ++n;
   }
-  for (std::size_t i = 0; i < n; ++i) out->add(kept[i].name, kept[i].value);
+  if (span == nullptr) {
+    for (std::size_t i = 0; i < n; ++i) out->add(kept[i].name, kept[i].value);
+  } else {
+    // Traced: the stored message continues the span the tracer started for
+    // this publish (its context becomes the traceparent, added last, as a
+    // local traced publish does: trace.hpp).
+    for (std::size_t i = 0; i < n; ++i) {
+      if (kept[i].name == kTraceparent) {
+        (void)TraceContext::parse(kept[i].value, &span->info.parent);  // checked above
+        continue;
+      }
+      if (kept[i].name == kTracestate) span->info.tracestate = kept[i].value;
+      out->add(kept[i].name, kept[i].value);
+    }
+    const TraceContext started = tracer->start(span->info);
+    span->span = started.valid() ? started : span->info.parent;  // else the sender's context stays
+    if (span->span.valid()) {
+      char tp[TraceContext::kTraceparentBytes];
+      out->add(kTraceparent, span->span.format(tp));
+    }
+  }
   std::free(static_cast<void*>(keys));
 }
 
-void plan_in_batch(InMirror& m, const natsMsgList& list, InBatch* b) {
+void plan_in_batch(InMirror& m, const natsMsgList& list, Tracer* tracer, InBatch* b) {
   b->reqs.clear();
+  b->spans.clear();
   b->seqs.clear();
   b->known_dup.clear();
   b->next_dseq = m.next_dseq;
@@ -1177,7 +1206,14 @@ void plan_in_batch(InMirror& m, const natsMsgList& list, InBatch* b) {
     om.idempotency_key = idem;
     om.payload = std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
     HeaderBlock headers;
-    in_headers(msg, &headers);
+    InBatch::Span* span = nullptr;
+    if (tracer != nullptr) [[unlikely]] {
+      span = &b->spans.emplace_back();
+      span->info.kind = SpanKind::Publish;
+      span->info.topic = m.topic->name;
+      span->info.lane = lane_for_key(om.key, m.topic->options.lanes);
+    }
+    in_headers(msg, &headers, tracer, span);
     AppendRequest r = m.topic->append_request(om, headers.bytes());
     r.header.created_at_ns = created > 0 ? created : (ts > 0 ? ts : r.header.created_at_ns);
     b->reqs.push_back(std::move(r));
@@ -1214,6 +1250,15 @@ Status store_in_batch(DurableStore& store, InMirror& m, InBatch& b, bool* wrote)
     if (b.through != m.stored_through || !m.have_mark) return t.put(StoreTable::User, m.mark_key, le64(b.through));
     return Status();
   });
+}
+
+// The tracer's end of the batch's Publish spans: Ok once stored (or known
+// stored already), else Failed with the store's status.
+void end_in_spans(Tracer* tracer, InBatch& b, const Status& stored) {
+  if (tracer == nullptr) return;
+  const SpanEnd e{stored.ok() ? SpanOutcome::Ok : SpanOutcome::Failed, stored};
+  for (const InBatch::Span& s : b.spans) tracer->end(s.info, s.span, e);
+  b.spans.clear();
 }
 
 // After the store: count and ack the first `take` messages of `list`.
@@ -1267,9 +1312,11 @@ void BridgeImpl::run_in(InMirror* m) {
       sleep_backoff(backoff);
       continue;
     }
-    plan_in_batch(*m, list, &batch);
+    Tracer* tracer = core_->options.tracer;
+    plan_in_batch(*m, list, tracer, &batch);
     bool wrote = false;
     Status cs = store_in_batch(*core_->store(), *m, batch, &wrote);
+    end_in_spans(tracer, batch, cs);
     if (!cs.ok()) {
       // Not acked: JetStream redelivers after ack_wait; with the guard on, the
       // consumer is rewound to W + 1 instead, so the order holds.

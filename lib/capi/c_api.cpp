@@ -234,6 +234,20 @@ lanebus_code attach(lanebus_bus* bus, lanebus_topic* topic, const char* group, l
   });
 }
 
+// A stored header block handed to C (a message's, a DLQ entry's): NULL = none.
+lanebus::HeadersView headers_of(const void* block, size_t len) {
+  return block == nullptr ? lanebus::HeadersView()
+                          : lanebus::HeadersView(std::string_view(static_cast<const char*>(block), len));
+}
+int header_at(const lanebus::HeadersView& hv, size_t index, lanebus_header* out) {
+  if (out == nullptr || index >= hv.size()) return -1;
+  auto it = hv.begin();
+  for (size_t i = 0; i < index; ++i) ++it;
+  const lanebus::Header h = *it;
+  *out = lanebus_header{h.name.data(), h.name.size(), h.value.data(), h.value.size()};
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -364,21 +378,21 @@ lanebus_code lanebus_publish_headers(lanebus_topic* topic, const void* key, size
   return from(error, "lanebus_publish_headers", topic->topic.publish(message));
 }
 
+
 size_t lanebus_message_header_count(const lanebus_message* message) {
-  if (message == nullptr || message->headers == nullptr) return 0;
-  return lanebus::HeadersView(std::string_view(static_cast<const char*>(message->headers), message->headers_len))
-      .size();
+  return message == nullptr ? 0 : headers_of(message->headers, message->headers_len).size();
 }
 
 int lanebus_message_header(const lanebus_message* message, size_t index, lanebus_header* out) {
-  if (message == nullptr || out == nullptr || message->headers == nullptr) return -1;
-  const lanebus::HeadersView hv(std::string_view(static_cast<const char*>(message->headers), message->headers_len));
-  if (index >= hv.size()) return -1;
-  auto it = hv.begin();
-  for (size_t i = 0; i < index; ++i) ++it;
-  const lanebus::Header h = *it;
-  *out = lanebus_header{h.name.data(), h.name.size(), h.value.data(), h.value.size()};
-  return 0;
+  return message == nullptr ? -1 : header_at(headers_of(message->headers, message->headers_len), index, out);
+}
+
+size_t lanebus_dlq_entry_header_count(const lanebus_dlq_entry* entry) {
+  return entry == nullptr ? 0 : headers_of(entry->headers, entry->headers_len).size();
+}
+
+int lanebus_dlq_entry_header(const lanebus_dlq_entry* entry, size_t index, lanebus_header* out) {
+  return entry == nullptr ? -1 : header_at(headers_of(entry->headers, entry->headers_len), index, out);
 }
 
 lanebus_code lanebus_subscribe(lanebus_bus* bus, lanebus_topic* topic, const char* group, lanebus_handler handler,
@@ -437,6 +451,8 @@ lanebus_code lanebus_dlq_list_entries(lanebus_bus* bus, const char* topic, int p
       v.lane = e.lane;
       v.offset = e.offset;
       v.dead_at_ns = e.dead_at_ns;
+      v.headers = e.headers.empty() ? nullptr : e.headers.data();
+      v.headers_len = e.headers.size();
       out->views.push_back(v);
     }
     *list = out.release();

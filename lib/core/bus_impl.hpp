@@ -807,9 +807,16 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// The DLQ entry of a durable message that crashed the consumer `crashes` times.
   DlqEntry poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const;
   /// A DLQ entry for a message of `gl` that failed with `out`.
+  /// `headers`: the message's stored header block (kept, so a replay keeps them).
   DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
-                     std::string_view payload, std::uint64_t offset, const Outcome& out, std::uint32_t attempts,
-                     ErrorClass cls, std::int64_t first_failure_ns) const;
+                     std::string_view payload, std::string_view headers, std::uint64_t offset, const Outcome& out,
+                     std::uint32_t attempts, ErrorClass cls, std::int64_t first_failure_ns) const;
+  /// As above, for a durable message read back from its lane.
+  DlqEntry dlq_entry(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                     ErrorClass cls, std::int64_t first_failure_ns) const {
+    return dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.headers, m.offset, out, attempts, cls,
+                     first_failure_ns);
+  }
   /// Ephemeral: dead-letter in a transaction of its own (no ack to join).
   void dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out, std::uint32_t attempts,
                              ErrorClass cls, std::int64_t first_failure_ns) noexcept;

@@ -191,8 +191,9 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
 // ---------------------------------------------------------------- dead letters
 
 DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
-                            std::string_view payload, std::uint64_t offset, const Outcome& out,
-                            std::uint32_t attempts, ErrorClass cls, std::int64_t first_failure_ns) const {
+                            std::string_view payload, std::string_view headers, std::uint64_t offset,
+                            const Outcome& out, std::uint32_t attempts, ErrorClass cls,
+                            std::int64_t first_failure_ns) const {
   const GroupImpl* g = gl->group;
   DlqEntry e;
   e.header = h;
@@ -200,6 +201,7 @@ DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_v
   e.key.assign(key);
   e.idempotency_key.assign(idem);
   e.payload.assign(payload);
+  e.headers.assign(headers);
   e.error_class = cls;
   e.reason.assign(out.reason().empty() ? (out.kind() == Outcome::Kind::Reject ? "rejected" : "retries exhausted")
                                        : out.reason());
@@ -219,8 +221,8 @@ void BusCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome&
                                     ErrorClass cls, std::int64_t first_failure_ns) noexcept {
   if (!dlq_) return;  // an in-memory bus: failures are only counted
   try {
-    auto r = dlq_->add(dlq_entry(gl, s->header, s->key(), s->idempotency_key(), s->payload(), 0, out, attempts, cls,
-                                 first_failure_ns));
+    auto r = dlq_->add(dlq_entry(gl, s->header, s->key(), s->idempotency_key(), s->payload(), slot_headers(s), 0, out,
+                                 attempts, cls, first_failure_ns));
     if (!r.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);
   } catch (...) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
@@ -230,8 +232,7 @@ void BusCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome&
 bool BusCore::dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
                                 ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to) {
   GroupImpl* g = gl->group;
-  DlqEntry e = dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset, out, attempts, cls,
-                         first_failure_ns);
+  DlqEntry e = dlq_entry(gl, m, out, attempts, cls, first_failure_ns);
   Status s = store_->write([&](StoreTxn& t) -> Status {
     return dlq_
         ->add_in(t, e,
@@ -259,6 +260,9 @@ Status BusCore::republish(const DlqEntry& e) {
   m.correlation_id = e.header.correlation_id;
   m.content_type = e.header.content_type;
   m.schema_version = e.header.schema_version;
+  RestoredHeaders headers(e.headers);  // its trace context too (doc/tracing.md)
+  m.headers = headers.headers();
+  headers.enter();
   return t->durable ? t->publish_durable(m, {}) : t->publish(m, true, take_ids(1));
 }
 

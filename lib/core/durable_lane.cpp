@@ -624,9 +624,8 @@ Result<std::uint32_t> BusCore::queue_outcomes(GroupLane* gl, std::uint64_t offse
 }
 
 DlqEntry BusCore::poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const {
-  return dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
-                   Outcome::reject("poison: the consumer process died while handling it"), crashes, ErrorClass::Poison,
-                   now_ns());
+  return dlq_entry(gl, m, Outcome::reject("poison: the consumer process died while handling it"), crashes,
+                   ErrorClass::Poison, now_ns());
 }
 
 // Durable queue: claim a batch (attempts persisted before delivery), deliver
@@ -765,8 +764,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       gl->expired.fetch_add(1, std::memory_order_relaxed);
       if (gl->group->options.dead_letter_expired && dlq_) {
         submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(
-            dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
-                      Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
+            dlq_entry(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
                       ErrorClass::Expired, 0));
       } else {
         submit(QueueSettle::Kind::Ack, i).expired = true;
@@ -840,8 +838,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
     if (st.next == Settlement::Next::DeadLetter) {
       QueueSettle& op = submit(QueueSettle::Kind::DeadLetter, i);
-      op.entry = std::make_unique<DlqEntry>(dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.offset,
-                                                      inv.outcome, cm.attempt, st.error_class, first_failure));
+      op.entry = std::make_unique<DlqEntry>(dlq_entry(gl, m, inv.outcome, cm.attempt, st.error_class, first_failure));
       commit();
       continue;
     }

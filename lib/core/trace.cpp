@@ -3,6 +3,8 @@
 // doc/tracing.md).
 #include "trace.hpp"
 
+#include <iterator>
+
 namespace lanebus::detail {
 
 thread_local constinit const TraceScope* tl_trace __attribute__((tls_model("initial-exec"))) = nullptr;
@@ -23,6 +25,32 @@ Status stored_headers(const OutgoingMessage& m, HeaderBlock* out) noexcept {
       out->add(kTracestate, scope->tracestate);
   }
   return Status();
+}
+
+RestoredHeaders::RestoredHeaders(std::string_view block) noexcept {
+  const HeadersView hs(block);
+  for (Header h : hs)
+    if (n_ < std::size(rest_)) rest_[n_++] = h;
+  if (check_headers(headers()).ok()) return;  // all of them, in their order
+  // Over the limits: the library added the trace pair, last (stored_headers);
+  // it goes back through the scope, which adds it last again.
+  n_ = 0;
+  if (auto tp = hs.find(kTraceparent)) (void)TraceContext::parse(*tp, &scope_.ctx);
+  for (Header h : hs) {
+    if (scope_.ctx.valid() && h.name == kTraceparent) continue;
+    if (scope_.ctx.valid() && h.name == kTracestate && h.value.size() <= kMaxTracestateBytes) {
+      scope_.tracestate = h.value;
+      continue;
+    }
+    if (n_ < std::size(rest_)) rest_[n_++] = h;
+  }
+}
+
+void RestoredHeaders::enter() noexcept {
+  if (!scope_.ctx.valid()) return;
+  prev_ = tl_trace;
+  tl_trace = &scope_;
+  set_ = true;
 }
 
 bool PublishSpan::start(Tracer* tracer, std::string_view topic, std::uint32_t lane, const OutgoingMessage& m,

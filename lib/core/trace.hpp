@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "header_block.hpp"
@@ -42,6 +43,31 @@ extern thread_local constinit const TraceScope* tl_trace __attribute__((tls_mode
 /// `traceparent` (and `tracestate`, if it has none) from the thread's scope
 /// when it has no `traceparent`. Allocation-free.
 Status stored_headers(const OutgoingMessage& m, HeaderBlock* out) noexcept;
+
+/// A stored header block made publishable again (a DLQ replay through the
+/// Bus, doc/tracing.md): its headers as OutgoingMessage::headers, in their
+/// order. A block over the publish limits holds the trace pair the library
+/// added (last): that pair goes through a scope for the publish instead, so
+/// it is added last again without counting against the limits.
+class RestoredHeaders {
+ public:
+  explicit RestoredHeaders(std::string_view block) noexcept;
+  RestoredHeaders(const RestoredHeaders&) = delete;
+  RestoredHeaders& operator=(const RestoredHeaders&) = delete;
+  ~RestoredHeaders() {
+    if (set_) tl_trace = prev_;
+  }
+  std::span<const Header> headers() const noexcept { return {rest_, n_}; }
+  /// Sets the thread's scope to the block's trace context (if any) until destruction.
+  void enter() noexcept;
+
+ private:
+  Header rest_[kMaxHeaders + 2];
+  std::size_t n_ = 0;
+  TraceScope scope_;
+  bool set_ = false;
+  const TraceScope* prev_ = nullptr;
+};
 
 /// The Tracer's span around one publish of `m` to `topic` (lane `lane`):
 /// `publish(const OutgoingMessage&)` does the publish. Without a valid span

@@ -18,6 +18,7 @@
 #include <map>
 
 #include "coding.hpp"
+#include "header_block.hpp"
 #include "names.hpp"
 #include "quote.hpp"
 
@@ -83,7 +84,11 @@ ErrorClass classify_failure(Outcome::Kind last, std::uint32_t attempts, std::uin
 namespace lanebus::detail {
 namespace {
 
+// Entry format 1; format 2 (an entry with headers) appends them as a str32
+// after the group. An entry without headers is written as format 1, byte for
+// byte as before, so older readers refuse only entries they could not read.
 constexpr std::uint8_t kEntryVersion = 1;
+constexpr std::uint8_t kEntryVersionHeaders = 2;
 constexpr std::uint8_t kAuditVersion = 1;
 constexpr std::uint64_t kStatsVersion = 1;
 constexpr std::size_t kMaxKeyBytes = 65535;
@@ -195,8 +200,8 @@ std::string state_note(const DlqEntry& e) {
 std::string encode_dlq_entry(const DlqEntry& e) {
   ByteWriter w;
   w.reserve(160 + e.key.size() + e.idempotency_key.size() + e.payload.size() + e.reason.size() +
-            e.error_text.size() + e.topic.size() + e.group.size() + e.state_changed_by.size());
-  w.u8(kEntryVersion);
+            e.error_text.size() + e.topic.size() + e.group.size() + e.state_changed_by.size() + e.headers.size());
+  w.u8(e.headers.empty() ? kEntryVersion : kEntryVersionHeaders);
   w.u8(static_cast<std::uint8_t>(e.error_class));
   w.u8(static_cast<std::uint8_t>(e.state));
   w.u8(0);
@@ -225,6 +230,7 @@ std::string encode_dlq_entry(const DlqEntry& e) {
   w.str32(e.error_text);
   w.str32(e.topic);
   w.str32(e.group);
+  if (!e.headers.empty()) w.str32(e.headers);
   return w.take();
 }
 
@@ -260,7 +266,10 @@ Result<DlqEntry> decode_dlq_entry(std::string_view bytes) {
   e.error_text = r.str32();
   e.topic = r.str32();
   e.group = r.str32();
-  if (!r.done() || ver != kEntryVersion || cls > 3 || st > 2) {
+  if (ver == kEntryVersionHeaders) e.headers = r.str32();
+  const bool known = ver == kEntryVersion || (ver == kEntryVersionHeaders && !e.headers.empty() &&
+                                              valid_header_block(e.headers));
+  if (!r.done() || !known || cls > 3 || st > 2) {
     return Status(Code::Corruption, "dlq entry record is malformed (" + std::to_string(bytes.size()) +
                                         " bytes; foreign data or a newer layout)");
   }
@@ -501,6 +510,7 @@ Result<AppendResult> append_replayed(StoreTxn& txn, const DlqEntry& e, std::uint
   req.key = e.key;
   req.idempotency_key = e.idempotency_key;
   req.payload = e.payload;
+  req.headers = e.headers;  // its trace context too (doc/tracing.md)
   return txn.append(std::move(req));
 }
 
@@ -530,6 +540,9 @@ Status DlqStore::validate(const DlqEntry& e) {
     return Status(Code::PayloadTooLarge, "dlq add: reason and error text are limited to 64 KiB each");
   }
   if (static_cast<std::uint8_t>(e.error_class) > 3) return Status(Code::InvalidArgument, "dlq add: unknown error class");
+  if (!valid_header_block(e.headers)) {
+    return Status(Code::InvalidArgument, "dlq add: the headers are not a stored header block (HeadersView)");
+  }
   return Status();
 }
 

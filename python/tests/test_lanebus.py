@@ -117,13 +117,14 @@ def test_durable_store_dlq_list_and_replay(tmp_path):
         assert q.durable and q.is_queue
         sub = bus.consume(q, payments, max_attempts=2)
         for p in ("ok-1", "bad", "flaky", "ok-2"):
-            q.publish(p, key=p, idempotency_key="id-" + p)
+            q.publish(p, key=p, idempotency_key="id-" + p, headers={"tenant": "acme"} if p == "bad" else None)
         assert wait_for(lambda: len(bus.dead_letters()) == 2 and len(handled) == 2)
         entries = {e.payload: e for e in bus.dead_letters()}
         bad, flaky = entries[b"bad"], entries[b"flaky"]
         assert (bad.error_class, bad.state, bad.reason, bad.topic) == ("permanent", "pending", "card declined", "payments")
         assert flaky.error_class == "transient" and flaky.reason.startswith("exception: RuntimeError: gateway down")
         assert flaky.attempts == 2 and bad.key == b"bad"
+        assert bad.headers == {"tenant": b"acme"} and flaky.headers == {}
         assert [e.id for e in bus.dead_letters(state="pending", topic="payments")] == sorted([bad.id, flaky.id])
         assert bus.dead_letters(topic="elsewhere") == []
         fixed.set()
