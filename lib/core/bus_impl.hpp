@@ -736,6 +736,24 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// Does work wait elsewhere (the run queue, or a held lane of this worker)?
   bool other_work() const noexcept;
   void run_lane(GroupLane* gl);
+  /// run_lane's general loop (ephemeral_lane.cpp): parked messages, retries,
+  /// idempotency, timeouts, outages, expiry. Returns the head's hold (>= 0) or -1.
+  std::int64_t run_general(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, std::uint32_t* handled);
+  /// The general loop's next message: a parked one that is due, else the lane's head.
+  struct LanePick {
+    Slot* s = nullptr;
+    std::ptrdiff_t pi = -1;  // >= 0: gl->parked[pi]; else the head (gl->current)
+    std::uint32_t* attempts = nullptr;
+    std::int64_t* first_failure = nullptr;
+  };
+  /// Got: *pick is set. Again: the head was parked behind its key, pick again.
+  /// Stop: the lane is empty, or the parking limit holds it (*hold_ns = 0).
+  enum class PickStep : std::uint8_t { Got, Again, Stop };
+  PickStep pick_next(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, LanePick* pick,
+                     std::int64_t* hold_ns);
+  /// run_lane's end: flush frees, release the consumer, requeue, park, hold or let the lane go.
+  void end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_chain, std::uint32_t handled,
+               std::int64_t hold_ns);
   /// run_lane's plain fast path (ephemeral_lane.cpp, doc/performance.md).
   std::int64_t run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
                          std::uint32_t* handled) noexcept;

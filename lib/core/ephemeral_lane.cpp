@@ -372,13 +372,23 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
 
 // ---------------------------------------------------------------- the runner
 
+namespace {
+// The general loop's message leaves the lane: its head, or parked[pi].
+void clear_pick(GroupLane* gl, std::ptrdiff_t pi) {
+  if (pi >= 0) {
+    gl->parked.erase(gl->parked.begin() + pi);
+  } else {
+    gl->current = nullptr;
+  }
+}
+}  // namespace
+
 void BusCore::run_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
   if (g->topic->durable) {
     run_durable_lane(gl);
     return;
   }
-  MessagePool& pool = g->topic->pool;
   const bool abandon = abandon_.load(std::memory_order_acquire);
   Consumer* c = abandon ? nullptr : pin_consumer(g);
 
@@ -394,85 +404,104 @@ void BusCore::run_lane(GroupLane* gl) {
 
   // Topics without DropOldest have one dequeuer per lane ring (its owner).
   const bool single = g->topic->options.backpressure != Backpressure::DropOldest;
-  auto take = [&](std::uint32_t& idx) { return single ? gl->ring.try_dequeue_single(idx) : gl->ring.try_dequeue(idx); };
   // The worker's chain of freed slots outlives the run (WorkerLocal).
   FreeChain own_frees;
   FreeChain& frees = tl_worker != nullptr ? tl_worker->frees : own_frees;
-  frees.bind(pool);
-  const bool metrics = options.metrics;
+  frees.bind(g->topic->pool);
   const bool kp = g->options.key_parallel_retry;
-  const std::size_t limit = g->options.key_parallel_limit;
-  if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // once: parking never allocates after
+  if (kp && gl->parked.capacity() < g->options.key_parallel_limit)
+    gl->parked.reserve(g->options.key_parallel_limit);  // once: parking never allocates after
   std::uint32_t handled = 0;
-  std::int64_t hold_ns = -1;  // >= 0: the head message waits this long, the lane with it
   // The plain fast path (doc/performance.md): a group with no idempotency
   // scope, no key_parallel_retry, no attempt_timeout, no tracer and no retry pending
   // hands each message of the ring straight to its handler. The general loop
-  // below takes the lane again when a message is held for a retry.
+  // (run_general) takes the lane again when a message is held for a retry.
   // A batch handler takes the batch path, which needs a single dequeuer;
   // with DropOldest it runs in the general loop (spans of one, via invoke).
   const bool plain = c != nullptr && gl->current == nullptr && gl->parked.empty() && !kp &&
                      g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler &&
                      !g->options.outage.enabled && options.tracer == nullptr &&
                      (!c->batch_handler || single);
-  if (plain) {
-    hold_ns = c->batch_handler ? run_plain_batch(gl, c, frees, &handled) : run_plain(gl, c, single, frees, &handled);
+  // >= 0: the head message waits this long, the lane with it.
+  const std::int64_t hold_ns = !plain             ? run_general(gl, c, single, frees, &handled)
+                               : c->batch_handler ? run_plain_batch(gl, c, frees, &handled)
+                                                  : run_plain(gl, c, single, frees, &handled);
+  end_run(gl, c, frees, &frees == &own_frees, handled, hold_ns);
+}
+
+BusCore::PickStep BusCore::pick_next(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, LanePick* pick,
+                                     std::int64_t* hold_ns) {
+  GroupImpl* g = gl->group;
+  const bool kp = g->options.key_parallel_retry;
+  // 1. A parked message whose backoff is over (key_parallel_retry).
+  pick->pi = -1;
+  if (kp && !gl->parked.empty() && c != nullptr) pick->pi = due_parked(gl, RetryTimer::now_ns());
+  if (pick->pi >= 0) {
+    Parked& pk = gl->parked[static_cast<std::size_t>(pick->pi)];
+    pick->s = pk.slot;
+    pick->attempts = &pk.attempts;
+    pick->first_failure = &pk.first_failure_ns;
+    return PickStep::Got;
   }
-  while (!plain && handled < g->options.batch) {
-    // 1. A parked message whose backoff is over (key_parallel_retry).
-    std::ptrdiff_t pi = -1;
-    if (kp && !gl->parked.empty() && c != nullptr) pi = due_parked(gl, RetryTimer::now_ns());
-    Slot* s = nullptr;
-    std::uint32_t* attempts = &gl->attempts;
-    std::int64_t* first_failure = &gl->first_failure_ns;
-    if (pi >= 0) {
-      Parked& pk = gl->parked[static_cast<std::size_t>(pi)];
-      s = pk.slot;
-      attempts = &pk.attempts;
-      first_failure = &pk.first_failure_ns;
-    } else {
-      // 2. The lane's head: the message held from an earlier run, or the next one.
-      if (gl->current == nullptr) {
-        std::uint32_t idx;
-        if (!take(idx)) {
-          // The lane is empty. If no other lane waits, linger briefly: a
-          // producer in a burst is likely to publish again within the spin,
-          // which saves a trip through the run queue per message.
-          if (c == nullptr || other_work() || !gl->parked.empty()) break;
-          frees.flush();
-          bool got = false;
-          for (int spin = 0; spin < 64 && !got; ++spin) {
-            cpu_relax();
-            got = take(idx);
-          }
-          if (!got) break;
-        }
-        gl->current = pool.at(idx);
-        gl->attempts = 0;
-        gl->first_failure_ns = 0;
-        if (metrics && gl->parked.empty())
-          gl->oldest_ns.store(gl->current->header.created_at_ns, std::memory_order_relaxed);
+  // 2. The lane's head: the message held from an earlier run, or the next one.
+  pick->attempts = &gl->attempts;
+  pick->first_failure = &gl->first_failure_ns;
+  if (gl->current == nullptr) {
+    auto take = [&](std::uint32_t& idx) {
+      return single ? gl->ring.try_dequeue_single(idx) : gl->ring.try_dequeue(idx);
+    };
+    std::uint32_t idx;
+    if (!take(idx)) {
+      // The lane is empty. If no other lane waits, linger briefly: a
+      // producer in a burst is likely to publish again within the spin,
+      // which saves a trip through the run queue per message.
+      if (c == nullptr || other_work() || !gl->parked.empty()) return PickStep::Stop;
+      frees.flush();
+      bool got = false;
+      for (int spin = 0; spin < 64 && !got; ++spin) {
+        cpu_relax();
+        got = take(idx);
       }
-      if (kp && c != nullptr && gl->attempts == 0 && key_parked(gl, gl->current->key())) {
-        // Behind an earlier message of its key: set it aside, in order.
-        if (gl->parked.size() < limit) {
-          gl->parked.push_back(Parked{gl->current, {}, 0, 0, 0});
-          gl->current = nullptr;
-          continue;
-        }
-        hold_ns = 0;  // the limit: the lane waits for its parked messages
-        break;
-      }
-      s = gl->current;
+      if (!got) return PickStep::Stop;
     }
+    gl->current = g->topic->pool.at(idx);
+    gl->attempts = 0;
+    gl->first_failure_ns = 0;
+    if (options.metrics && gl->parked.empty())
+      gl->oldest_ns.store(gl->current->header.created_at_ns, std::memory_order_relaxed);
+  }
+  if (kp && c != nullptr && gl->attempts == 0 && key_parked(gl, gl->current->key())) {
+    // Behind an earlier message of its key: set it aside, in order.
+    if (gl->parked.size() < g->options.key_parallel_limit) {
+      gl->parked.push_back(Parked{gl->current, {}, 0, 0, 0});
+      gl->current = nullptr;
+      return PickStep::Again;
+    }
+    *hold_ns = 0;  // the limit: the lane waits for its parked messages
+    return PickStep::Stop;
+  }
+  pick->s = gl->current;
+  return PickStep::Got;
+}
+
+std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
+                                  std::uint32_t* handled) {
+  GroupImpl* g = gl->group;
+  const bool kp = g->options.key_parallel_retry;
+  std::int64_t hold_ns = -1;
+  while (*handled < g->options.batch) {
+    LanePick pick;
+    const PickStep step = pick_next(gl, c, single, frees, &pick, &hold_ns);
+    if (step == PickStep::Again) continue;
+    if (step == PickStep::Stop) break;
+    Slot* s = pick.s;
+    const std::ptrdiff_t pi = pick.pi;
+    std::uint32_t* attempts = pick.attempts;
+    std::int64_t* first_failure = pick.first_failure;
     if (c == nullptr) {
       // No consumer (the group was left, or shutdown abandons): discard.
       gl->dropped.fetch_add(1, std::memory_order_relaxed);
-      if (pi >= 0) {
-        gl->parked.erase(gl->parked.begin() + pi);
-      } else {
-        gl->current = nullptr;
-      }
+      clear_pick(gl, pi);
       frees.release(s);
       continue;
     }
@@ -481,11 +510,7 @@ void BusCore::run_lane(GroupLane* gl) {
       // An expiry (delayed.cpp): a message whose TTL ended is never delivered, a retry included.
       if (expire_if_due(gl, s, *attempts, *first_failure)) {
         if (gl->probing) outage_end_probe(gl);
-        if (pi >= 0) {
-          gl->parked.erase(gl->parked.begin() + pi);
-        } else {
-          gl->current = nullptr;
-        }
+        clear_pick(gl, pi);
         frees.release(s);
         continue;
       }
@@ -498,11 +523,11 @@ void BusCore::run_lane(GroupLane* gl) {
       wait_ns = kHoldBusyKeyNs;  // the key is busy elsewhere: not an attempt
     } else if (a == Admission::Skip) {
       bump(gl->duplicates_skipped);
-      ++handled;
+      ++*handled;
     } else {
       ++*attempts;
       const Invocation inv = invoke(c, gl, p, nullptr);
-      ++handled;
+      ++*handled;
       const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
       if (st.uncounted) --*attempts;  // paused: the attempt is given back
       if (st.next == Settlement::Next::Retry) {
@@ -518,7 +543,7 @@ void BusCore::run_lane(GroupLane* gl) {
         gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
         continue;
       }
-      if (kp && gl->parked.size() < limit) {
+      if (kp && gl->parked.size() < g->options.key_parallel_limit) {
         // Set it aside: later messages of its key queue up behind it, the
         // other keys of the lane go on.
         gl->parked.push_back(Parked{s, {}, gl->attempts, RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1),
@@ -531,16 +556,17 @@ void BusCore::run_lane(GroupLane* gl) {
       hold_ns = wait_ns;
       break;
     }
-    if (pi >= 0) {
-      gl->parked.erase(gl->parked.begin() + pi);
-    } else {
-      gl->current = nullptr;
-    }
+    clear_pick(gl, pi);
     frees.release(s);
   }
-  if (&frees == &own_frees || gl->current != nullptr || !gl->parked.empty()) frees.flush();
+  return hold_ns;
+}
+
+void BusCore::end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_chain, std::uint32_t handled,
+                      std::int64_t hold_ns) {
+  if (own_chain || gl->current != nullptr || !gl->parked.empty()) frees.flush();
   gl->parked_count.store(gl->parked.size(), std::memory_order_relaxed);
-  if (metrics && gl->current == nullptr && gl->parked.empty() && !gl->ring.ready())
+  if (options.metrics && gl->current == nullptr && gl->parked.empty() && !gl->ring.ready())
     gl->oldest_ns.store(0, std::memory_order_relaxed);
   if (c) c->calls.fetch_sub(1, std::memory_order_release);  // release: handler's effects before close() returns
 
@@ -552,7 +578,7 @@ void BusCore::run_lane(GroupLane* gl) {
     return;
   }
   if (!gl->parked.empty()) {
-    if (handled >= g->options.batch || gl->ring.ready() || due_parked(gl, RetryTimer::now_ns()) >= 0 ||
+    if (handled >= gl->group->options.batch || gl->ring.ready() || due_parked(gl, RetryTimer::now_ns()) >= 0 ||
         c == nullptr) {
       requeue(gl, 0);
     } else {
