@@ -32,7 +32,6 @@ REASON = re.compile(r'long function:\s*\S')
 # lib/core/).
 KNOWN = {
     ('core/durable_lane.cpp', 'BusCore::run_durable_topic_batch'): 'lib/core/: split when BusCore is taken apart',
-    ('core/durable_lane.cpp', 'BusCore::run_durable_queue_batch'): 'lib/core/: split when BusCore is taken apart',
 }
 
 SCOPE_KEYWORD = re.compile(r'^(?:template\s*<.*>\s*)?(?:(?:inline|export)\s+)?'

@@ -68,6 +68,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -794,6 +795,14 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   // Lane runners.
   bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
+  /// run_durable_queue_batch's steps (durable_lane.cpp): the run's settles,
+  /// the claim (due parked messages first), what settles a message without a
+  /// handler call (parked behind its key, poison, expired, an outage), the call.
+  struct QueueRun;
+  bool claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full);
+  bool queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes);
+  void queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
+                  std::set<std::string_view>& keys_done);
   void run_durable_lane(GroupLane* gl);
   bool position_durable_topic(GroupLane* gl);
   /// Run the lane again: after `delay_ns` via the timer (it stays scheduled), else now.

@@ -633,27 +633,59 @@ DlqEntry BusCore::poison_entry(GroupLane* gl, const StoredMessage& m, std::uint3
 // its outcome is known (the writer shares one commit among all of them, and
 // with other lanes and workers; a handler that blocks does not hold back the
 // acks of the messages before it). True if the lane should run again at once.
-bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
+// One run over a durable queue lane's claimed batch: the settles it submits
+// (each committed on its own, in claim order) and whether the run goes on.
+struct BusCore::QueueRun {
+  BusCore& bus;
+  GroupLane* gl;
+  std::shared_ptr<QueueBatch> batch;
+  bool broken = false;  // the rest of the batch goes back unhandled
+  bool again = false;   // run the lane again at once
+
+  QueueSettle& submit(QueueSettle::Kind kind, std::size_t i) {
+    QueueSettle op;
+    op.kind = kind;
+    op.index = i;
+    batch->ops.push_back(std::move(op));
+    return batch->ops.back();
+  }
+  void commit() {
+    const std::size_t k = batch->ops.size() - 1;
+    BusCore* b = &bus;
+    Status s = bus.store_->write_async([batch = batch, k, b](StoreTxn& t) { return b->apply_queue_settle(t, *batch, k); },
+                                       [batch = batch, k, b](const Status& st) { b->settled_queue_message(*batch, k, st); });
+    if (!s.ok()) {
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      broken = true;  // refused up front (shutting down): the claims expire
+      again = false;
+    }
+  }
+  // Paused: back uncounted, the rest with it.
+  void hold_back(std::size_t i, std::int64_t wait) {
+    submit(QueueSettle::Kind::Unclaim, i);
+    commit();
+    broken = again = true;
+    gl->retry_delay_ns = std::max<std::int64_t>(wait, 1'000'000);
+  }
+  // Set a key's head aside while it waits in the store (key_parallel_retry).
+  void park_key(const StoredMessage& m, std::int64_t delay_ns) {
+    Parked pk;
+    pk.stored.key = m.key;
+    pk.stored.offset = m.offset;
+    pk.released = true;
+    pk.due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(delay_ns, 1);
+    gl->parked.push_back(std::move(pk));
+  }
+};
+
+bool BusCore::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full) {
   GroupImpl* g = gl->group;
-  // The end offset this claim will see (at least): appends after it wake the
-  // lane again when it is released (run_durable_lane).
-  gl->read_pos = gl->known_end.load(std::memory_order_seq_cst);
-  const bool poison = poison_on(dlq_.get());
-  const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
   const bool kp = g->options.key_parallel_retry;
-  const std::size_t limit = g->options.key_parallel_limit;
-  if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // owner-only, once
   ClaimOptions claim_options;
   claim_options.visibility = g->options.visibility;
   // key_parallel_retry claims past the lane's messages in backoff (they are
   // in flight); this process keeps per-key order with its parked messages.
   claim_options.ordered = !kp;
-  const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
-  if (outage_claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
-  const std::uint32_t claim_max = g->outage.paused() ? 1 : max;
-  auto batch = std::make_shared<QueueBatch>();
-  batch->gl = gl;
-  batch->idem = g->idempotency;
   if (kp) {
     // Parked messages whose key's head is done go first (they hold claims).
     for (std::ptrdiff_t i; (i = due_parked(gl, RetryTimer::now_ns())) >= 0;) {
@@ -661,14 +693,14 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
       ClaimedMessage cm;
       cm.message = std::move(pk.stored);
       cm.attempt = pk.attempts;
-      batch->claims.push_back(std::move(cm));
+      batch.claims.push_back(std::move(cm));
       gl->parked.erase(gl->parked.begin() + i);
     }
   }
   auto r = store_->claim_batch(g->store_group, gl->lane, claim_max, claim_options);
   if (!r.ok()) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
-    if (batch->claims.empty()) return false;
+    if (batch.claims.empty()) return false;
   } else {
     for (ClaimedMessage& cm : *r) {
       bool keep = true;
@@ -683,178 +715,187 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
         }
         break;
       }
-      if (keep) batch->claims.push_back(std::move(cm));
+      if (keep) batch.claims.push_back(std::move(cm));
     }
   }
   if (kp) recheck_released_heads(gl);
-  if (batch->claims.empty()) return false;  // nothing deliverable now
   // A full batch suggests more is waiting: run again at once (after other
   // lanes); a short one means the lane is drained for now.
-  const bool full = r.ok() && r->size() == claim_max;
-  // Sized once: the writer reads earlier entries while the worker appends.
-  batch->ops.reserve(batch->claims.size());
-  batch->results.assign(batch->claims.size(), SettleResult::Pending);
-  const AdmitMode mode = c->tx_handler ? AdmitMode::Check : AdmitMode::Claim;
-  IdempotencyImpl* idem = g->idempotency;
-  std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
-  bool broken = false;                   // the rest of the batch goes back unhandled
-  bool again = full || kp;               // run the lane again at once
-  auto submit = [&](QueueSettle::Kind kind, std::size_t i) -> QueueSettle& {
-    QueueSettle op;
-    op.kind = kind;
-    op.index = i;
-    batch->ops.push_back(std::move(op));
-    return batch->ops.back();
-  };
-  auto commit = [&]() {
-    const std::size_t k = batch->ops.size() - 1;
-    Status s = store_->write_async([batch, k, this](StoreTxn& t) { return apply_queue_settle(t, *batch, k); },
-                                   [batch, k, this](const Status& st) { settled_queue_message(*batch, k, st); });
-    if (!s.ok()) {
-      gl->errors.fetch_add(1, std::memory_order_relaxed);
-      broken = true;  // refused up front (shutting down): the claims expire
-      again = false;
-    }
-  };
-  auto hold_back = [&](std::size_t i, std::int64_t wait) {  // paused: back uncounted, the rest with it
-    submit(QueueSettle::Kind::Unclaim, i);
-    commit();
-    broken = again = true;
-    gl->retry_delay_ns = std::max<std::int64_t>(wait, 1'000'000);
-  };
-  for (std::size_t i = 0; i < batch->claims.size(); ++i) {
-    if (gl->probing) outage_end_probe(gl);  // the previous message was a probe that was skipped or held
-    if (broken || abandon_.load(std::memory_order_acquire)) {
-      submit(QueueSettle::Kind::Unclaim, i);
-      commit();
-      continue;
-    }
-    const ClaimedMessage& cm = batch->claims[i];
-    const StoredMessage& m = cm.message;
-    if (kp && key_parked(gl, m.key)) {
-      // Behind an earlier message of its key: keep it claimed, set aside in order.
-      if (gl->parked.size() < limit) {
-        Parked pk;
-        pk.stored = m;
-        pk.attempts = cm.attempt;
-        gl->parked.push_back(std::move(pk));
-      } else {
-        submit(QueueSettle::Kind::Unclaim, i);  // the limit: it goes back to the store
-        commit();
-        again = false;
-      }
-      continue;
-    }
-    std::uint32_t outcomes = cm.attempt;  // attempts that came back with an outcome (incl. this one)
-    if (cm.attempt > 1 && dlq_) {
-      // A redelivery (claimed alone): earlier attempts that never came back
-      // with an outcome were consumer crashes.
-      Result<std::uint32_t> noted = queue_outcomes(gl, m.offset);
-      outcomes = (noted.ok() ? *noted : 0) + 1;
-      if (noted.ok() && poison &&
-          classify_failure(Outcome::Kind::Retry, cm.attempt - 1, *noted, false, poison_after) == ErrorClass::Poison) {
-        submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(poison_entry(gl, m, cm.attempt - 1));
-        bump(gl->failed);
-        commit();
-        continue;
-      }
-    }
-    if (m.expires_ns != 0 && stored_expired(m)) [[unlikely]] {
-      // Its TTL ended (doc/delays.md): never delivered; acked uncounted, or dead-lettered as `expired`.
-      gl->expired.fetch_add(1, std::memory_order_relaxed);
-      if (gl->group->options.dead_letter_expired && dlq_) {
-        submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(
-            dlq_entry(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
-                      ErrorClass::Expired, 0));
-      } else {
-        submit(QueueSettle::Kind::Ack, i).expired = true;
-      }
-      commit();
-      continue;
-    }
-    if (const std::int64_t gate = outage_wait(gl, -1); gate >= 0 && (hold_back(i, gate), true)) continue;
-    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt, m.headers};
-    Admission a = Admission::Proceed;
-    if (mode == AdmitMode::Check && !m.idempotency_key.empty() && keys_done.count(m.idempotency_key) > 0) {
-      a = Admission::Skip;  // a duplicate of a message acked earlier in this batch
-    } else {
-      a = admit(gl, p, mode);
-    }
-    // Set a key's head aside while it waits in the store (key_parallel_retry).
-    auto hold_key = [&](std::int64_t delay_ns) {
+  *full = r.ok() && r->size() == claim_max;
+  return !batch.claims.empty();  // else nothing deliverable now
+}
+
+bool BusCore::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes) {
+  GroupLane* gl = run.gl;
+  const ClaimedMessage& cm = run.batch->claims[i];
+  const StoredMessage& m = cm.message;
+  if (gl->group->options.key_parallel_retry && key_parked(gl, m.key)) {
+    // Behind an earlier message of its key: keep it claimed, set aside in order.
+    if (gl->parked.size() < gl->group->options.key_parallel_limit) {
       Parked pk;
-      pk.stored.key = m.key;
-      pk.stored.offset = m.offset;
-      pk.released = true;
-      pk.due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(delay_ns, 1);
+      pk.stored = m;
+      pk.attempts = cm.attempt;
       gl->parked.push_back(std::move(pk));
-    };
-    if (a == Admission::Later) {
-      // The key is busy elsewhere: not a crash and not a failure; the lane
-      // (or with key_parallel_retry its key) waits for it (a deliberate
-      // release records an outcome).
-      submit(QueueSettle::Kind::Release, i).delay_ns = kHoldBusyKeyNs;
-      commit();
-      if (kp && gl->parked.size() < limit) {
-        hold_key(kHoldBusyKeyNs);
-        continue;
-      }
-      broken = true;
-      again = false;
+    } else {
+      run.submit(QueueSettle::Kind::Unclaim, i);  // the limit: it goes back to the store
+      run.commit();
+      run.again = false;
+    }
+    return true;
+  }
+  *outcomes = cm.attempt;  // attempts that came back with an outcome (incl. this one)
+  if (cm.attempt > 1 && dlq_) {
+    // A redelivery (claimed alone): earlier attempts that never came back
+    // with an outcome were consumer crashes.
+    Result<std::uint32_t> noted = queue_outcomes(gl, m.offset);
+    *outcomes = (noted.ok() ? *noted : 0) + 1;
+    if (noted.ok() && poison_after != 0 &&
+        classify_failure(Outcome::Kind::Retry, cm.attempt - 1, *noted, false, poison_after) == ErrorClass::Poison) {
+      run.submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(poison_entry(gl, m, cm.attempt - 1));
+      bump(gl->failed);
+      run.commit();
+      return true;
+    }
+  }
+  if (m.expires_ns != 0 && stored_expired(m)) [[unlikely]] {
+    // Its TTL ended (doc/delays.md): never delivered; acked uncounted, or dead-lettered as `expired`.
+    gl->expired.fetch_add(1, std::memory_order_relaxed);
+    if (gl->group->options.dead_letter_expired && dlq_) {
+      run.submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(
+          dlq_entry(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
+                    ErrorClass::Expired, 0));
+    } else {
+      run.submit(QueueSettle::Kind::Ack, i).expired = true;
+    }
+    run.commit();
+    return true;
+  }
+  if (const std::int64_t gate = outage_wait(gl, -1); gate >= 0) {
+    run.hold_back(i, gate);
+    return true;
+  }
+  return false;
+}
+
+void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
+                         std::set<std::string_view>& keys_done) {
+  GroupLane* gl = run.gl;
+  const bool kp = gl->group->options.key_parallel_retry;
+  const std::size_t limit = gl->group->options.key_parallel_limit;
+  const AdmitMode mode = c->tx_handler ? AdmitMode::Check : AdmitMode::Claim;
+  const ClaimedMessage& cm = run.batch->claims[i];
+  const StoredMessage& m = cm.message;
+  const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt, m.headers};
+  Admission a = Admission::Proceed;
+  if (mode == AdmitMode::Check && !m.idempotency_key.empty() && keys_done.count(m.idempotency_key) > 0) {
+    a = Admission::Skip;  // a duplicate of a message acked earlier in this batch
+  } else {
+    a = admit(gl, p, mode);
+  }
+  if (a == Admission::Later) {
+    // The key is busy elsewhere: not a crash and not a failure; the lane
+    // (or with key_parallel_retry its key) waits for it (a deliberate
+    // release records an outcome).
+    run.submit(QueueSettle::Kind::Release, i).delay_ns = kHoldBusyKeyNs;
+    run.commit();
+    if (kp && gl->parked.size() < limit) {
+      run.park_key(m, kHoldBusyKeyNs);
+      return;
+    }
+    run.broken = true;
+    run.again = false;
+    return;
+  }
+  if (a == Admission::Skip) {
+    run.submit(QueueSettle::Kind::Duplicate, i);
+    run.commit();
+    return;
+  }
+  std::unique_ptr<TxnState> tx;
+  if (c->tx_handler) {
+    tx = std::make_unique<TxnState>();
+    tx->store = store_.get();
+    tx->bus = this;
+    tx->overlay = &run.batch->overlay;
+  }
+  // If the call overran attempt_timeout, the watchdog ended its claim: its
+  // settle still commits if nobody took the message meanwhile (the claim's
+  // attempt is unchanged), else it finds the claim gone (Lost) and the rest
+  // of the batch goes back.
+  const Invocation inv = invoke(c, gl, p, tx.get());
+  std::int64_t first_failure = 0;
+  const Settlement st = settle(gl, p, inv, mode, true, outcomes, &first_failure);
+  if (st.uncounted) {
+    run.hold_back(i, st.delay_ns);
+    return;
+  }
+  if (st.next == Settlement::Next::Retry) {
+    // The store keeps the message claimed until the backoff ends (the
+    // claim, not this process, holds the delay: it survives a crash).
+    run.submit(QueueSettle::Kind::Release, i).delay_ns = st.delay_ns;
+    run.commit();
+    if (kp && gl->parked.size() < limit) {
+      run.park_key(m, st.delay_ns);
+      return;
+    }
+    run.broken = true;
+    run.again = st.delay_ns == 0;
+    return;
+  }
+  if (st.next == Settlement::Next::DeadLetter) {
+    QueueSettle& op = run.submit(QueueSettle::Kind::DeadLetter, i);
+    op.entry = std::make_unique<DlqEntry>(dlq_entry(gl, m, inv.outcome, cm.attempt, st.error_class, first_failure));
+    run.commit();
+    return;
+  }
+  QueueSettle& op = run.submit(QueueSettle::Kind::Ack, i);
+  if (st.acked) {
+    op.complete_key = run.batch->idem != nullptr && !m.idempotency_key.empty();
+    if (tx) {
+      for (const auto& [k, v] : tx->writes) run.batch->overlay[k] = v;
+      op.tx = std::move(tx);
+    }
+    if (op.complete_key) keys_done.insert(m.idempotency_key);
+  }
+  run.commit();
+}
+
+bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
+  GroupImpl* g = gl->group;
+  // The end offset this claim will see (at least): appends after it wake the
+  // lane again when it is released (run_durable_lane).
+  gl->read_pos = gl->known_end.load(std::memory_order_seq_cst);
+  const bool poison = poison_on(dlq_.get());
+  const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
+  if (g->options.key_parallel_retry && gl->parked.capacity() < g->options.key_parallel_limit)
+    gl->parked.reserve(g->options.key_parallel_limit);  // owner-only, once
+  const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
+  if (outage_claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
+  const std::uint32_t claim_max = g->outage.paused() ? 1 : max;
+  QueueRun run{*this, gl, std::make_shared<QueueBatch>()};
+  QueueBatch& batch = *run.batch;
+  batch.gl = gl;
+  batch.idem = g->idempotency;
+  bool full = false;
+  if (!claim_queue_batch(gl, claim_max, batch, &full)) return false;
+  // Sized once: the writer reads earlier entries while the worker appends.
+  batch.ops.reserve(batch.claims.size());
+  batch.results.assign(batch.claims.size(), SettleResult::Pending);
+  std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
+  run.again = full || g->options.key_parallel_retry;
+  for (std::size_t i = 0; i < batch.claims.size(); ++i) {
+    if (gl->probing) outage_end_probe(gl);  // the previous message was a probe that was skipped or held
+    if (run.broken || abandon_.load(std::memory_order_acquire)) {
+      run.submit(QueueSettle::Kind::Unclaim, i);
+      run.commit();
       continue;
     }
-    if (a == Admission::Skip) {
-      submit(QueueSettle::Kind::Duplicate, i);
-      commit();
-      continue;
-    }
-    std::unique_ptr<TxnState> tx;
-    if (c->tx_handler) {
-      tx = std::make_unique<TxnState>();
-      tx->store = store_.get();
-      tx->bus = this;
-      tx->overlay = &batch->overlay;
-    }
-    // If the call overran attempt_timeout, the watchdog ended its claim: its
-    // settle still commits if nobody took the message meanwhile (the claim's
-    // attempt is unchanged), else it finds the claim gone (Lost) and the rest
-    // of the batch goes back.
-    const Invocation inv = invoke(c, gl, p, tx.get());
-    std::int64_t first_failure = 0;
-    const Settlement st = settle(gl, p, inv, mode, true, outcomes, &first_failure);
-    if (st.uncounted && (hold_back(i, st.delay_ns), true)) continue;
-    if (st.next == Settlement::Next::Retry) {
-      // The store keeps the message claimed until the backoff ends (the
-      // claim, not this process, holds the delay: it survives a crash).
-      submit(QueueSettle::Kind::Release, i).delay_ns = st.delay_ns;
-      commit();
-      if (kp && gl->parked.size() < limit) {
-        hold_key(st.delay_ns);
-        continue;
-      }
-      broken = true;
-      again = st.delay_ns == 0;
-      continue;
-    }
-    if (st.next == Settlement::Next::DeadLetter) {
-      QueueSettle& op = submit(QueueSettle::Kind::DeadLetter, i);
-      op.entry = std::make_unique<DlqEntry>(dlq_entry(gl, m, inv.outcome, cm.attempt, st.error_class, first_failure));
-      commit();
-      continue;
-    }
-    QueueSettle& op = submit(QueueSettle::Kind::Ack, i);
-    if (st.acked) {
-      op.complete_key = idem != nullptr && !m.idempotency_key.empty();
-      if (tx) {
-        for (const auto& [k, v] : tx->writes) batch->overlay[k] = v;
-        op.tx = std::move(tx);
-      }
-      if (op.complete_key) keys_done.insert(m.idempotency_key);
-    }
-    commit();
+    std::uint32_t outcomes = 0;
+    if (queue_before_call(run, i, poison_after, &outcomes)) continue;
+    queue_call(run, i, c, outcomes, keys_done);
   }
   if (gl->probing) outage_end_probe(gl);
-  return again;
+  return run.again;
 }
 
 void BusCore::wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept {
