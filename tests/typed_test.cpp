@@ -368,12 +368,19 @@ TEST_CASE("typed refusals: other types, bytes, throwing constructors") {
   CHECK(got.load() == 0);  // nothing was published
 }
 
-TEST_CASE("durable typed topics encode with the codec") {
-  lanebus::test::TempDir dir;
+namespace {
+// A bus with two workers and a store in `dir`.
+std::unique_ptr<Bus> open_with_store(lanebus::test::TempDir& dir) {
   BusOptions o;
   o.workers = 2;
   o.store.directory = dir.file("store");
-  auto bus = Bus::open(o).value();
+  return Bus::open(o).value();
+}
+}  // namespace
+
+TEST_CASE("durable typed topics encode with the codec") {
+  lanebus::test::TempDir dir;
+  auto bus = open_with_store(dir);
 
   SUBCASE("std::string, StableLayout and a user codec round-trip") {
     auto names = bus->create_durable_topic<std::string>("d.names").value();
@@ -518,10 +525,7 @@ TEST_CASE("structs with a RecordSchema travel as records") {
 
 TEST_CASE("typed handlers see the message's headers (Delivery::headers), in memory and durable") {
   lanebus::test::TempDir dir;
-  BusOptions o;
-  o.workers = 2;
-  o.store.directory = dir.file("store");
-  auto bus = Bus::open(o).value();
+  auto bus = open_with_store(dir);
   const Header hs[] = {{"tenant", "acme"}, {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}};
   TraceContext parent;
   REQUIRE(TraceContext::parse(hs[1].value, &parent));
