@@ -49,9 +49,13 @@
 //   than a full fence per publish). Each solo publish runs inside an
 //   `in_push` window of its publisher slot (store in_push, light fence,
 //   re-check owner). Any other publish first makes the topic shared for good
-//   (owner = 1): it swaps the owner out, runs a heavy fence and waits for
-//   the old owner's window to close, after which the old owner sees the
-//   change at its next re-check. Without membarrier no topic goes solo.
+//   (owner = 1): it swaps the owner for kSharing, runs a heavy fence, waits
+//   for the old owner's window to close (after which the old owner sees the
+//   change at its next re-check) and only then stores 1; a publisher that
+//   finds kSharing waits for the 1. (Storing 1 first let a third publisher
+//   append shared while the old owner's window was still open: two tails
+//   for one ring, and a publisher spinning forever on a cell; batch_test's
+//   DropOldest case under load.) Without membarrier no topic goes solo.
 //
 // Lock order: BusCore::mu_ (registry: topic map, group creation, consumer
 // slots) → GroupImpl::commit_mu (durable seek vs offset commits). durable_mu_
@@ -481,11 +485,14 @@ class TopicImpl {
   std::atomic<std::uint64_t> refused{0};
   /// Solo ownership: 0 = nobody published yet, 1 = shared, k + 2 = solo by
   /// the publisher of slot k. Goes 0 → k + 2 → 0 (its publisher is gone),
-  /// and to 1 from any state, for good. kLent marks 0 or k + 2 while the
-  /// timer thread routes due delayed messages (lend_to_timer): the owner
-  /// waits for it to come back, anyone else makes the topic shared.
+  /// and to 1 from any state, for good, through kSharing (make_shared: the
+  /// old owner's window is still open; everyone else waits for 1). kLent
+  /// marks 0 or k + 2 while the timer thread routes due delayed messages
+  /// (lend_to_timer): the owner waits for it to come back, anyone else makes
+  /// the topic shared.
   std::atomic<std::uintptr_t> owner{0};
   static constexpr std::uintptr_t kLent = std::uintptr_t{1} << (sizeof(std::uintptr_t) * 8 - 1);
+  static constexpr std::uintptr_t kSharing = kLent - 1;
   /// The timer thread's route of due delayed messages (release_due) without
   /// taking or ending solo ownership: marks `owner` lent, waits for the
   /// owner's window to close (heavy fence), and returns the value to give

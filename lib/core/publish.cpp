@@ -138,7 +138,7 @@ bool open_window_slow(TopicImpl& t, std::uint32_t slot) noexcept {
     // Lent meanwhile: try again once it is back.
     if (t.owner.load(std::memory_order_acquire) == (tag | TopicImpl::kLent)) return open_window_slow(t, slot);
   }
-  if (t.owner.load(std::memory_order_relaxed) != 1) t.make_shared();
+  if (t.owner.load(std::memory_order_acquire) != 1) t.make_shared();
   return false;
 }
 
@@ -161,17 +161,32 @@ Status TopicImpl::no_slot(bool may_block) noexcept {
   return Status::from_literal(Code::WouldBlock, "publish: the topic is full (all capacity slots in use)");
 }
 
+namespace {
+/// Wait while another publisher makes the topic shared (make_shared): until
+/// the old owner's window has closed and `owner` is 1.
+void wait_shared(const TopicImpl& t) noexcept {
+  spin_until([&] { return t.owner.load(std::memory_order_acquire) == 1; });
+}
+}  // namespace
+
 void TopicImpl::make_shared() noexcept {
   std::uintptr_t o = owner.load(std::memory_order_acquire);
   while (o != 1) {
-    if (!owner.compare_exchange_weak(o, 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // Another publisher is making it shared: 1 only once the old owner's window has closed.
+    if (o == kSharing) return wait_shared(*this);
+    // kSharing, not 1, while we wait: a publisher that reads 1 appends shared
+    // at once, which it may do only after the old owner's last solo append
+    // (an append at a tail the owner holds in a register corrupts the ring).
+    if (!owner.compare_exchange_weak(o, kSharing, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     // Lent (lend_to_timer): the timer's appends are shared ones already.
     if ((o & ~kLent) >= 2) {
-      // The old owner either sees owner == 1 at its next re-check, or its
-      // window is open and visible here: wait for it to close (asym_fence.hpp).
+      // The old owner either sees owner != its tag at its next re-check, or
+      // its window is open and visible here: wait for it to close (asym_fence.hpp).
       AsymmetricFence::heavy();
       wait_window(bus->publisher_slot(static_cast<std::uint32_t>((o & ~kLent) - 2)));
     }
+    // release: the old owner's appends (seen through its window's close) happen before any shared one.
+    owner.store(1, std::memory_order_release);
     return;
   }
 }
@@ -180,6 +195,10 @@ std::uintptr_t TopicImpl::lend_to_timer() noexcept {
   std::uintptr_t o = owner.load(std::memory_order_acquire);
   for (;;) {
     if (o == 1) return 1;  // shared: nothing to lend
+    if (o == kSharing) {   // being made shared: shared once the old owner's window closed
+      wait_shared(*this);
+      return 1;
+    }
     // Never lent twice: the timer is the one borrower, and it gives back first.
     if (owner.compare_exchange_weak(o, o | kLent, std::memory_order_acq_rel, std::memory_order_acquire)) break;
   }
@@ -298,7 +317,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
                           const PayloadFill* fill) noexcept {
   // A due time or an expiry: the slot carries an extension block (delayed.cpp).
   if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill);
-  if (owner.load(std::memory_order_relaxed) != 1) make_shared();
+  if (owner.load(std::memory_order_acquire) != 1) make_shared();
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   // relaxed: a flag set once by create_topic<T>, before the typed handle that
@@ -353,7 +372,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
 
 bool TopicImpl::enter_solo(const PublisherState* p) noexcept {
   if (p != nullptr && p->slot != kNoPublisherSlot && p->asym) return open_window(*this, p->slot);  // false: made shared
-  if (owner.load(std::memory_order_relaxed) != 1) make_shared();
+  if (owner.load(std::memory_order_acquire) != 1) make_shared();
   return false;
 }
 
@@ -760,7 +779,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
   // A Publisher with a slot may own the topic (solo appends per chunk, as
   // publish_via); anyone else makes it shared.
   const bool may_solo = p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available();
-  if (!may_solo && owner.load(std::memory_order_relaxed) != 1) make_shared();
+  if (!may_solo && owner.load(std::memory_order_acquire) != 1) make_shared();
   BatchPublishResult r;
   // The first message publish_batch's scan found refused: nothing is published.
   if (bad < ms.size()) [[unlikely]] {
