@@ -25,6 +25,26 @@ using lanebus::test::wait_until;
 
 namespace {
 
+/// What a group saw of payloads "<key>:<seq>": per key the numbers must
+/// increase (DropOldest's drops leave gaps, never reorder).
+struct SeenInOrder {
+  std::mutex mu;
+  std::map<std::string, int> last;
+  int violations = 0;
+  std::atomic<std::uint64_t> handled{0};
+  void see(const MessageView& m) {
+    std::string p(m.payload());
+    const int seq = std::stoi(p.substr(p.rfind(':') + 1));
+    std::lock_guard l(mu);
+    auto [it, fresh] = last.try_emplace(std::string(m.key()), seq);
+    if (!fresh) {
+      if (seq <= it->second) ++violations;
+      it->second = seq;
+    }
+    ++handled;
+  }
+};
+
 /// Payloads and keys that outlive the OutgoingMessage views of a batch.
 struct Batch {
   std::vector<std::string> keys, payloads;
@@ -305,24 +325,7 @@ TEST_CASE("publish_batch from 3 threads into a DropOldest topic with 2 groups: o
   auto bus = Bus::open({.workers = 2}).value();
   auto topic =
       bus->create_topic("batch.dropmt", {.lanes = 4, .backpressure = Backpressure::DropOldest, .capacity = 64}).value();
-  // Per key, what a group sees must be increasing (drops leave gaps, never reorder).
-  struct Seen {
-    std::mutex mu;
-    std::map<std::string, int> last;
-    int violations = 0;
-    std::atomic<std::uint64_t> handled{0};
-    void see(const MessageView& m) {
-      std::string p(m.payload());
-      const int seq = std::stoi(p.substr(p.rfind(':') + 1));
-      std::lock_guard l(mu);
-      auto [it, fresh] = last.try_emplace(std::string(m.key()), seq);
-      if (!fresh) {
-        if (seq <= it->second) ++violations;
-        it->second = seq;
-      }
-      ++handled;
-    }
-  } slow, fast;
+  SeenInOrder slow, fast;
   auto s1 = bus->subscribe(topic, "slow", [&](const MessageView& m) {
                   for (int i = 0; i < 3000; ++i) asm volatile("" ::: "memory");
                   slow.see(m);
@@ -354,7 +357,7 @@ TEST_CASE("publish_batch from 3 threads into a DropOldest topic with 2 groups: o
   for (auto& th : threads) th.join();
   const std::uint64_t total = kThreads * kBatches * kPerBatch;
   // Every message is handled or dropped, per group.
-  auto settled = [&](const char* name, const Seen& s) {
+  auto settled = [&](const char* name, const SeenInOrder& s) {
     const std::uint64_t handled = s.handled.load();
     const BusStats st = bus->stats();
     for (const auto& g : st.topics[0].groups)
@@ -384,34 +387,17 @@ TEST_CASE("publish_batch from 3 threads into a DropOldest topic with 2 groups: o
 TEST_CASE("solo ownership handed over under contention: 6 publishers, 16 DropOldest topics, nothing lost or reordered") {
   auto bus = Bus::open({.workers = 2}).value();
   constexpr int kTopics = 16, kThreads = 6, kBatches = 40, kPerBatch = 24;
-  struct Sink {
-    std::mutex mu;
-    std::map<std::string, int> last;
-    int violations = 0;
-    std::atomic<std::uint64_t> handled{0};
-    void see(const MessageView& m) {
-      std::string p(m.payload());
-      const int seq = std::stoi(p.substr(p.rfind(':') + 1));
-      std::lock_guard l(mu);
-      auto [it, fresh] = last.try_emplace(std::string(m.key()), seq);
-      if (!fresh) {
-        if (seq <= it->second) ++violations;
-        it->second = seq;
-      }
-      ++handled;
-    }
-  };
   std::vector<Topic> topics;
-  std::vector<std::unique_ptr<Sink>> sinks;  // two per topic: slow, fast
+  std::vector<std::unique_ptr<SeenInOrder>> sinks;  // two per topic: slow, fast
   std::vector<Subscription> subs;
   for (int i = 0; i < kTopics; ++i) {
     topics.push_back(bus->create_topic("handover." + std::to_string(i),
                                        {.lanes = 2, .backpressure = Backpressure::DropOldest, .capacity = 64})
                          .value());
-    sinks.push_back(std::make_unique<Sink>());
-    Sink* slow = sinks.back().get();
-    sinks.push_back(std::make_unique<Sink>());
-    Sink* fast = sinks.back().get();
+    sinks.push_back(std::make_unique<SeenInOrder>());
+    SeenInOrder* slow = sinks.back().get();
+    sinks.push_back(std::make_unique<SeenInOrder>());
+    SeenInOrder* fast = sinks.back().get();
     subs.push_back(bus->subscribe(topics.back(), "slow", [slow](const MessageView& m) {
                          for (int k = 0; k < 3000; ++k) asm volatile("" ::: "memory");
                          slow->see(m);
@@ -447,7 +433,7 @@ TEST_CASE("solo ownership handed over under contention: 6 publishers, 16 DropOld
   for (int i = 0; i < kTopics; ++i) {
     for (int g = 0; g < 2; ++g) {
       INFO("topic " << i << " group " << names[g]);
-      Sink& s = *sinks[2 * i + g];
+      SeenInOrder& s = *sinks[2 * i + g];
       auto settled = [&] {
         const BusStats st = bus->stats();
         for (const auto& ts : st.topics)
