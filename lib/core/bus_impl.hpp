@@ -801,6 +801,19 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   // Lane runners.
   bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
+  /// run_durable_topic_batch's steps (durable_lane.cpp): the run's state,
+  /// the read (with poison detection's delivery mark), the pick (a due
+  /// parked message, else the buffer's head; a poison message and one behind
+  /// a parked key settle there), the delivery (a transactional ack commits
+  /// in topic_commit_tx), what follows it, and the run's offset commit.
+  struct TopicRun;
+  enum class TopicStep : std::uint8_t { Got, Next, Stop, Reposition };
+  TopicStep topic_refill(TopicRun& run);
+  TopicStep topic_pick(TopicRun& run);
+  std::int64_t topic_deliver(TopicRun& run, bool* reposition);
+  std::int64_t topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition);
+  TopicStep topic_after(TopicRun& run, std::int64_t wait_ns);
+  bool topic_run_end(TopicRun& run);
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
   /// run_durable_queue_batch's steps (durable_lane.cpp): the run's settles,
   /// the claim (due parked messages first), what settles a message without a

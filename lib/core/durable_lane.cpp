@@ -109,256 +109,315 @@ bool BusCore::position_durable_topic(GroupLane* gl) {
   return true;
 }
 
-// Durable topic group: read a batch at the lane's position, deliver in order,
-// then queue one offset commit. True if the lane should run again at once
-// (gl->retry_delay_ns: after that long).
-bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
-  GroupImpl* g = gl->group;
-  TopicImpl* t = g->topic;
-  const std::uint64_t gen = g->seek_gen.load(std::memory_order_acquire);
-  if ((!gl->positioned || gen != gl->seen_seek_gen) && !position_durable_topic(gl)) return false;
-  const bool poison = poison_on(dlq_.get());
-  const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
-  const bool kp = g->options.key_parallel_retry;
-  const std::size_t limit = g->options.key_parallel_limit;
-  if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // owner-only, once
-  const AdmitMode mode = c->tx_handler ? AdmitMode::Check : AdmitMode::Claim;
+// run_durable_topic_batch's state between its steps: the group's settings,
+// what the run handled, how far it consumed, and the message it is on (a
+// parked one, pi >= 0, or the buffer's head).
+struct BusCore::TopicRun {
+  GroupLane* gl;
+  GroupImpl* g;
+  Consumer* c;
+  bool poison;
+  std::uint32_t poison_after;
+  bool kp;  // key_parallel_retry
+  std::size_t limit;
+  AdmitMode mode;
   std::uint32_t handled = 0;
   bool retry_pending = false;
-  std::uint64_t consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
-  auto done_upto = [&]() {
+  std::uint64_t consumed_pos;
+  std::ptrdiff_t pi = -1;
+  StoredMessage* mp = nullptr;
+  std::uint32_t* attempts = nullptr;
+  std::int64_t* first_failure = nullptr;
+
+  TopicRun(GroupLane* lane, Consumer* consumer, const DlqStore* dlq)
+      : gl(lane),
+        g(lane->group),
+        c(consumer),
+        poison(poison_on(dlq)),
+        poison_after(poison ? dlq->options().poison_after_crashes : 0),
+        kp(g->options.key_parallel_retry),
+        limit(g->options.key_parallel_limit),
+        mode(consumer->tx_handler ? AdmitMode::Check : AdmitMode::Claim) {
+    if (kp && gl->parked.capacity() < limit) gl->parked.reserve(limit);  // owner-only, once
+    consumed_to_head();
+  }
+  /// Consumed up to the buffer's head (or the read position when it is used up).
+  void consumed_to_head() {
+    consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
+  }
+  /// The offset every message before has been settled up to: never past a parked message.
+  std::uint64_t done_upto() const {
     return gl->parked.empty() ? consumed_pos : std::min(consumed_pos, gl->parked.front().stored.offset);
-  };
-  while (handled < g->options.batch) {
-    // 1. A parked message whose backoff is over (key_parallel_retry).
-    std::ptrdiff_t pi = -1;
-    if (kp && !gl->parked.empty()) pi = due_parked(gl, RetryTimer::now_ns());
-    StoredMessage* mp = nullptr;
-    std::uint32_t* attempts = &gl->attempts;
-    std::int64_t* first_failure = &gl->first_failure_ns;
-    if (pi >= 0) {
-      Parked& pk = gl->parked[static_cast<std::size_t>(pi)];
-      mp = &pk.stored;
-      attempts = &pk.attempts;
-      first_failure = &pk.first_failure_ns;
-    } else {
-      if (gl->buffer_index == gl->buffer.size()) {
-        const bool careful = gl->read_pos < gl->careful_to || poison_after == 1;
-        ReadLimits limits;
-        // Larger reads than the fairness batch: fewer read transactions, and
-        // with poison detection one delivery mark (a commit) per read.
-        limits.max_messages = careful ? 1 : std::max<std::uint32_t>(g->options.batch, poison ? 1024 : 256);
-        limits.max_bytes = 1u << 20;
-        ReadBatch rb;
-        rb.messages.swap(gl->buffer);  // reuse the strings' storage
-        rb.spare.swap(gl->buffer_spare);
-        Status rs = store_->read_into(t->store_topic, gl->lane, gl->read_pos, limits, &rb);
-        rb.spare.swap(gl->buffer_spare);
-        ReadBatch* r = &rb;
-        if (!rs.ok()) {
-          gl->errors.fetch_add(1, std::memory_order_relaxed);
-          gl->buffer_index = 0;
-          break;
+  }
+  /// Where a dead letter of `m` may commit the offset: past it, but never
+  /// past a parked message (nor, for a parked one, past the buffer's head).
+  std::uint64_t dead_letter_commit_to(const StoredMessage& m) const {
+    std::uint64_t commit_to = m.offset + 1;
+    for (std::size_t i = 0; i < gl->parked.size(); ++i)
+      if (static_cast<std::ptrdiff_t>(i) != pi) commit_to = std::min(commit_to, gl->parked[i].stored.offset);
+    if (pi >= 0) commit_to = std::min(commit_to, consumed_pos);
+    return commit_to;
+  }
+};
+
+// The next read into an empty buffer. Got: the buffer holds messages. With
+// poison detection the delivery mark, with the offset commit of what is
+// done, is committed before the first handler call of the batch.
+BusCore::TopicStep BusCore::topic_refill(TopicRun& run) {
+  GroupLane* gl = run.gl;
+  GroupImpl* g = run.g;
+  const bool careful = gl->read_pos < gl->careful_to || run.poison_after == 1;
+  ReadLimits limits;
+  // Larger reads than the fairness batch: fewer read transactions, and
+  // with poison detection one delivery mark (a commit) per read.
+  limits.max_messages = careful ? 1 : std::max<std::uint32_t>(g->options.batch, run.poison ? 1024 : 256);
+  limits.max_bytes = 1u << 20;
+  ReadBatch rb;
+  rb.messages.swap(gl->buffer);  // reuse the strings' storage
+  rb.spare.swap(gl->buffer_spare);
+  Status rs = store_->read_into(g->topic->store_topic, gl->lane, gl->read_pos, limits, &rb);
+  rb.spare.swap(gl->buffer_spare);
+  if (!rs.ok()) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    gl->buffer_index = 0;
+    return TopicStep::Stop;
+  }
+  if (rb.skipped > 0) {
+    gl->skipped.fetch_add(rb.skipped, std::memory_order_relaxed);
+    if (run.consumed_pos < rb.first_offset) run.consumed_pos = rb.first_offset;
+    if (gl->read_pos < gl->careful_to && rb.first_offset > gl->read_pos) gl->head_crashes = 1;
+  }
+  std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
+  while (rb.end_offset > k && !gl->known_end.compare_exchange_weak(k, rb.end_offset)) {
+  }
+  if (rb.messages.empty()) {
+    gl->read_pos = rb.next_offset;
+    gl->buffer.swap(rb.messages);
+    gl->buffer_index = 0;
+    return TopicStep::Stop;
+  }
+  if (run.poison) {
+    DlqStore::TopicMark mark;
+    mark.from = rb.messages.front().offset;
+    mark.to = rb.messages.back().offset + 1;
+    mark.careful_to = gl->careful_to;
+    mark.crashes = mark.from < gl->careful_to ? gl->head_crashes : 0;
+    const std::uint64_t commit_to = run.done_upto();
+    Status ms;
+    {
+      MutexLock l(&g->commit_mu);
+      if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return TopicStep::Reposition;
+      ms = store_->write([&](StoreTxn& txn) -> Status {
+        if (commit_to > gl->committed_sent) {
+          Status cs = txn.commit_offset(g->store_group, gl->lane, commit_to);
+          if (!cs.ok()) return cs;
         }
-        if (r->skipped > 0) {
-          gl->skipped.fetch_add(r->skipped, std::memory_order_relaxed);
-          if (consumed_pos < r->first_offset) consumed_pos = r->first_offset;
-          if (gl->read_pos < gl->careful_to && r->first_offset > gl->read_pos) gl->head_crashes = 1;
-        }
-        std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
-        while (r->end_offset > k && !gl->known_end.compare_exchange_weak(k, r->end_offset)) {
-        }
-        if (r->messages.empty()) {
-          gl->read_pos = r->next_offset;
-          gl->buffer.swap(rb.messages);
-          gl->buffer_index = 0;
-          break;
-        }
-        if (poison) {
-          // The delivery mark, with the offset commit of what is done, before
-          // the first handler call of the batch.
-          DlqStore::TopicMark mark;
-          mark.from = r->messages.front().offset;
-          mark.to = r->messages.back().offset + 1;
-          mark.careful_to = gl->careful_to;
-          mark.crashes = mark.from < gl->careful_to ? gl->head_crashes : 0;
-          const std::uint64_t commit_to = done_upto();
-          Status ms;
-          {
-            MutexLock l(&g->commit_mu);
-            if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return true;  // reposition
-            ms = store_->write([&](StoreTxn& txn) -> Status {
-              if (commit_to > gl->committed_sent) {
-                Status cs = txn.commit_offset(g->store_group, gl->lane, commit_to);
-                if (!cs.ok()) return cs;
-              }
-              return dlq_->set_topic_mark_in(txn, g->store_group, gl->lane, mark);
-            });
-          }
-          if (!ms.ok()) {
-            gl->errors.fetch_add(1, std::memory_order_relaxed);
-            gl->retry_delay_ns = kHoldBusyKeyNs;
-            retry_pending = true;
-            gl->buffer.clear();  // read again after the hold
-            gl->buffer_index = 0;
-            break;
-          }
-          if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
-        }
-        gl->buffer.swap(rb.messages);
-        gl->buffer_index = 0;
-        gl->read_pos = r->next_offset;
-        consumed_pos = gl->buffer.front().offset;
-      }
-      mp = &gl->buffer[gl->buffer_index];
-      if (gl->attempts == 0 && poison && mp->offset < gl->careful_to && gl->head_crashes >= poison_after) {
-        // It crashed the process poison_after_crashes times: dead-letter it.
-        const std::uint64_t commit_to = gl->parked.empty() ? mp->offset + 1 : done_upto();
-        const DlqEntry e = poison_entry(gl, *mp, gl->head_crashes);
-        Status ds = store_->write([&](StoreTxn& txn) -> Status {
-          return dlq_->add_in(txn, e, [&]() -> Status { return txn.commit_offset(g->store_group, gl->lane, commit_to); })
-              .status();
-        });
-        if (!ds.ok()) {
-          gl->errors.fetch_add(1, std::memory_order_relaxed);
-          gl->retry_delay_ns = kHoldDlqFullNs;
-          retry_pending = true;
-          break;
-        }
-        bump(gl->failed);
-        if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
-        consumed_pos = mp->offset + 1;
-        gl->head_crashes = consumed_pos < gl->careful_to ? 1 : 0;
-        ++gl->buffer_index;
-        ++handled;
-        continue;
-      }
-      if (kp && key_parked(gl, mp->key)) {
-        // Behind an earlier message of its key: set it aside, in order.
-        if (gl->parked.size() < limit) {
-          gl->parked.push_back(Parked{nullptr, std::move(*mp), 0, 0, 0});
-          ++gl->buffer_index;
-          consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
-          continue;
-        }
-        gl->retry_delay_ns = wait_for_parked(gl);  // the limit: wait for the earliest parked message
-        retry_pending = true;
-        break;
-      }
+        return dlq_->set_topic_mark_in(txn, g->store_group, gl->lane, mark);
+      });
     }
-    retry_pending = outage_held(gl, pi);  // paused: the lane waits for the next probe (not an attempt)
-    if (retry_pending) break;
-    const StoredMessage& m = *mp;
-    const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *attempts + 1, m.headers};
-    // A message whose TTL ended is never delivered (doc/delays.md); one branch without an expiry.
-    const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : admit(gl, p, mode);
-    std::int64_t wait_ns = -1;
-    if (a == Admission::Later) {
-      wait_ns = kHoldBusyKeyNs;
-    } else if (a == Admission::Expired) [[unlikely]] {
-      ++handled;
-      if (g->options.dead_letter_expired && dlq_) {
-        // Commit the offset past it, but never past a parked message (as a dead letter below).
-        std::uint64_t commit_to = m.offset + 1;
-        for (std::size_t i = 0; i < gl->parked.size(); ++i)
-          if (static_cast<std::ptrdiff_t>(i) != pi) commit_to = std::min(commit_to, gl->parked[i].stored.offset);
-        if (pi >= 0) commit_to = std::min(commit_to, consumed_pos);
-        if (!dead_letter_topic(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"),
-                               *attempts, ErrorClass::Expired, *first_failure, commit_to))
-          wait_ns = kHoldDlqFullNs;
-      }
-      if (wait_ns < 0) gl->expired.fetch_add(1, std::memory_order_relaxed);
-    } else if (a == Admission::Skip) {
-      bump(gl->duplicates_skipped);
-      ++handled;
-    } else {
-      ++*attempts;
-      TxnState tx;
-      TxnState* txp = nullptr;
-      if (c->tx_handler) {
-        tx.store = store_.get();
-        tx.bus = this;
-        txp = &tx;
-      }
-      const Invocation inv = invoke(c, gl, p, txp);
-      ++handled;
-      if (txp != nullptr && inv.outcome.kind() == Outcome::Kind::Ack) {
-        // Effects, dedup record and offset commit in one transaction.
-        Status cs;
-        bool duplicate = false;
-        {
-          MutexLock l(&g->commit_mu);
-          if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return true;  // reposition
-          cs = store_->write([&](StoreTxn& txn) -> Status { return apply_tx(txn, gl, tx, m, *attempts, &duplicate); });
-        }
-        if (!cs.ok()) {
-          bump(gl->retried);
-          if (cs.code() == Code::Conflict) {
-            --*attempts;  // an optimistic-concurrency retry does not use an attempt
-            wait_ns = 0;
-          } else {
-            gl->errors.fetch_add(1, std::memory_order_relaxed);
-            wait_ns = kHoldBusyKeyNs;  // storage trouble: keep trying
-          }
-        } else {
-          if (g->idempotency != nullptr && !m.idempotency_key.empty())
-            g->idempotency->remember_done(m.idempotency_key, now_ns());
-          if (!duplicate) count_outbox(tx);
-          bump(duplicate ? gl->duplicates_skipped : gl->acked);
-          if (options.metrics) record_latency(gl, m.header.created_at_ns);
-          *first_failure = 0;
-          if (g->options.outage.enabled) outage_ack(gl);
-        }
-      } else {
-        // Crashes are counted by the delivery mark; every in-memory attempt came back.
-        const Settlement st = settle(gl, p, inv, mode, false, *attempts, first_failure);
-        if (st.uncounted) --*attempts;  // paused: the attempt is given back
-        if (st.next == Settlement::Next::Retry) {
-          wait_ns = st.delay_ns;
-        } else if (st.next == Settlement::Next::DeadLetter) {
-          // Commit the offset past it, but never past a parked message.
-          std::uint64_t commit_to = m.offset + 1;
-          for (std::size_t i = 0; i < gl->parked.size(); ++i)
-            if (static_cast<std::ptrdiff_t>(i) != pi) commit_to = std::min(commit_to, gl->parked[i].stored.offset);
-          if (pi >= 0) commit_to = std::min(commit_to, consumed_pos);
-          if (!dead_letter_topic(gl, m, inv.outcome, *attempts, st.error_class, *first_failure, commit_to)) {
-            --*attempts;
-            wait_ns = kHoldDlqFullNs;  // the DLQ refused it (quota): keep it, try again later
-          }
-        }
-      }
+    if (!ms.ok()) {
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      gl->retry_delay_ns = kHoldBusyKeyNs;
+      run.retry_pending = true;
+      gl->buffer.clear();  // read again after the hold
+      gl->buffer_index = 0;
+      return TopicStep::Stop;
     }
-    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
-    if (wait_ns >= 0) {
-      if (pi >= 0) {
-        gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
-        continue;
-      }
-      if (kp && gl->parked.size() < limit) {
-        gl->parked.push_back(Parked{nullptr, std::move(gl->buffer[gl->buffer_index]), gl->attempts,
-                                    RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1), gl->first_failure_ns});
-        gl->attempts = 0;
-        gl->first_failure_ns = 0;
-        ++gl->buffer_index;
-        consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
-        continue;
-      }
-      gl->retry_delay_ns = wait_ns;  // the message stays at the head of its lane
-      retry_pending = true;
-      break;
+    if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
+  }
+  gl->buffer.swap(rb.messages);
+  gl->buffer_index = 0;
+  gl->read_pos = rb.next_offset;
+  run.consumed_pos = gl->buffer.front().offset;
+  return TopicStep::Got;
+}
+
+// The message to deliver next: a parked one whose backoff is over
+// (key_parallel_retry), else the buffer's head (read when used up). Settles
+// without a call what crashed the process poison_after_crashes times (a
+// dead letter: Next) and sets aside a message behind a parked one of its key
+// (Next).
+BusCore::TopicStep BusCore::topic_pick(TopicRun& run) {
+  GroupLane* gl = run.gl;
+  run.pi = run.kp && !gl->parked.empty() ? due_parked(gl, RetryTimer::now_ns()) : -1;
+  if (run.pi >= 0) {
+    Parked& pk = gl->parked[static_cast<std::size_t>(run.pi)];
+    run.mp = &pk.stored;
+    run.attempts = &pk.attempts;
+    run.first_failure = &pk.first_failure_ns;
+    return TopicStep::Got;
+  }
+  run.attempts = &gl->attempts;
+  run.first_failure = &gl->first_failure_ns;
+  if (gl->buffer_index == gl->buffer.size()) {
+    if (const TopicStep s = topic_refill(run); s != TopicStep::Got) return s;
+  }
+  StoredMessage* mp = run.mp = &gl->buffer[gl->buffer_index];
+  if (gl->attempts == 0 && run.poison && mp->offset < gl->careful_to && gl->head_crashes >= run.poison_after) {
+    // It crashed the process poison_after_crashes times: dead-letter it.
+    GroupImpl* g = run.g;
+    const std::uint64_t commit_to = gl->parked.empty() ? mp->offset + 1 : run.done_upto();
+    const DlqEntry e = poison_entry(gl, *mp, gl->head_crashes);
+    Status ds = store_->write([&](StoreTxn& txn) -> Status {
+      return dlq_->add_in(txn, e, [&]() -> Status { return txn.commit_offset(g->store_group, gl->lane, commit_to); })
+          .status();
+    });
+    if (!ds.ok()) {
+      gl->errors.fetch_add(1, std::memory_order_relaxed);
+      gl->retry_delay_ns = kHoldDlqFullNs;
+      run.retry_pending = true;
+      return TopicStep::Stop;
     }
-    if (pi >= 0) {
-      gl->parked.erase(gl->parked.begin() + pi);
-    } else {
+    bump(gl->failed);
+    if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
+    run.consumed_pos = mp->offset + 1;
+    gl->head_crashes = run.consumed_pos < gl->careful_to ? 1 : 0;
+    ++gl->buffer_index;
+    ++run.handled;
+    return TopicStep::Next;
+  }
+  if (run.kp && key_parked(gl, mp->key)) {
+    // Behind an earlier message of its key: set it aside, in order.
+    if (gl->parked.size() < run.limit) {
+      gl->parked.push_back(Parked{nullptr, std::move(*mp), 0, 0, 0});
+      ++gl->buffer_index;
+      run.consumed_to_head();
+      return TopicStep::Next;
+    }
+    gl->retry_delay_ns = wait_for_parked(gl);  // the limit: wait for the earliest parked message
+    run.retry_pending = true;
+    return TopicStep::Stop;
+  }
+  return TopicStep::Got;
+}
+
+// A transactional handler's ack: its effects, the dedup record and the
+// offset commit in one transaction. Returns the wait before the message's
+// next attempt (-1: settled), or Reposition through *reposition.
+std::int64_t BusCore::topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition) {
+  GroupLane* gl = run.gl;
+  GroupImpl* g = run.g;
+  const StoredMessage& m = *run.mp;
+  Status cs;
+  bool duplicate = false;
+  {
+    MutexLock l(&g->commit_mu);
+    if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) {
+      *reposition = true;
+      return -1;
+    }
+    cs = store_->write([&](StoreTxn& txn) -> Status { return apply_tx(txn, gl, tx, m, *run.attempts, &duplicate); });
+  }
+  if (!cs.ok()) {
+    bump(gl->retried);
+    if (cs.code() == Code::Conflict) {
+      --*run.attempts;  // an optimistic-concurrency retry does not use an attempt
+      return 0;
+    }
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    return kHoldBusyKeyNs;  // storage trouble: keep trying
+  }
+  if (g->idempotency != nullptr && !m.idempotency_key.empty()) g->idempotency->remember_done(m.idempotency_key, now_ns());
+  if (!duplicate) count_outbox(tx);
+  bump(duplicate ? gl->duplicates_skipped : gl->acked);
+  if (options.metrics) record_latency(gl, m.header.created_at_ns);
+  *run.first_failure = 0;
+  if (g->options.outage.enabled) outage_ack(gl);
+  return -1;
+}
+
+// The picked message's admission and handler call, and its settle. Returns
+// the wait before its next attempt (-1: settled), or Reposition through
+// *reposition.
+std::int64_t BusCore::topic_deliver(TopicRun& run, bool* reposition) {
+  GroupLane* gl = run.gl;
+  GroupImpl* g = run.g;
+  const StoredMessage& m = *run.mp;
+  const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *run.attempts + 1, m.headers};
+  // A message whose TTL ended is never delivered (doc/delays.md); one branch without an expiry.
+  const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : admit(gl, p, run.mode);
+  if (a == Admission::Later) return kHoldBusyKeyNs;
+  if (a == Admission::Expired) [[unlikely]] {
+    ++run.handled;
+    if (g->options.dead_letter_expired && dlq_ &&
+        !dead_letter_topic(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"),
+                           *run.attempts, ErrorClass::Expired, *run.first_failure, run.dead_letter_commit_to(m)))
+      return kHoldDlqFullNs;
+    gl->expired.fetch_add(1, std::memory_order_relaxed);
+    return -1;
+  }
+  if (a == Admission::Skip) {
+    bump(gl->duplicates_skipped);
+    ++run.handled;
+    return -1;
+  }
+  ++*run.attempts;
+  TxnState tx;
+  TxnState* txp = nullptr;
+  if (run.c->tx_handler) {
+    tx.store = store_.get();
+    tx.bus = this;
+    txp = &tx;
+  }
+  const Invocation inv = invoke(run.c, gl, p, txp);
+  ++run.handled;
+  if (txp != nullptr && inv.outcome.kind() == Outcome::Kind::Ack) return topic_commit_tx(run, tx, reposition);
+  // Crashes are counted by the delivery mark; every in-memory attempt came back.
+  const Settlement st = settle(gl, p, inv, run.mode, false, *run.attempts, run.first_failure);
+  if (st.uncounted) --*run.attempts;  // paused: the attempt is given back
+  if (st.next == Settlement::Next::Retry) return st.delay_ns;
+  if (st.next == Settlement::Next::DeadLetter &&
+      !dead_letter_topic(gl, m, inv.outcome, *run.attempts, st.error_class, *run.first_failure,
+                         run.dead_letter_commit_to(m))) {
+    --*run.attempts;
+    return kHoldDlqFullNs;  // the DLQ refused it (quota): keep it, try again later
+  }
+  return -1;
+}
+
+// After the delivery: a message to try again waits parked (a parked one, or
+// the head with key_parallel_retry while there is room: Next) or at the
+// head of its lane (Stop); a settled one leaves the run's view (Next).
+BusCore::TopicStep BusCore::topic_after(TopicRun& run, std::int64_t wait_ns) {
+  GroupLane* gl = run.gl;
+  if (wait_ns >= 0) {
+    const std::int64_t due = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
+    if (run.pi >= 0) {
+      gl->parked[static_cast<std::size_t>(run.pi)].due_ns = due;
+      return TopicStep::Next;
+    }
+    if (run.kp && gl->parked.size() < run.limit) {
+      gl->parked.push_back(
+          Parked{nullptr, std::move(gl->buffer[gl->buffer_index]), gl->attempts, due, gl->first_failure_ns});
       gl->attempts = 0;
       gl->first_failure_ns = 0;
       ++gl->buffer_index;
-      consumed_pos = gl->buffer_index < gl->buffer.size() ? gl->buffer[gl->buffer_index].offset : gl->read_pos;
-      if (gl->read_pos <= gl->careful_to || consumed_pos < gl->careful_to)
-        gl->head_crashes = consumed_pos < gl->careful_to ? 1 : 0;
+      run.consumed_to_head();
+      return TopicStep::Next;
     }
+    gl->retry_delay_ns = wait_ns;  // the message stays at the head of its lane
+    run.retry_pending = true;
+    return TopicStep::Stop;
   }
-  gl->done_pos = done_upto();
+  if (run.pi >= 0) {
+    gl->parked.erase(gl->parked.begin() + run.pi);
+    return TopicStep::Next;
+  }
+  gl->attempts = 0;
+  gl->first_failure_ns = 0;
+  ++gl->buffer_index;
+  run.consumed_to_head();
+  if (gl->read_pos <= gl->careful_to || run.consumed_pos < gl->careful_to)
+    gl->head_crashes = run.consumed_pos < gl->careful_to ? 1 : 0;
+  return TopicStep::Next;
+}
+
+// The run's end: one asynchronous offset commit of what is done, the lag,
+// and whether the lane should run again at once.
+bool BusCore::topic_run_end(TopicRun& run) {
+  GroupLane* gl = run.gl;
+  GroupImpl* g = run.g;
+  gl->done_pos = run.done_upto();
   if (gl->done_pos > gl->committed_sent) {
     MutexLock l(&g->commit_mu);
     if (g->seek_gen.load(std::memory_order_acquire) == gl->seen_seek_gen) {
@@ -375,10 +434,34 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
   }
   const std::uint64_t end = gl->known_end.load(std::memory_order_relaxed);
   gl->lag.store(end > gl->done_pos ? end - gl->done_pos : 0, std::memory_order_relaxed);
-  if (retry_pending) return true;
-  if (gl->buffer_index < gl->buffer.size() || handled == g->options.batch) return true;
-  if (kp && !gl->parked.empty() && due_parked(gl, RetryTimer::now_ns()) >= 0) return true;
+  if (run.retry_pending) return true;
+  if (gl->buffer_index < gl->buffer.size() || run.handled == g->options.batch) return true;
+  if (run.kp && !gl->parked.empty() && due_parked(gl, RetryTimer::now_ns()) >= 0) return true;
   return false;
+}
+
+// Durable topic group: read a batch at the lane's position, deliver in order,
+// then queue one offset commit. True if the lane should run again at once
+// (gl->retry_delay_ns: after that long).
+bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
+  GroupImpl* g = gl->group;
+  const std::uint64_t gen = g->seek_gen.load(std::memory_order_acquire);
+  if ((!gl->positioned || gen != gl->seen_seek_gen) && !position_durable_topic(gl)) return false;
+  TopicRun run(gl, c, dlq_.get());
+  while (run.handled < g->options.batch) {
+    const TopicStep step = topic_pick(run);
+    if (step == TopicStep::Next) continue;
+    if (step == TopicStep::Stop) break;
+    if (step == TopicStep::Reposition) return true;
+    run.retry_pending = outage_held(gl, run.pi);  // paused: the lane waits for the next probe (not an attempt)
+    if (run.retry_pending) break;
+    bool reposition = false;
+    const std::int64_t wait_ns = topic_deliver(run, &reposition);
+    if (reposition) return true;
+    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
+    if (topic_after(run, wait_ns) == TopicStep::Stop) break;
+  }
+  return topic_run_end(run);
 }
 
 // ---------------------------------------------------------------- durable queues
