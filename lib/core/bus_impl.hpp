@@ -362,6 +362,10 @@ class TopicImpl {
   /// End solo ownership for good (owner = 1): after it returns, no solo
   /// publish of this topic runs, and its effects are visible.
   void make_shared() noexcept;
+  /// make_shared unless the topic is shared already (one acquire load on the way to a shared append).
+  void share() noexcept {
+    if (owner.load(std::memory_order_acquire) != 1) make_shared();
+  }
   Status publish_durable(const OutgoingMessage& m, PublishCallback done);
   /// Topic::publish_batch for an ephemeral topic; message j gets id first_id + j.
   /// `p`: the Publisher's state (its slot may own the topic), or nullptr.

@@ -138,7 +138,7 @@ bool open_window_slow(TopicImpl& t, std::uint32_t slot) noexcept {
     // Lent meanwhile: try again once it is back.
     if (t.owner.load(std::memory_order_acquire) == (tag | TopicImpl::kLent)) return open_window_slow(t, slot);
   }
-  if (t.owner.load(std::memory_order_acquire) != 1) t.make_shared();
+  t.share();
   return false;
 }
 
@@ -317,7 +317,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
                           const PayloadFill* fill) noexcept {
   // A due time or an expiry: the slot carries an extension block (delayed.cpp).
   if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill);
-  if (owner.load(std::memory_order_acquire) != 1) make_shared();
+  share();
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   // relaxed: a flag set once by create_topic<T>, before the typed handle that
@@ -372,7 +372,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
 
 bool TopicImpl::enter_solo(const PublisherState* p) noexcept {
   if (p != nullptr && p->slot != kNoPublisherSlot && p->asym) return open_window(*this, p->slot);  // false: made shared
-  if (owner.load(std::memory_order_acquire) != 1) make_shared();
+  share();
   return false;
 }
 
@@ -779,7 +779,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
   // A Publisher with a slot may own the topic (solo appends per chunk, as
   // publish_via); anyone else makes it shared.
   const bool may_solo = p != nullptr && p->slot != kNoPublisherSlot && AsymmetricFence::available();
-  if (!may_solo && owner.load(std::memory_order_acquire) != 1) make_shared();
+  if (!may_solo) share();
   BatchPublishResult r;
   // The first message publish_batch's scan found refused: nothing is published.
   if (bad < ms.size()) [[unlikely]] {
