@@ -1,9 +1,10 @@
 // lanebus — MIT License.
 // The public Bus facade: Topic, Subscription, Publisher, Bus and DeadLetters
 // forward to detail::BusCore. The implementation is split by concern:
-// registry.cpp, publish.cpp, publish_durable.cpp, scheduler.cpp, delivery.cpp,
-// ephemeral_lane.cpp, durable_lane.cpp, txconsume.cpp, bus_stats.cpp (design
-// notes: bus_impl.hpp).
+// bus_core.cpp (start, shutdown), registry.cpp, publish.cpp,
+// publish_durable.cpp, scheduler.cpp (Scheduler), delivery.cpp (DeliveryCore),
+// outage.cpp (OutageGate), ephemeral_lane.cpp, durable_lane.cpp,
+// txconsume.cpp, bus_stats.cpp (design notes: bus_impl.hpp).
 #include <algorithm>
 #include <bit>
 #include <cassert>

@@ -110,7 +110,7 @@ struct QueueBatch;
 
 /// The consumer whose handler this thread is running, if any: lets close() and
 /// shutdown() called from inside a handler return Busy instead of deadlocking
-/// (defined in scheduler.cpp).
+/// (defined in bus_core.cpp).
 extern thread_local Consumer* tl_running_consumer;
 extern thread_local BusCore* tl_running_bus;
 /// The lane whose handler this thread is running (field-usage audit: Schemas::view).
@@ -631,7 +631,87 @@ struct WorkerLocal {
 };
 extern thread_local WorkerLocal* tl_worker;
 
+/// The lane scheduler and the worker pool (scheduler.cpp): the run queue of
+/// scheduled lanes, the worker threads and the lanes each holds. It owns
+/// that state; nothing else reads it. A worker runs the lane it takes with
+/// BusCore::run_lane, and a lane whose namespace is over its consume quota
+/// goes back through BusCore::requeue (the retry timer).
+class Scheduler {
+ public:
+  Scheduler(BusCore& bus, const BusOptions& options, const std::atomic<bool>& closing) noexcept
+      : bus_(bus), options_(options), closing_(closing) {}
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  /// Start `n` workers; returns once every one runs (its thread-locals
+  /// exist), so "after warm-up" never includes a worker start.
+  Status start(std::size_t n);
+  /// From here on workers start no handler call (shutdown).
+  void abandon() noexcept { abandon_.store(true, std::memory_order_release); }
+  bool abandoning() const noexcept { return abandon_.load(std::memory_order_acquire); }
+  /// Stop the run queue and join the workers (shutdown, after abandon()).
+  /// Lanes still queued then are released by BusCore::release_remaining.
+  void stop() noexcept;
+  /// Worker threads running (0 after stop()).
+  std::size_t running_workers() const noexcept { return workers_.size(); }
+
+  /// Make sure `gl` is (or will be) run by a worker.
+  void schedule(GroupLane* gl) noexcept;
+  /// Clear `gl`'s scheduled flag (its worker is done with it). The caller then
+  /// checks for work that arrived meanwhile and schedules again: the worker's
+  /// side of the Dekker hand-off (seq_cst; the publisher's side is a seq_cst
+  /// append or a full fence after a solo append).
+  void unschedule(GroupLane* gl) noexcept { gl->scheduled.store(false, std::memory_order_seq_cst); }
+  /// After unschedule, before the caller looks at the ring: the heavy fence
+  /// when the lane's topic was ever solo (its appends end with a light one).
+  static void fence_after_unschedule(const GroupLane* gl) noexcept;
+  /// unschedule, the fence, and schedule again if a message came meanwhile.
+  void let_go(GroupLane* gl) noexcept {
+    unschedule(gl);
+    fence_after_unschedule(gl);
+    if (gl->ring.ready()) schedule(gl);
+  }
+  /// Queue a scheduled lane in its namespace's class of the run queue.
+  void enqueue_lane(GroupLane* gl) noexcept;
+  /// run_lane's end: keep the emptied lane scheduled in the running
+  /// worker's held lanes instead of unscheduling it. False: unschedule it.
+  bool hold(GroupLane* gl) noexcept;
+  /// Does work wait elsewhere (the run queue, or a held lane of this worker)?
+  bool other_work() const noexcept;
+
+ private:
+  void worker_main(std::size_t index);
+  /// The next lane for worker `me` (its held lanes, the run queue, other
+  /// workers' held lanes, then parked); nullptr once the queue is stopped.
+  GroupLane* next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& pick) noexcept;
+  /// Run a lane taken by next_lane (tenancy's consume quota first).
+  void run_taken(WorkerLocal& me, GroupLane* gl, const FairRunQueue<GroupLane>::Pick& pick);
+  /// One of `me`'s held lanes that has a message, taken (holder swapped to 0).
+  GroupLane* take_held(WorkerLocal& me) noexcept;
+  /// A held lane of another worker that has had a message for two looks.
+  GroupLane* steal_held(WorkerLocal& me) noexcept;
+  /// Let go of every lane `me` holds: unschedule each (the Dekker hand-off),
+  /// scheduling again the ones a message reached meanwhile.
+  void release_held(WorkerLocal& me) noexcept;
+  /// Does another worker hold lanes (a parked worker then looks every kHeldLookUs)?
+  bool others_hold(const WorkerLocal& me) const noexcept;
+  static constexpr std::int64_t kHeldLookUs = 1000;
+
+  BusCore& bus_;
+  const BusOptions& options_;
+  const std::atomic<bool>& closing_;  // BusCore's: shutdown began
+  std::vector<std::thread> workers_;
+  FairRunQueue<GroupLane> runq_;  // lanes with work, shared by namespace weight
+  std::unique_ptr<HeldLanes[]> held_;  // per worker
+  std::size_t worker_count_ = 0;
+  std::atomic<std::uint32_t> parked_untimed_{0};  // workers parked without a timeout
+  std::atomic<bool> abandon_{false};
+  std::atomic<std::size_t> workers_ready_{0};
+};
+
 class BusCore : public std::enable_shared_from_this<BusCore> {
+  friend class Scheduler;  // runs lanes (run_lane) and requeues them (requeue)
+
  public:
   explicit BusCore(const BusOptions& options);
   ~BusCore();
@@ -657,22 +737,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   BusStats stats() const;
   TopicImpl* find(std::string_view name) const;
 
-  /// Make sure `gl` is (or will be) run by a worker.
-  void schedule(GroupLane* gl) noexcept;
-  /// Clear `gl`'s scheduled flag (its worker is done with it). The caller then
-  /// checks for work that arrived meanwhile and schedules again: the worker's
-  /// side of the Dekker hand-off (seq_cst; the publisher's side is a seq_cst
-  /// append or a full fence after a solo append).
-  void unschedule(GroupLane* gl) noexcept { gl->scheduled.store(false, std::memory_order_seq_cst); }
-  /// After unschedule, before the caller looks at the ring: the heavy fence
-  /// when the lane's topic was ever solo (its appends end with a light one).
-  static void fence_after_unschedule(const GroupLane* gl) noexcept;
-  /// unschedule, the fence, and schedule again if a message came meanwhile.
-  void let_go(GroupLane* gl) noexcept {
-    unschedule(gl);
-    fence_after_unschedule(gl);
-    if (gl->ring.ready()) schedule(gl);
-  }
+  /// The lane scheduler and the worker pool (Scheduler, above).
+  Scheduler& scheduler() noexcept { return sched_; }
 
   /// Publisher slots (solo ownership, usage tallies): kNoPublisherSlot when all are taken.
   static constexpr std::uint32_t kPublisherSlots = kPublisherTallies;
@@ -686,16 +752,14 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   PublisherState* thread_publisher() noexcept;
   /// Destroy every implicit publisher (~BusCore, before the topics go).
   void drop_thread_publishers() noexcept;
-  /// Queue a scheduled lane in its namespace's class of the run queue.
-  void enqueue_lane(GroupLane* gl) noexcept;
 
   /// The group `group` of `t` (a queue: its one group), or nullptr. Takes mu_.
   GroupImpl* find_group(TopicImpl* t, std::string_view group);
   Status seek(TopicImpl* t, std::string_view group, const StartPosition& position);
-  /// Bus::resume: end a group's outage pause (outage.cpp).
+  /// Bus::resume: end a group's outage pause (registry.cpp; the pause itself: OutageGate).
   Status resume(TopicImpl* t, std::string_view group);
   /// Make sure `gl` runs again soon (a batch commit gave messages back).
-  void wake(GroupLane* gl) noexcept { schedule(gl); }
+  void wake(GroupLane* gl) noexcept { sched_.schedule(gl); }
   Result<IdempotencyTable*> idempotency(std::string_view scope, const IdempotencyOptions& options);
   DlqStore* dlq() const noexcept { return dlq_.get(); }
   DeadLetters* dead_letters() noexcept { return dead_letters_.get(); }
@@ -726,27 +790,6 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   const Logger logger;
 
  private:
-  void worker_main(std::size_t index);
-  /// The next lane for worker `me` (its held lanes, the run queue, other
-  /// workers' held lanes, then parked); nullptr once the queue is stopped.
-  GroupLane* next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& pick) noexcept;
-  /// Run a lane taken by next_lane (tenancy's consume quota first).
-  void run_taken(WorkerLocal& me, GroupLane* gl, const FairRunQueue<GroupLane>::Pick& pick);
-  /// One of `me`'s held lanes that has a message, taken (holder swapped to 0).
-  GroupLane* take_held(WorkerLocal& me) noexcept;
-  /// A held lane of another worker that has had a message for two looks.
-  GroupLane* steal_held(WorkerLocal& me) noexcept;
-  /// Let go of every lane `me` holds: unschedule each (the Dekker hand-off),
-  /// scheduling again the ones a message reached meanwhile.
-  void release_held(WorkerLocal& me) noexcept;
-  /// run_lane's end: keep the emptied lane scheduled in the running
-  /// worker's held lanes instead of unscheduling it. False: unschedule it.
-  bool hold(GroupLane* gl) noexcept;
-  /// Does another worker hold lanes (a parked worker then looks every kHeldLookUs)?
-  bool others_hold(const WorkerLocal& me) const noexcept;
-  static constexpr std::int64_t kHeldLookUs = 1000;
-  /// Does work wait elsewhere (the run queue, or a held lane of this worker)?
-  bool other_work() const noexcept;
   void run_lane(GroupLane* gl);
   /// run_lane's general loop (ephemeral_lane.cpp): parked messages, retries,
   /// idempotency, timeouts, outages, expiry. Returns the head's hold (>= 0) or -1.
@@ -789,19 +832,6 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   /// A retry's wait, cut to end at the slot's expiry (a retry never outlives the TTL).
   static std::int64_t clip_to_expiry(const Slot* s, std::int64_t wait_ns) noexcept;
 
-  // Delivery core (delivery.cpp, lib/core/delivery.hpp).
-  Admission admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept;
-  Invocation invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept;
-  /// `durable`: the ack is counted (and a claimed key completed) by the
-  /// runner's commit. `outcomes`: attempts of this message that came back
-  /// with an outcome, this one included (poison classification).
-  Settlement settle(GroupLane* gl, const Parcel& p, const Invocation& inv, AdmitMode mode, bool durable,
-                    std::uint32_t outcomes, std::int64_t* first_failure_ns) noexcept;
-  /// After a plain handler: an ack completes a claimed key, anything else releases it.
-  void finish_key(GroupLane* gl, std::string_view key, bool acked) noexcept;
-  /// A retry outcome for attempt `attempt`: true (and the backoff in
-  /// *delay_ns) if the message should be delivered again.
-  bool plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept;
 
   // Lane runners.
   bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
@@ -857,50 +887,10 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Result<std::uint32_t> queue_outcomes(GroupLane* gl, std::uint64_t offset);
   /// The DLQ entry of a durable message that crashed the consumer `crashes` times.
   DlqEntry poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const;
-  /// A DLQ entry for a message of `gl` that failed with `out`.
-  /// `headers`: the message's stored header block (kept, so a replay keeps them).
-  DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
-                     std::string_view payload, std::string_view headers, std::uint64_t offset, const Outcome& out,
-                     std::uint32_t attempts, ErrorClass cls, std::int64_t first_failure_ns) const;
-  /// As above, for a durable message read back from its lane.
-  DlqEntry dlq_entry(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
-                     ErrorClass cls, std::int64_t first_failure_ns) const {
-    return dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.headers, m.offset, out, attempts, cls,
-                     first_failure_ns);
-  }
-  /// Ephemeral: dead-letter in a transaction of its own (no ack to join).
-  void dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out, std::uint32_t attempts,
-                             ErrorClass cls, std::int64_t first_failure_ns) noexcept;
-  /// Durable topic: dead-letter and commit the offset past it in one
-  /// transaction. False if the DLQ refused it (the message must stay).
-  bool dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
-                         ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to);
   void maintenance() noexcept;
   /// Log the DLQ's quota refusals since the last call (poller thread).
   void log_dlq_refusals() noexcept;
 
-  // Outage pause (outage.cpp).
-  /// Before a delivery: -1 = go (marks the lane's probe), else wait this long. `take`: false only looks.
-  std::int64_t outage_gate(GroupLane* gl, bool take) noexcept;
-  /// The runners' gate (taking the probe): a parked message that may not go
-  /// (`parked_index` >= 0) is due again after the wait.
-  std::int64_t outage_wait(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
-  /// outage_wait for durable lanes: true (gl->retry_delay_ns = the wait) when the lane must wait.
-  bool outage_held(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
-  /// Durable queues, before a claim: true (gl->retry_delay_ns = the wait) when no probe may go yet.
-  bool outage_claim_later(GroupLane* gl) noexcept;
-  /// settle's transient failure of a group with the option: true (and *st set) if the group is paused.
-  bool outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept;
-  /// An ack: empties the window, ends a pause.
-  void outage_ack(GroupLane* gl) noexcept;
-  /// The lane's probe ended with neither an ack nor a transient failure.
-  void outage_end_probe(GroupLane* gl) noexcept;
-  /// A durable group's pause record: written (paused) or deleted.
-  void outage_record(GroupImpl* g, bool paused) noexcept;
-  /// At subscribe: a durable group recorded as paused starts paused.
-  void outage_restore(GroupImpl* g);
-  /// `lanebus resume` requests for this process's paused durable groups (maintenance).
-  void outage_poll_resume() noexcept;
   void watchdog_main();
   void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
@@ -930,17 +920,11 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::map<std::uint64_t, std::function<BridgeStats(const BusStats&)>> bridge_stats_ GUARDED_BY(bridges_mu_);
   std::uint64_t bridge_stats_next_ GUARDED_BY(bridges_mu_) = 0;
   std::map<std::string, std::unique_ptr<TopicImpl>, std::less<>> topics_ GUARDED_BY(mu_);
-  std::vector<std::thread> workers_;
-  FairRunQueue<GroupLane> runq_;  // lanes with work, shared by namespace weight
-  std::unique_ptr<HeldLanes[]> held_;  // per worker (scheduler.cpp)
-  std::size_t worker_count_ = 0;
-  std::atomic<std::uint32_t> parked_untimed_{0};  // workers parked without a timeout (scheduler.cpp)
   std::atomic<bool> closing_{false};
-  std::atomic<bool> abandon_{false};
+  Scheduler sched_{*this, options, closing_};  // after topics_: destroyed (stopped) before them
   std::atomic<bool> stopped_{false};
   Mutex shutdown_mu_;
   std::atomic<std::uint64_t> next_id_{1};
-  std::atomic<std::size_t> workers_ready_{0};
 
   std::unique_ptr<RetryTimer> timer_;
   // Durable delays (delayed_durable.cpp): the timer entry of the delayed
@@ -965,6 +949,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
 
   // Durable layer.
   std::unique_ptr<DurableStore> store_;
+  OutageGate outages_{logger};  // the outage pause's hooks (outage.hpp)
+  DeliveryCore delivery_{*this, options, outages_};  // admit, invoke, settle, dead letters (delivery.hpp)
   Mutex durable_mu_;
   std::map<std::uint32_t, TopicImpl*> durable_topics_ GUARDED_BY(durable_mu_);  // by store topic id
   std::thread poller_;

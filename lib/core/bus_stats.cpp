@@ -59,7 +59,7 @@ BusStats BusCore::stats() const {
   BusStats out;
   out.name = options.name;
   MutexLock l(&mu_);
-  out.workers = static_cast<std::uint32_t>(workers_.size());
+  out.workers = static_cast<std::uint32_t>(sched_.running_workers());
   if (dlq_) {
     auto c = dlq_->counters();
     if (c.ok()) {

@@ -490,7 +490,7 @@ bool BusCore::expire_if_due(GroupLane* gl, Slot* s, std::uint32_t attempts, std:
   if (t.expires_ns == 0 || now_ns() < t.expires_ns) return false;
   gl->expired.fetch_add(1, std::memory_order_relaxed);
   if (gl->group->options.dead_letter_expired)
-    dead_letter_ephemeral(gl, s, Outcome::reject("expired: its ttl ended before a handler call started"), attempts,
+    delivery_.dead_letter_ephemeral(gl, s, Outcome::reject("expired: its ttl ended before a handler call started"), attempts,
                           ErrorClass::Expired, first_failure_ns);
   return true;
 }

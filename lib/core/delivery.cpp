@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // The delivery core (lib/core/delivery.hpp): admit, invoke and settle, shared by
-// every lane runner; dead-lettering and DLQ maintenance.
+// every lane runner (DeliveryCore), and dead-lettering.
 #include "delivery.hpp"
 
 #include <algorithm>
@@ -12,14 +12,14 @@
 
 namespace lanebus::detail {
 
-void BusCore::record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept {
+void DeliveryCore::record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept {
   const std::int64_t d = now_ns() - created_at_ns;
   gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
 }
 
 // ---------------------------------------------------------------- admit
 
-Admission BusCore::admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept {
+Admission DeliveryCore::admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept {
   IdempotencyImpl* idem = gl->group->idempotency;
   if (idem == nullptr || p.idempotency_key.empty()) return Admission::Proceed;
   try {
@@ -45,7 +45,7 @@ Admission BusCore::admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcep
   }
 }
 
-void BusCore::finish_key(GroupLane* gl, std::string_view key, bool acked) noexcept {
+void DeliveryCore::finish_key(GroupLane* gl, std::string_view key, bool acked) noexcept {
   IdempotencyImpl* idem = gl->group->idempotency;
   if (idem == nullptr || key.empty()) return;
   try {
@@ -60,16 +60,16 @@ void BusCore::finish_key(GroupLane* gl, std::string_view key, bool acked) noexce
 
 // ---------------------------------------------------------------- invoke
 
-Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept {
+Invocation DeliveryCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept {
   const GroupOptions& o = gl->group->options;
   MessageView view(*p.header, p.key, p.idempotency_key, p.payload, p.lane, p.offset);
   Access::set_attempt(view, p.attempt);
   Access::set_headers(view, p.headers);
   // Trace context and the tracer's span (trace.hpp): only with headers or a tracer.
   HandlerTrace trace;
-  if (options.tracer != nullptr || !p.headers.empty()) [[unlikely]] {
+  if (options_.tracer != nullptr || !p.headers.empty()) [[unlikely]] {
     const GroupImpl* g = gl->group;
-    trace.begin(options.tracer, g->topic->name, g->topic->is_queue ? std::string_view("queue") : g->name, view);
+    trace.begin(options_.tracer, g->topic->name, g->topic->is_queue ? std::string_view("queue") : g->name, view);
   }
   std::int64_t deadline = 0;
   bump(gl->delivered);
@@ -91,7 +91,7 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
   ++tl_delivered_msgs;  // tenancy usage (scheduler.cpp)
   tl_delivered_bytes += p.payload.size();
   tl_running_consumer = c;
-  tl_running_bus = this;
+  tl_running_bus = &bus_;
   tl_running_lane = gl;
   try {
     if (c->tx_handler) {
@@ -125,7 +125,7 @@ Invocation BusCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState
 
 // ---------------------------------------------------------------- settle
 
-bool BusCore::plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept {
+bool DeliveryCore::plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept {
   const GroupOptions& o = gl->group->options;
   if (attempt >= o.max_attempts) return false;
   *delay_ns = 0;
@@ -145,7 +145,7 @@ bool BusCore::plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* del
   return true;
 }
 
-Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv, AdmitMode mode, bool durable,
+Settlement DeliveryCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv, AdmitMode mode, bool durable,
                            std::uint32_t outcomes, std::int64_t* first_failure_ns) noexcept {
   Settlement st;
   const Outcome::Kind kind = inv.outcome.kind();
@@ -157,9 +157,9 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
   if (kind == Outcome::Kind::Ack) {
     st.acked = true;
     if (!durable) bump(gl->acked);
-    if (options.metrics) record_latency(gl, p.header->created_at_ns);
+    if (options_.metrics) record_latency(gl, p.header->created_at_ns);
     *first_failure_ns = 0;
-    if (gl->group->options.outage.enabled) outage_ack(gl);
+    if (gl->group->options.outage.enabled) outages_.on_ack(gl);
     return st;
   }
   const bool outage = gl->group->options.outage.enabled;
@@ -169,7 +169,7 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
     gl->retried.fetch_add(1, std::memory_order_relaxed);
     if (inv.late) bump(gl->timed_out);
     // A paused group (or this failure pauses it): uncounted, no DLQ.
-    if (outage && outage_hold(gl, p, inv, &st)) return st;
+    if (outage && outages_.on_transient(gl, p, inv, &st)) return st;
     if (plan_retry(gl, p.attempt, &st.delay_ns)) {
       st.next = Settlement::Next::Retry;
       return st;
@@ -177,9 +177,9 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
     bump(gl->failed);
   } else {
     bump(gl->rejected);
-    if (outage) outage_end_probe(gl);  // a permanent failure says nothing of the dependency
+    if (outage) outages_.end_probe(gl);  // a permanent failure says nothing of the dependency
   }
-  if (options.metrics) record_latency(gl, p.header->created_at_ns);
+  if (options_.metrics) record_latency(gl, p.header->created_at_ns);
   if (!dlq_) return st;  // an in-memory bus: failures are only counted
   st.next = Settlement::Next::DeadLetter;
   const std::uint32_t poison_after = durable ? dlq_->options().poison_after_crashes : 0;
@@ -190,10 +190,10 @@ Settlement BusCore::settle(GroupLane* gl, const Parcel& p, const Invocation& inv
 
 // ---------------------------------------------------------------- dead letters
 
-DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
+DlqEntry DeliveryCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
                             std::string_view payload, std::string_view headers, std::uint64_t offset,
                             const Outcome& out, std::uint32_t attempts, ErrorClass cls,
-                            std::int64_t first_failure_ns) const {
+                            std::int64_t first_failure_ns) {
   const GroupImpl* g = gl->group;
   DlqEntry e;
   e.header = h;
@@ -217,7 +217,13 @@ DlqEntry BusCore::dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_v
   return e;
 }
 
-void BusCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out, std::uint32_t attempts,
+DlqEntry DeliveryCore::dlq_entry(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                                 ErrorClass cls, std::int64_t first_failure_ns) {
+  return dlq_entry(gl, m.header, m.key, m.idempotency_key, m.payload, m.headers, m.offset, out, attempts, cls,
+                   first_failure_ns);
+}
+
+void DeliveryCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out, std::uint32_t attempts,
                                     ErrorClass cls, std::int64_t first_failure_ns) noexcept {
   if (!dlq_) return;  // an in-memory bus: failures are only counted
   try {
@@ -229,7 +235,7 @@ void BusCore::dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome&
   }
 }
 
-bool BusCore::dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+bool DeliveryCore::dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
                                 ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to) {
   GroupImpl* g = gl->group;
   DlqEntry e = dlq_entry(gl, m, out, attempts, cls, first_failure_ns);
@@ -248,79 +254,6 @@ bool BusCore::dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Out
   }
   gl->errors.fetch_add(1, std::memory_order_relaxed);
   return false;
-}
-
-Status BusCore::republish(const DlqEntry& e) {
-  TopicImpl* t = find(e.topic);
-  if (t == nullptr) return Status(Code::NotFound, "dlq replay: no topic \"" + e.topic + "\" in this bus");
-  OutgoingMessage m;
-  m.key = e.key;
-  m.payload = e.payload;
-  m.idempotency_key = e.idempotency_key;
-  m.correlation_id = e.header.correlation_id;
-  m.content_type = e.header.content_type;
-  m.schema_version = e.header.schema_version;
-  RestoredHeaders headers(e.headers);  // its trace context too (doc/tracing.md)
-  m.headers = headers.headers();
-  headers.enter();
-  return t->durable ? t->publish_durable(m, {}) : t->publish(m, true, take_ids(1));
-}
-
-// DLQ entries refused by the quota since the last maintenance pass (about
-// once a second): one line, off the worker that was refused.
-void BusCore::log_dlq_refusals() noexcept {
-  const std::uint64_t rejected = dlq_->rejected();
-  if (rejected == dlq_rejected_logged_ || !logger.enabled()) return;
-  const std::uint64_t n = rejected - dlq_rejected_logged_;
-  dlq_rejected_logged_ = rejected;
-  const DlqOptions& o = dlq_->options();
-  logger.log(LogLevel::Warn,
-             "the DLQ refused %llu entr%s over its quota (DlqOptions max_entries %llu, max_bytes %llu): "
-             "the messages stay in their queues and lanes and are retried; "
-             "review the DLQ (lanebus dlq list) or raise the quota",
-             static_cast<unsigned long long>(n), n == 1 ? "y" : "ies",
-             static_cast<unsigned long long>(o.max_entries), static_cast<unsigned long long>(o.max_bytes));
-}
-
-void BusCore::maintenance() noexcept {
-  // Schema registry: this process's field reads to the store, and versions
-  // registered by other processes to the publish path.
-  if (schemas_ && store_ && !store_->read_only()) {
-    try {
-      (void)schemas_->flush_usage();
-    } catch (...) {
-    }
-    schemas_->refresh_all();
-  }
-  outage_poll_resume();
-  refresh_durable_delays();  // entries of other processes, or a failed move
-  if (!dlq_) return;
-  log_dlq_refusals();
-  try {
-    for (int i = 0; i < 16; ++i) {
-      auto r = dlq_->expire();
-      if (!r.ok() || *r < dlq_->options().expire_batch) break;
-    }
-    (void)dlq_->replay_due_transient(dlq_->options().transient_cooldown, "auto",
-                                     [this](const DlqEntry& e) { return republish(e); });
-  } catch (...) {
-  }
-  // Idempotency scopes: the durable tier's retention (tables live as long as
-  // the bus, so the pointers stay valid after the lock is dropped).
-  std::vector<IdempotencyImpl*> scopes;
-  {
-    MutexLock l(&mu_);
-    for (auto& [name, table] : idempotency_) scopes.push_back(Access::impl(*table));
-  }
-  for (IdempotencyImpl* idem : scopes) {
-    try {
-      for (int i = 0; i < 16; ++i) {
-        auto r = idem->expire(1024);
-        if (!r.ok() || *r < 1024) break;
-      }
-    } catch (...) {
-    }
-  }
 }
 
 }  // namespace lanebus::detail

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "lanebus/bus.hpp"
 #include "lanebus/dlq.hpp"
 #include "lanebus/handler.hpp"
 #include "lanebus/message.hpp"
@@ -85,5 +86,70 @@ struct Settlement {
 inline constexpr std::int64_t kHoldBusyKeyNs = 50'000'000;
 /// How long a lane holds a message the DLQ refused (quota) before trying again.
 inline constexpr std::int64_t kHoldDlqFullNs = 1'000'000'000;
+
+class BusCore;
+class DlqStore;
+class DurableStore;
+class OutageGate;
+struct Consumer;
+struct GroupLane;
+struct Slot;
+struct StoredMessage;
+struct TxnState;
+
+/// The delivery core of one bus (delivery.cpp): the three steps above and
+/// the dead letters that follow a settle. Holds no per-message state; per
+/// lane state lives in the GroupLane its owner passes in (invariant 2).
+class DeliveryCore {
+ public:
+  DeliveryCore(BusCore& bus, const BusOptions& options, OutageGate& outages) noexcept
+      : bus_(bus), options_(options), outages_(outages) {}
+  DeliveryCore(const DeliveryCore&) = delete;
+  DeliveryCore& operator=(const DeliveryCore&) = delete;
+  /// The store and its DLQ (BusCore::start; both stay nullptr on an in-memory bus).
+  void set_store(DurableStore* store, DlqStore* dlq) noexcept {
+    store_ = store;
+    dlq_ = dlq;
+  }
+
+  Admission admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept;
+  Invocation invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept;
+  /// `durable`: the ack is counted (and a claimed key completed) by the
+  /// runner's commit. `outcomes`: attempts of this message that came back
+  /// with an outcome, this one included (poison classification).
+  Settlement settle(GroupLane* gl, const Parcel& p, const Invocation& inv, AdmitMode mode, bool durable,
+                    std::uint32_t outcomes, std::int64_t* first_failure_ns) noexcept;
+  /// After a plain handler: an ack completes a claimed key, anything else releases it.
+  void finish_key(GroupLane* gl, std::string_view key, bool acked) noexcept;
+  /// A retry outcome for attempt `attempt`: true (and the backoff in
+  /// *delay_ns) if the message should be delivered again.
+  bool plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept;
+  /// The lane's latency histogram: now minus `created_at_ns`.
+  static void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
+
+  /// A DLQ entry for a message of `gl` that failed with `out`.
+  /// `headers`: the message's stored header block (kept, so a replay keeps them).
+  static DlqEntry dlq_entry(GroupLane* gl, const MessageHeader& h, std::string_view key, std::string_view idem,
+                            std::string_view payload, std::string_view headers, std::uint64_t offset,
+                            const Outcome& out, std::uint32_t attempts, ErrorClass cls,
+                            std::int64_t first_failure_ns);
+  /// As above, for a durable message read back from its lane.
+  static DlqEntry dlq_entry(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                            ErrorClass cls, std::int64_t first_failure_ns);
+  /// Ephemeral: dead-letter in a transaction of its own (no ack to join).
+  void dead_letter_ephemeral(GroupLane* gl, const Slot* s, const Outcome& out, std::uint32_t attempts,
+                             ErrorClass cls, std::int64_t first_failure_ns) noexcept;
+  /// Durable topic: dead-letter and commit the offset past it in one
+  /// transaction. False if the DLQ refused it (the message must stay).
+  bool dead_letter_topic(GroupLane* gl, const StoredMessage& m, const Outcome& out, std::uint32_t attempts,
+                         ErrorClass cls, std::int64_t first_failure_ns, std::uint64_t commit_to);
+
+ private:
+  BusCore& bus_;  // the running bus a handler sees (tl_running_bus)
+  const BusOptions& options_;
+  OutageGate& outages_;
+  DurableStore* store_ = nullptr;
+  DlqStore* dlq_ = nullptr;
+};
 
 }  // namespace lanebus::detail

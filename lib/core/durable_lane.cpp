@@ -33,7 +33,7 @@ bool poison_on(const DlqStore* dlq) noexcept { return dlq != nullptr && dlq->opt
 
 void BusCore::run_durable_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
-  const bool abandon = abandon_.load(std::memory_order_acquire);
+  const bool abandon = sched_.abandoning();
   Consumer* c = abandon ? nullptr : pin_consumer(g);
   bool more = false;
   if (c != nullptr) {
@@ -41,7 +41,7 @@ void BusCore::run_durable_lane(GroupLane* gl) {
     c->calls.fetch_sub(1, std::memory_order_release);
   }
   gl->parked_count.store(gl->parked.size(), std::memory_order_relaxed);
-  if (more && !abandon_.load(std::memory_order_acquire)) {
+  if (more && !sched_.abandoning()) {
     const std::int64_t delay = gl->retry_delay_ns;
     gl->retry_delay_ns = 0;
     requeue(gl, delay);
@@ -53,19 +53,19 @@ void BusCore::run_durable_lane(GroupLane* gl) {
   }
   // Owner-only state must be read before the lane is released to others.
   const std::uint64_t read_pos = gl->read_pos;
-  unschedule(gl);
+  sched_.unschedule(gl);
   if (abandon) return;
   if (c == nullptr) {
     // No consumer right now: messages stay in the store. attach() schedules
     // the lanes again; re-check in case it raced with us (Dekker, seq_cst).
-    if (g->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
+    if (g->consumer_count.load(std::memory_order_seq_cst) > 0) sched_.schedule(gl);
     return;
   }
   // (`more` was false, so nothing is left in the buffer.) An append that came
   // while the lane was running found it scheduled and did not queue it: look
   // again (Dekker with wake_durable_group: seq_cst on both sides). Queues
   // keep in read_pos the end they had seen when they claimed.
-  if (gl->known_end.load(std::memory_order_seq_cst) > read_pos) schedule(gl);
+  if (gl->known_end.load(std::memory_order_seq_cst) > read_pos) sched_.schedule(gl);
 }
 
 // ---------------------------------------------------------------- durable topics
@@ -320,9 +320,9 @@ std::int64_t BusCore::topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposit
   if (g->idempotency != nullptr && !m.idempotency_key.empty()) g->idempotency->remember_done(m.idempotency_key, now_ns());
   if (!duplicate) count_outbox(tx);
   bump(duplicate ? gl->duplicates_skipped : gl->acked);
-  if (options.metrics) record_latency(gl, m.header.created_at_ns);
+  if (options.metrics) delivery_.record_latency(gl, m.header.created_at_ns);
   *run.first_failure = 0;
-  if (g->options.outage.enabled) outage_ack(gl);
+  if (g->options.outage.enabled) outages_.on_ack(gl);
   return -1;
 }
 
@@ -335,12 +335,12 @@ std::int64_t BusCore::topic_deliver(TopicRun& run, bool* reposition) {
   const StoredMessage& m = *run.mp;
   const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *run.attempts + 1, m.headers};
   // A message whose TTL ended is never delivered (doc/delays.md); one branch without an expiry.
-  const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : admit(gl, p, run.mode);
+  const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : delivery_.admit(gl, p, run.mode);
   if (a == Admission::Later) return kHoldBusyKeyNs;
   if (a == Admission::Expired) [[unlikely]] {
     ++run.handled;
     if (g->options.dead_letter_expired && dlq_ &&
-        !dead_letter_topic(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"),
+        !delivery_.dead_letter_topic(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"),
                            *run.attempts, ErrorClass::Expired, *run.first_failure, run.dead_letter_commit_to(m)))
       return kHoldDlqFullNs;
     gl->expired.fetch_add(1, std::memory_order_relaxed);
@@ -359,15 +359,15 @@ std::int64_t BusCore::topic_deliver(TopicRun& run, bool* reposition) {
     tx.bus = this;
     txp = &tx;
   }
-  const Invocation inv = invoke(run.c, gl, p, txp);
+  const Invocation inv = delivery_.invoke(run.c, gl, p, txp);
   ++run.handled;
   if (txp != nullptr && inv.outcome.kind() == Outcome::Kind::Ack) return topic_commit_tx(run, tx, reposition);
   // Crashes are counted by the delivery mark; every in-memory attempt came back.
-  const Settlement st = settle(gl, p, inv, run.mode, false, *run.attempts, run.first_failure);
+  const Settlement st = delivery_.settle(gl, p, inv, run.mode, false, *run.attempts, run.first_failure);
   if (st.uncounted) --*run.attempts;  // paused: the attempt is given back
   if (st.next == Settlement::Next::Retry) return st.delay_ns;
   if (st.next == Settlement::Next::DeadLetter &&
-      !dead_letter_topic(gl, m, inv.outcome, *run.attempts, st.error_class, *run.first_failure,
+      !delivery_.dead_letter_topic(gl, m, inv.outcome, *run.attempts, st.error_class, *run.first_failure,
                          run.dead_letter_commit_to(m))) {
     --*run.attempts;
     return kHoldDlqFullNs;  // the DLQ refused it (quota): keep it, try again later
@@ -453,12 +453,12 @@ bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
     if (step == TopicStep::Next) continue;
     if (step == TopicStep::Stop) break;
     if (step == TopicStep::Reposition) return true;
-    run.retry_pending = outage_held(gl, run.pi);  // paused: the lane waits for the next probe (not an attempt)
+    run.retry_pending = outages_.held(gl, run.pi);  // paused: the lane waits for the next probe (not an attempt)
     if (run.retry_pending) break;
     bool reposition = false;
     const std::int64_t wait_ns = topic_deliver(run, &reposition);
     if (reposition) return true;
-    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
+    if (gl->probing) outages_.end_probe(gl);  // a probe that was skipped or held
     if (topic_after(run, wait_ns) == TopicStep::Stop) break;
   }
   return topic_run_end(run);
@@ -668,7 +668,7 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
         break;
     }
   }
-  if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
+  if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) sched_.schedule(gl);
 }
 
 // Durable queues with key_parallel_retry: a head whose backoff is over by
@@ -707,7 +707,7 @@ Result<std::uint32_t> BusCore::queue_outcomes(GroupLane* gl, std::uint64_t offse
 }
 
 DlqEntry BusCore::poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const {
-  return dlq_entry(gl, m, Outcome::reject("poison: the consumer process died while handling it"), crashes,
+  return delivery_.dlq_entry(gl, m, Outcome::reject("poison: the consumer process died while handling it"), crashes,
                    ErrorClass::Poison, now_ns());
 }
 
@@ -845,7 +845,7 @@ bool BusCore::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t pois
     gl->expired.fetch_add(1, std::memory_order_relaxed);
     if (gl->group->options.dead_letter_expired && dlq_) {
       run.submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(
-          dlq_entry(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
+          delivery_.dlq_entry(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
                     ErrorClass::Expired, 0));
     } else {
       run.submit(QueueSettle::Kind::Ack, i).expired = true;
@@ -853,7 +853,7 @@ bool BusCore::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t pois
     run.commit();
     return true;
   }
-  if (const std::int64_t gate = outage_wait(gl, -1); gate >= 0) {
+  if (const std::int64_t gate = outages_.wait(gl, -1); gate >= 0) {
     run.hold_back(i, gate);
     return true;
   }
@@ -873,7 +873,7 @@ void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_
   if (mode == AdmitMode::Check && !m.idempotency_key.empty() && keys_done.count(m.idempotency_key) > 0) {
     a = Admission::Skip;  // a duplicate of a message acked earlier in this batch
   } else {
-    a = admit(gl, p, mode);
+    a = delivery_.admit(gl, p, mode);
   }
   if (a == Admission::Later) {
     // The key is busy elsewhere: not a crash and not a failure; the lane
@@ -905,9 +905,9 @@ void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_
   // settle still commits if nobody took the message meanwhile (the claim's
   // attempt is unchanged), else it finds the claim gone (Lost) and the rest
   // of the batch goes back.
-  const Invocation inv = invoke(c, gl, p, tx.get());
+  const Invocation inv = delivery_.invoke(c, gl, p, tx.get());
   std::int64_t first_failure = 0;
-  const Settlement st = settle(gl, p, inv, mode, true, outcomes, &first_failure);
+  const Settlement st = delivery_.settle(gl, p, inv, mode, true, outcomes, &first_failure);
   if (st.uncounted) {
     run.hold_back(i, st.delay_ns);
     return;
@@ -927,7 +927,7 @@ void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_
   }
   if (st.next == Settlement::Next::DeadLetter) {
     QueueSettle& op = run.submit(QueueSettle::Kind::DeadLetter, i);
-    op.entry = std::make_unique<DlqEntry>(dlq_entry(gl, m, inv.outcome, cm.attempt, st.error_class, first_failure));
+    op.entry = std::make_unique<DlqEntry>(delivery_.dlq_entry(gl, m, inv.outcome, cm.attempt, st.error_class, first_failure));
     run.commit();
     return;
   }
@@ -953,7 +953,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   if (g->options.key_parallel_retry && gl->parked.capacity() < g->options.key_parallel_limit)
     gl->parked.reserve(g->options.key_parallel_limit);  // owner-only, once
   const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
-  if (outage_claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
+  if (outages_.claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
   const std::uint32_t claim_max = g->outage.paused() ? 1 : max;
   QueueRun run{*this, gl, std::make_shared<QueueBatch>()};
   QueueBatch& batch = *run.batch;
@@ -967,8 +967,8 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
   run.again = full || g->options.key_parallel_retry;
   for (std::size_t i = 0; i < batch.claims.size(); ++i) {
-    if (gl->probing) outage_end_probe(gl);  // the previous message was a probe that was skipped or held
-    if (run.broken || abandon_.load(std::memory_order_acquire)) {
+    if (gl->probing) outages_.end_probe(gl);  // the previous message was a probe that was skipped or held
+    if (run.broken || sched_.abandoning()) {
       run.submit(QueueSettle::Kind::Unclaim, i);
       run.commit();
       continue;
@@ -977,7 +977,7 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     if (queue_before_call(run, i, poison_after, &outcomes)) continue;
     queue_call(run, i, c, outcomes, keys_done);
   }
-  if (gl->probing) outage_end_probe(gl);
+  if (gl->probing) outages_.end_probe(gl);
   return run.again;
 }
 
@@ -991,7 +991,7 @@ void BusCore::wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t
       break;
     }
   }
-  if ((grew || g->topic->is_queue) && g->consumer_count.load(std::memory_order_seq_cst) > 0) schedule(gl);
+  if ((grew || g->topic->is_queue) && g->consumer_count.load(std::memory_order_seq_cst) > 0) sched_.schedule(gl);
 }
 
 void BusCore::on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept {

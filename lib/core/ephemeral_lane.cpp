@@ -58,15 +58,15 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
   const bool queue = gl->group->topic->is_queue;
   const std::uint64_t read_pos = gl->read_pos;
   if (earliest != 0 && timer_) timer_->arm(&gl->wake, earliest);
-  unschedule(gl);
-  if (!durable) fence_after_unschedule(gl);
+  sched_.unschedule(gl);
+  if (!durable) sched_.fence_after_unschedule(gl);
   // The wake may have fired before the flag was cleared (schedule() then saw
   // the lane scheduled and did nothing): check the time ourselves.
   const bool due = earliest != 0 && RetryTimer::now_ns() >= earliest;
   // (Durable queues are woken by the poller and the append listener.)
   const bool fresh = durable ? (!queue && gl->known_end.load(std::memory_order_seq_cst) > read_pos)
                              : gl->ring.ready();
-  if (due || fresh) schedule(gl);
+  if (due || fresh) sched_.schedule(gl);
 }
 
 // ---------------------------------------------------------------- the plain fast path
@@ -79,7 +79,7 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
 // short (a publisher may be waiting for them). True when `found` found one.
 template <class Found>
 bool BusCore::linger(FreeChain& frees, Found&& found) noexcept {
-  if (other_work()) return false;
+  if (sched_.other_work()) return false;
   // The deadline from the start: a PAUSE costs 10-140 cycles by CPU model,
   // so a count of them is no measure of the wait.
   const std::int64_t until = now_ns() + std::max<std::int64_t>(options.spin.count(), 1'000);
@@ -88,7 +88,7 @@ bool BusCore::linger(FreeChain& frees, Found&& found) noexcept {
     if (found()) return true;
     if ((spin & 15) != 0) continue;
     if (spin == 256) frees.flush();
-    if (other_work() || closing() || now_ns() >= until) return false;
+    if (sched_.other_work() || closing() || now_ns() >= until) return false;
   }
 }
 
@@ -147,7 +147,7 @@ bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, F
   Invocation inv;
   inv.outcome = out;
   const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, 1};
-  const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
+  const Settlement st = delivery_.settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
   if (st.next == Settlement::Next::Retry) {
     gl->current = s;  // kept at the head of its lane: later messages must not overtake it
     *hold_ns = st.delay_ns;
@@ -155,7 +155,7 @@ bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, F
     return true;
   }
   if (st.next == Settlement::Next::DeadLetter)
-    dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
+    delivery_.dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
   frees.release(s);
   gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
   return false;
@@ -389,16 +389,16 @@ void BusCore::run_lane(GroupLane* gl) {
     run_durable_lane(gl);
     return;
   }
-  const bool abandon = abandon_.load(std::memory_order_acquire);
+  const bool abandon = sched_.abandoning();
   Consumer* c = abandon ? nullptr : pin_consumer(g);
 
   if (c == nullptr && g->persistent && !abandon) {
     // A queue with no consumer: messages wait. Unschedule; attach() reschedules
     // lanes once a consumer exists (Dekker on enabled / scheduled).
     const bool holding = gl->current != nullptr || !gl->parked.empty();  // owner-only: read before releasing
-    unschedule(gl);
-    fence_after_unschedule(gl);
-    if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) schedule(gl);
+    sched_.unschedule(gl);
+    sched_.fence_after_unschedule(gl);
+    if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) sched_.schedule(gl);
     return;
   }
 
@@ -455,7 +455,7 @@ BusCore::PickStep BusCore::pick_next(GroupLane* gl, Consumer* c, bool single, Fr
       // The lane is empty. If no other lane waits, linger briefly: a
       // producer in a burst is likely to publish again within the spin,
       // which saves a trip through the run queue per message.
-      if (c == nullptr || other_work() || !gl->parked.empty()) return PickStep::Stop;
+      if (c == nullptr || sched_.other_work() || !gl->parked.empty()) return PickStep::Stop;
       frees.flush();
       bool got = false;
       for (int spin = 0; spin < 64 && !got; ++spin) {
@@ -505,11 +505,11 @@ std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeC
       frees.release(s);
       continue;
     }
-    if ((hold_ns = outage_wait(gl, pi)) >= 0) break;  // paused: wait for the next probe (not an attempt)
+    if ((hold_ns = outages_.wait(gl, pi)) >= 0) break;  // paused: wait for the next probe (not an attempt)
     if (s->kind & Slot::kExtension) [[unlikely]] {
       // An expiry (delayed.cpp): a message whose TTL ended is never delivered, a retry included.
       if (expire_if_due(gl, s, *attempts, *first_failure)) {
-        if (gl->probing) outage_end_probe(gl);
+        if (gl->probing) outages_.end_probe(gl);
         clear_pick(gl, pi);
         frees.release(s);
         continue;
@@ -517,7 +517,7 @@ std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeC
     }
     const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1, slot_headers(s)};
     // No idempotency scope (the common case): skip the out-of-line call.
-    const Admission a = g->idempotency == nullptr ? Admission::Proceed : admit(gl, p, AdmitMode::Claim);
+    const Admission a = g->idempotency == nullptr ? Admission::Proceed : delivery_.admit(gl, p, AdmitMode::Claim);
     std::int64_t wait_ns = -1;  // the message stays (not an attempt, or a retry) and waits this long
     if (a == Admission::Later) {
       wait_ns = kHoldBusyKeyNs;  // the key is busy elsewhere: not an attempt
@@ -526,18 +526,18 @@ std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeC
       ++*handled;
     } else {
       ++*attempts;
-      const Invocation inv = invoke(c, gl, p, nullptr);
+      const Invocation inv = delivery_.invoke(c, gl, p, nullptr);
       ++*handled;
-      const Settlement st = settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
+      const Settlement st = delivery_.settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
       if (st.uncounted) --*attempts;  // paused: the attempt is given back
       if (st.next == Settlement::Next::Retry) {
         wait_ns = st.delay_ns;
         if (s->kind & Slot::kExtension) [[unlikely]] wait_ns = clip_to_expiry(s, wait_ns);  // delayed.cpp
       } else if (st.next == Settlement::Next::DeadLetter) {
-        dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
+        delivery_.dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
       }
     }
-    if (gl->probing) outage_end_probe(gl);  // a probe that was skipped or held
+    if (gl->probing) outages_.end_probe(gl);  // a probe that was skipped or held
     if (wait_ns >= 0) {
       if (pi >= 0) {
         gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
@@ -587,8 +587,8 @@ void BusCore::end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_cha
     return;
   }
   // Emptied: the worker holds it (scheduler.cpp, "Held lanes"), or lets go.
-  if (c != nullptr && hold(gl)) return;
-  let_go(gl);
+  if (c != nullptr && sched_.hold(gl)) return;
+  sched_.let_go(gl);
 }
 
 }  // namespace lanebus::detail

@@ -243,7 +243,7 @@ Status check_outage_options(std::string_view topic, const OutageOptions& o) {
 
 // ---------------------------------------------------------------- the delivery core's hooks
 
-std::int64_t BusCore::outage_gate(GroupLane* gl, bool take) noexcept {
+std::int64_t OutageGate::gate(GroupLane* gl, bool take) noexcept {
   GroupImpl* g = gl->group;
   if (!g->options.outage.enabled || !g->outage.paused()) return -1;
   bool probe = false;
@@ -252,30 +252,30 @@ std::int64_t BusCore::outage_gate(GroupLane* gl, bool take) noexcept {
   return wait;
 }
 
-std::int64_t BusCore::outage_wait(GroupLane* gl, std::ptrdiff_t parked_index) noexcept {
+std::int64_t OutageGate::wait(GroupLane* gl, std::ptrdiff_t parked_index) noexcept {
   if (!gl->group->options.outage.enabled) return -1;
-  const std::int64_t wait = outage_gate(gl, true);
+  const std::int64_t wait = gate(gl, true);
   if (wait >= 0 && parked_index >= 0)
     gl->parked[static_cast<std::size_t>(parked_index)].due_ns = RetryTimer::now_ns() + wait;
   return wait;
 }
 
-bool BusCore::outage_claim_later(GroupLane* gl) noexcept {
+bool OutageGate::claim_later(GroupLane* gl) noexcept {
   if (!gl->group->options.outage.enabled) return false;
-  const std::int64_t wait = outage_gate(gl, false);
+  const std::int64_t wait = gate(gl, false);
   if (wait < 0) return false;
   gl->retry_delay_ns = wait;
   return true;
 }
 
-bool BusCore::outage_held(GroupLane* gl, std::ptrdiff_t parked_index) noexcept {
-  const std::int64_t wait = outage_wait(gl, parked_index);
-  if (wait < 0) return false;
-  gl->retry_delay_ns = wait;
+bool OutageGate::held(GroupLane* gl, std::ptrdiff_t parked_index) noexcept {
+  const std::int64_t w = wait(gl, parked_index);
+  if (w < 0) return false;
+  gl->retry_delay_ns = w;
   return true;
 }
 
-bool BusCore::outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept {
+bool OutageGate::on_transient(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept {
   GroupImpl* g = gl->group;
   const OutageOptions& o = g->options.outage;
   // Keyless messages are each their own key: an outage of keyless traffic
@@ -288,11 +288,11 @@ bool BusCore::outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv,
                              inv.outcome.reason().empty() ? std::string_view("retry") : inv.outcome.reason());
   if (!v.paused) return false;
   if (v.tripped) {
-    outage_record(g, true);
-    if (logger.enabled()) {  // a trip is rare: the snapshot's strings may allocate
+    record(g, true);
+    if (logger_.enabled()) {  // a trip is rare: the snapshot's strings may allocate
       const OutageBreaker::Snapshot s = g->outage.snapshot();
-      logger.log(LogLevel::Warn, "group \"%s\" on \"%s\" paused (outage): %s; last error: %s", g->name.c_str(),
-                 g->topic->name.c_str(), s.reason.c_str(), s.last_error.c_str());
+      logger_.log(LogLevel::Warn, "group \"%s\" on \"%s\" paused (outage): %s; last error: %s", g->name.c_str(),
+                  g->topic->name.c_str(), s.reason.c_str(), s.last_error.c_str());
     }
   }
   st->next = Settlement::Next::Retry;
@@ -301,26 +301,26 @@ bool BusCore::outage_hold(GroupLane* gl, const Parcel& p, const Invocation& inv,
   return true;
 }
 
-void BusCore::outage_ack(GroupLane* gl) noexcept {
+void OutageGate::on_ack(GroupLane* gl) noexcept {
   gl->probing = false;
   GroupImpl* g = gl->group;
   if (g->outage.quiet()) return;
   if (g->outage.on_ack()) {
-    outage_record(g, false);
-    if (logger.enabled())
-      logger.log(LogLevel::Info, "group \"%s\" on \"%s\" resumed: a probe succeeded", g->name.c_str(),
-                 g->topic->name.c_str());
+    record(g, false);
+    if (logger_.enabled())
+      logger_.log(LogLevel::Info, "group \"%s\" on \"%s\" resumed: a probe succeeded", g->name.c_str(),
+                  g->topic->name.c_str());
   }
 }
 
-void BusCore::outage_end_probe(GroupLane* gl) noexcept {
+void OutageGate::end_probe(GroupLane* gl) noexcept {
   if (!gl->probing) return;
   gl->probing = false;
   gl->group->outage.end_probe();
 }
 
-void BusCore::outage_record(GroupImpl* g, bool paused) noexcept {
-  if (!g->topic->durable || !store_ || store_->read_only()) return;
+void OutageGate::record(GroupImpl* g, bool paused) noexcept {
+  if (!g->topic->durable || store_ == nullptr || store_->read_only()) return;
   try {
     std::string key = outage_pause_key(g->topic->name, g->store_group.name);
     std::string value;
@@ -341,8 +341,12 @@ void BusCore::outage_record(GroupImpl* g, bool paused) noexcept {
   }
 }
 
-void BusCore::outage_restore(GroupImpl* g) {
-  if (!g->options.outage.enabled || !g->topic->durable || !store_) return;
+void OutageGate::restore(GroupImpl* g) {
+  if (!g->options.outage.enabled || !g->topic->durable || store_ == nullptr) return;
+  {
+    MutexLock l(&mu_);
+    if (std::find(durable_.begin(), durable_.end(), g) == durable_.end()) durable_.push_back(g);
+  }
   GroupStats gs;
   const std::string key = outage_pause_key(g->topic->name, g->store_group.name);
   Status s = store_->read([&](StoreTxn& t) -> Status {
@@ -355,36 +359,24 @@ void BusCore::outage_restore(GroupImpl* g) {
                       gs.pause_last_error);
 }
 
-Status BusCore::resume(TopicImpl* t, std::string_view group) {
-  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
-  GroupImpl* g = find_group(t, group);
-  if (g == nullptr)
-    return Status(Code::NotFound, "resume \"" + t->name + "\": no group \"" + std::string(group) + "\" in this bus");
-  if (!g->options.outage.enabled)
-    return Status(Code::InvalidArgument, "resume \"" + t->name + "\" group \"" + g->name +
-                                             "\": the group has no outage pause (GroupOptions::outage.enabled)");
-  if (g->outage.resume()) {
-    outage_record(g, false);
-    if (logger.enabled())
-      logger.log(LogLevel::Info, "group \"%s\" on \"%s\" resumed by Bus::resume", g->name.c_str(), t->name.c_str());
-  }
-  if (g->consumer_count.load(std::memory_order_seq_cst) > 0)
-    for (auto& gl : g->lanes) schedule(gl.get());
-  return Status();
+bool OutageGate::resume(GroupImpl* g) noexcept {
+  if (!g->outage.resume()) return false;
+  record(g, false);
+  if (logger_.enabled())
+    logger_.log(LogLevel::Info, "group \"%s\" on \"%s\" resumed by Bus::resume", g->name.c_str(),
+                g->topic->name.c_str());
+  return true;
 }
 
-void BusCore::outage_poll_resume() noexcept {
-  if (!store_) return;
+void OutageGate::poll_resume() noexcept {
+  if (store_ == nullptr) return;
   try {
     std::vector<std::pair<GroupImpl*, std::string>> paused;
     {
       MutexLock l(&mu_);
-      for (auto& [name, t] : topics_) {
-        if (!t->durable) continue;
-        for (auto& g : t->owned_groups)
-          if (g->options.outage.enabled && g->outage.paused())
-            paused.emplace_back(g.get(), outage_resume_key(t->name, g->store_group.name));
-      }
+      for (GroupImpl* g : durable_)
+        if (g->options.outage.enabled && g->outage.paused())
+          paused.emplace_back(g, outage_resume_key(g->topic->name, g->store_group.name));
     }
     for (auto& entry : paused) {
       // Not a structured binding: clang 14 (the fuzz build) cannot capture one in the lambdas below.
@@ -401,7 +393,7 @@ void BusCore::outage_poll_resume() noexcept {
         Status d = t.del(StoreTable::User, key);
         return d.code() == Code::NotFound ? Status() : d;
       });
-      if (g->outage.resume()) outage_record(g, false);
+      if (g->outage.resume()) record(g, false);
     }
   } catch (...) {
   }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lanebus/options.hpp"
 #include "lanebus/stats.hpp"
@@ -122,6 +123,58 @@ class OutageBreaker {
 // within about a second.
 
 class DurableStore;
+class Logger;
+struct GroupImpl;
+struct GroupLane;
+struct Parcel;
+struct Invocation;
+struct Settlement;
+
+/// The delivery core's side of the outage pause (outage.cpp): the lane
+/// runners ask it before a delivery and tell it what a delivery did; it
+/// keeps each durable group's pause record in the store and obeys
+/// `lanebus resume` requests. One per bus; it owns the list of durable
+/// groups with the option (registered by restore at subscribe).
+/// Thread safety: thread-safe; mu_ is a leaf (restore runs under the
+/// registry's lock).
+class OutageGate {
+ public:
+  explicit OutageGate(const Logger& logger) noexcept : logger_(logger) {}
+  /// The bus's store (BusCore::start; nullptr without one).
+  void set_store(DurableStore* store) noexcept { store_ = store; }
+
+  /// Before a delivery: -1 = go (marks the lane's probe), else wait this long. `take`: false only looks.
+  std::int64_t gate(GroupLane* gl, bool take) noexcept;
+  /// The runners' gate (taking the probe): a parked message that may not go
+  /// (`parked_index` >= 0) is due again after the wait.
+  std::int64_t wait(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
+  /// wait() for durable lanes: true (gl->retry_delay_ns = the wait) when the lane must wait.
+  bool held(GroupLane* gl, std::ptrdiff_t parked_index) noexcept;
+  /// Durable queues, before a claim: true (gl->retry_delay_ns = the wait) when no probe may go yet.
+  bool claim_later(GroupLane* gl) noexcept;
+  /// settle's transient failure of a group with the option: true (and *st set) if the group is paused.
+  bool on_transient(GroupLane* gl, const Parcel& p, const Invocation& inv, Settlement* st) noexcept;
+  /// An ack: empties the window, ends a pause.
+  void on_ack(GroupLane* gl) noexcept;
+  /// The lane's probe ended with neither an ack nor a transient failure.
+  void end_probe(GroupLane* gl) noexcept;
+  /// Bus::resume's part: end `g`'s pause (and delete its record). False if it was not paused.
+  bool resume(GroupImpl* g) noexcept;
+  /// At subscribe: a durable group recorded as paused starts paused; a
+  /// durable group with the option is listed for poll_resume.
+  void restore(GroupImpl* g);
+  /// `lanebus resume` requests for this process's paused durable groups (maintenance).
+  void poll_resume() noexcept;
+
+ private:
+  /// A durable group's pause record: written (paused) or deleted.
+  void record(GroupImpl* g, bool paused) noexcept;
+
+  const Logger& logger_;
+  DurableStore* store_ = nullptr;
+  Mutex mu_;
+  std::vector<GroupImpl*> durable_ GUARDED_BY(mu_);  // durable groups with the option
+};
 
 /// Subscribe's check of GroupOptions::outage. Errors: InvalidArgument naming the field.
 Status check_outage_options(std::string_view topic, const OutageOptions& o);

@@ -223,7 +223,7 @@ inline void TopicImpl::schedule(GroupLane* gl) noexcept {
   // The check BusCore::schedule starts with, without the call when the lane
   // is scheduled already (a lane being drained, mostly).
   if (gl->scheduled.load(std::memory_order_seq_cst)) return;
-  bus->schedule(gl);
+  bus->scheduler().schedule(gl);
 }
 
 // A topic with one active group (the common case): route's work without its
@@ -870,6 +870,35 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     r.published += k;
   }
   return r;
+}
+
+PublisherLink* PublisherState::find_link(TopicImpl* t) noexcept {
+  for (std::uint32_t i = 0; i < link_count; ++i)
+    if (links[i].topic == t) return last_link = &links[i];
+  if (link_count == kLinks) return nullptr;
+  PublisherLink& l = links[link_count++];
+  l.topic = t;
+  t->pool.attach(&l.mag);
+  return last_link = &l;
+}
+
+PublisherState::~PublisherState() {
+  for (std::uint32_t i = 0; i < link_count; ++i) {
+    TopicImpl* t = links[i].topic;
+    t->pool.detach(&links[i].mag);
+    if (slot != kNoPublisherSlot) {
+      // Give up solo ownership: the next publisher of the topic may take it
+      // (once the timer gives it back, if it has it lent: lend_to_timer).
+      const std::uintptr_t mine = std::uintptr_t{slot} + 2;
+      for (;;) {
+        std::uintptr_t o = mine;
+        if (t->owner.compare_exchange_strong(o, 0, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+        if (o != (mine | TopicImpl::kLent)) break;  // shared, or never ours
+        std::this_thread::yield();
+      }
+    }
+  }
+  if (slot != kNoPublisherSlot && bus != nullptr) bus->release_publisher_slot(slot);
 }
 
 }  // namespace lanebus::detail

@@ -121,7 +121,21 @@ Status BusCore::seek(TopicImpl* t, std::string_view group, const StartPosition& 
     if (Status s = store_->seek(g->store_group, position); !s.ok()) return s;
   }
   if (g->consumer_count.load(std::memory_order_seq_cst) > 0)
-    for (auto& gl : g->lanes) schedule(gl.get());
+    for (auto& gl : g->lanes) sched_.schedule(gl.get());
+  return Status();
+}
+
+Status BusCore::resume(TopicImpl* t, std::string_view group) {
+  if (closing()) return Status(Code::ShutDown, "bus \"" + options.name + "\" is shut down");
+  GroupImpl* g = find_group(t, group);
+  if (g == nullptr)
+    return Status(Code::NotFound, "resume \"" + t->name + "\": no group \"" + std::string(group) + "\" in this bus");
+  if (!g->options.outage.enabled)
+    return Status(Code::InvalidArgument, "resume \"" + t->name + "\" group \"" + g->name +
+                                             "\": the group has no outage pause (GroupOptions::outage.enabled)");
+  outages_.resume(g);
+  if (g->consumer_count.load(std::memory_order_seq_cst) > 0)
+    for (auto& gl : g->lanes) sched_.schedule(gl.get());
   return Status();
 }
 
@@ -309,7 +323,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
     // Fixed options of the group (set above for queues; at creation for
     // topic groups): the watchdog, a pause recorded by an earlier process.
     // (Parking space: reserved by the lane's owner on its first run with kp.)
-    outage_restore(g);
+    outages_.restore(g);
     if (g->options.attempt_timeout.count() > 0 &&
         std::find(watched_.begin(), watched_.end(), g) == watched_.end()) {
       watched_.push_back(g);
@@ -328,7 +342,7 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
   // Lanes may hold messages that waited for a consumer (queues, durable logs,
   // a pending retry): let a worker look at each (an empty lane costs one
   // run-queue round trip). Lane state itself belongs to the worker running it.
-  for (auto& gl : g->lanes) schedule(gl.get());
+  for (auto& gl : g->lanes) sched_.schedule(gl.get());
   return c;
 }
 
@@ -353,7 +367,7 @@ Status BusCore::detach(Consumer* c) noexcept {
     // Last consumer of a topic group: it stops receiving; queued messages are
     // discarded by the workers (no consumer) and counted as dropped.
     g->active.store(false, std::memory_order_seq_cst);
-    for (auto& gl : g->lanes) schedule(gl.get());
+    for (auto& gl : g->lanes) sched_.schedule(gl.get());
   }
   return Status();
 }
