@@ -634,7 +634,7 @@ extern thread_local WorkerLocal* tl_worker;
 /// The lane scheduler and the worker pool (scheduler.cpp): the run queue of
 /// scheduled lanes, the worker threads and the lanes each holds. It owns
 /// that state; nothing else reads it. A worker runs the lane it takes with
-/// BusCore::run_lane, and a lane whose namespace is over its consume quota
+/// LaneRunner::run_lane, and a lane whose namespace is over its consume quota
 /// goes back through BusCore::requeue (the retry timer).
 class Scheduler {
  public:
@@ -709,8 +709,71 @@ class Scheduler {
   std::atomic<std::size_t> workers_ready_{0};
 };
 
+/// key_parallel_retry's parked messages of a lane (ephemeral_lane.cpp; the
+/// durable runners use them too). Owner-only state: the lane's runner calls these.
+/// Index of the first parked message that may be delivered now, or -1.
+std::ptrdiff_t due_parked(const GroupLane* gl, std::int64_t now) noexcept;
+bool key_parked(const GroupLane* gl, std::string_view key) noexcept;
+/// The earliest due time of a parked message in backoff (0 = none), and how
+/// long from now until then (0 when due or none).
+std::int64_t earliest_parked_due(const GroupLane* gl) noexcept;
+std::int64_t wait_for_parked(const GroupLane* gl) noexcept;
+
+/// The lane runner (ephemeral_lane.cpp): every run of a lane starts in
+/// run_lane; a durable lane goes on to BusCore::run_durable_lane, an
+/// in-memory one takes slots from its ring and drives each through the
+/// delivery core (the plain fast paths, or the general loop: parked
+/// messages, retries, idempotency, timeouts, outages, expiry). It keeps no
+/// state of its own: a lane's is in its GroupLane, written by the lane's
+/// owner (the worker running it).
+class LaneRunner {
+ public:
+  explicit LaneRunner(BusCore& bus) noexcept : bus_(bus) {}
+  LaneRunner(const LaneRunner&) = delete;
+  LaneRunner& operator=(const LaneRunner&) = delete;
+
+  void run_lane(GroupLane* gl);
+  /// key_parallel_retry: release the lane and have the timer schedule it
+  /// again when its first parked message is due.
+  void park_lane(GroupLane* gl) noexcept;
+
+ private:
+  /// run_lane's general loop: parked messages, retries, idempotency,
+  /// timeouts, outages, expiry. Returns the head's hold (>= 0) or -1.
+  std::int64_t run_general(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, std::uint32_t* handled);
+  /// The general loop's next message: a parked one that is due, else the lane's head.
+  struct LanePick {
+    Slot* s = nullptr;
+    std::ptrdiff_t pi = -1;  // >= 0: gl->parked[pi]; else the head (gl->current)
+    std::uint32_t* attempts = nullptr;
+    std::int64_t* first_failure = nullptr;
+  };
+  /// Got: *pick is set. Again: the head was parked behind its key, pick again.
+  /// Stop: the lane is empty, or the parking limit holds it (*hold_ns = 0).
+  enum class PickStep : std::uint8_t { Got, Again, Stop };
+  PickStep pick_next(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, LanePick* pick,
+                     std::int64_t* hold_ns);
+  /// run_lane's end: flush frees, release the consumer, requeue, park, hold or let the lane go.
+  void end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_chain, std::uint32_t handled,
+               std::int64_t hold_ns);
+  /// run_lane's plain fast path (doc/performance.md).
+  std::int64_t run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
+                         std::uint32_t* handled) noexcept;
+  /// run_plain for a batch handler (single dequeuer): spans of up to batch_max.
+  std::int64_t run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees, std::uint32_t* handled) noexcept;
+  /// The plain runners' wait on an emptied lane.
+  template <class Found>
+  bool linger(FreeChain& frees, Found&& found) noexcept;
+  /// A plain run's message that was not acked: settle it; true if held for a retry.
+  bool settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, FreeChain& frees,
+                            std::int64_t* hold_ns) noexcept;
+
+  BusCore& bus_;
+};
+
 class BusCore : public std::enable_shared_from_this<BusCore> {
-  friend class Scheduler;  // runs lanes (run_lane) and requeues them (requeue)
+  friend class Scheduler;   // requeues lanes (requeue)
+  friend class LaneRunner;  // the bus's parts a run uses (pin_consumer, requeue, the timer, expiry)
 
  public:
   explicit BusCore(const BusOptions& options);
@@ -790,36 +853,6 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   const Logger logger;
 
  private:
-  void run_lane(GroupLane* gl);
-  /// run_lane's general loop (ephemeral_lane.cpp): parked messages, retries,
-  /// idempotency, timeouts, outages, expiry. Returns the head's hold (>= 0) or -1.
-  std::int64_t run_general(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, std::uint32_t* handled);
-  /// The general loop's next message: a parked one that is due, else the lane's head.
-  struct LanePick {
-    Slot* s = nullptr;
-    std::ptrdiff_t pi = -1;  // >= 0: gl->parked[pi]; else the head (gl->current)
-    std::uint32_t* attempts = nullptr;
-    std::int64_t* first_failure = nullptr;
-  };
-  /// Got: *pick is set. Again: the head was parked behind its key, pick again.
-  /// Stop: the lane is empty, or the parking limit holds it (*hold_ns = 0).
-  enum class PickStep : std::uint8_t { Got, Again, Stop };
-  PickStep pick_next(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, LanePick* pick,
-                     std::int64_t* hold_ns);
-  /// run_lane's end: flush frees, release the consumer, requeue, park, hold or let the lane go.
-  void end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_chain, std::uint32_t handled,
-               std::int64_t hold_ns);
-  /// run_lane's plain fast path (ephemeral_lane.cpp, doc/performance.md).
-  std::int64_t run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
-                         std::uint32_t* handled) noexcept;
-  /// run_plain for a batch handler (single dequeuer): spans of up to batch_max.
-  std::int64_t run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees, std::uint32_t* handled) noexcept;
-  /// The plain runners' wait on an emptied lane (ephemeral_lane.cpp).
-  template <class Found>
-  bool linger(FreeChain& frees, Found&& found) noexcept;
-  /// A plain run's message that was not acked: settle it; true if held for a retry.
-  bool settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, FreeChain& frees,
-                            std::int64_t* hold_ns) noexcept;
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
   // Delays and expiry (delayed.cpp).
@@ -861,16 +894,6 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   bool position_durable_topic(GroupLane* gl);
   /// Run the lane again: after `delay_ns` via the timer (it stays scheduled), else now.
   void requeue(GroupLane* gl, std::int64_t delay_ns) noexcept;
-  /// key_parallel_retry: release the lane and have the timer schedule it
-  /// again when its first parked message is due.
-  void park_lane(GroupLane* gl) noexcept;
-  /// key_parallel_retry: the earliest due time of a parked message in backoff (0 = none),
-  /// and how long from now until then (0 when due or none).
-  static std::int64_t earliest_parked_due(const GroupLane* gl) noexcept;
-  static std::int64_t wait_for_parked(const GroupLane* gl) noexcept;
-  /// Index of the first parked message that may be delivered now, or -1.
-  std::ptrdiff_t due_parked(GroupLane* gl, std::int64_t now) const noexcept;
-  bool key_parked(const GroupLane* gl, std::string_view key) const noexcept;
   /// Commit a transactional handler's effects with the offset commit
   /// (topics; queues settle in apply_queue_settle) inside `t`. Conflict: a
   /// value it read changed (nothing of it was written). *duplicate: the
@@ -951,6 +974,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::unique_ptr<DurableStore> store_;
   OutageGate outages_{logger};  // the outage pause's hooks (outage.hpp)
   DeliveryCore delivery_{*this, options, outages_};  // admit, invoke, settle, dead letters (delivery.hpp)
+  LaneRunner lanes_{*this};  // every lane run starts there (ephemeral_lane.cpp)
   Mutex durable_mu_;
   std::map<std::uint32_t, TopicImpl*> durable_topics_ GUARDED_BY(durable_mu_);  // by store topic id
   std::thread poller_;

@@ -48,7 +48,7 @@ void BusCore::run_durable_lane(GroupLane* gl) {
     return;
   }
   if (c != nullptr && !gl->parked.empty() && !abandon) {
-    park_lane(gl);
+    lanes_.park_lane(gl);
     return;
   }
   // Owner-only state must be read before the lane is released to others.

@@ -16,7 +16,7 @@ constexpr std::uint32_t kRunChunk = 32;
 
 // ---------------------------------------------------------------- parking (key_parallel_retry)
 
-std::ptrdiff_t BusCore::due_parked(GroupLane* gl, std::int64_t now) const noexcept {
+std::ptrdiff_t due_parked(const GroupLane* gl, std::int64_t now) noexcept {
   const auto& pk = gl->parked;
   for (std::size_t i = 0; i < pk.size(); ++i) {
     if (pk[i].due_ns > now || pk[i].released) continue;
@@ -32,41 +32,41 @@ std::ptrdiff_t BusCore::due_parked(GroupLane* gl, std::int64_t now) const noexce
   return -1;
 }
 
-bool BusCore::key_parked(const GroupLane* gl, std::string_view key) const noexcept {
+bool key_parked(const GroupLane* gl, std::string_view key) noexcept {
   for (const Parked& p : gl->parked)
     if (p.key() == key) return true;
   return false;
 }
 
-std::int64_t BusCore::earliest_parked_due(const GroupLane* gl) noexcept {
+std::int64_t earliest_parked_due(const GroupLane* gl) noexcept {
   std::int64_t earliest = 0;
   for (const Parked& p : gl->parked)
     if (p.due_ns > 0 && (earliest == 0 || p.due_ns < earliest)) earliest = p.due_ns;
   return earliest;
 }
 
-std::int64_t BusCore::wait_for_parked(const GroupLane* gl) noexcept {
+std::int64_t wait_for_parked(const GroupLane* gl) noexcept {
   const std::int64_t earliest = earliest_parked_due(gl);
   const std::int64_t now = RetryTimer::now_ns();
   return earliest > now ? earliest - now : 0;
 }
 
-void BusCore::park_lane(GroupLane* gl) noexcept {
+void LaneRunner::park_lane(GroupLane* gl) noexcept {
   // Owner-only state is read before the lane is released.
   const std::int64_t earliest = earliest_parked_due(gl);
   const bool durable = gl->group->topic->durable;
   const bool queue = gl->group->topic->is_queue;
   const std::uint64_t read_pos = gl->read_pos;
-  if (earliest != 0 && timer_) timer_->arm(&gl->wake, earliest);
-  sched_.unschedule(gl);
-  if (!durable) sched_.fence_after_unschedule(gl);
+  if (earliest != 0 && bus_.timer_) bus_.timer_->arm(&gl->wake, earliest);
+  bus_.sched_.unschedule(gl);
+  if (!durable) bus_.sched_.fence_after_unschedule(gl);
   // The wake may have fired before the flag was cleared (schedule() then saw
   // the lane scheduled and did nothing): check the time ourselves.
   const bool due = earliest != 0 && RetryTimer::now_ns() >= earliest;
   // (Durable queues are woken by the poller and the append listener.)
   const bool fresh = durable ? (!queue && gl->known_end.load(std::memory_order_seq_cst) > read_pos)
                              : gl->ring.ready();
-  if (due || fresh) sched_.schedule(gl);
+  if (due || fresh) bus_.sched_.schedule(gl);
 }
 
 // ---------------------------------------------------------------- the plain fast path
@@ -78,17 +78,17 @@ void BusCore::park_lane(GroupLane* gl) noexcept {
 // through the run queue. The freed slots go back once the wait is not
 // short (a publisher may be waiting for them). True when `found` found one.
 template <class Found>
-bool BusCore::linger(FreeChain& frees, Found&& found) noexcept {
-  if (sched_.other_work()) return false;
+bool LaneRunner::linger(FreeChain& frees, Found&& found) noexcept {
+  if (bus_.sched_.other_work()) return false;
   // The deadline from the start: a PAUSE costs 10-140 cycles by CPU model,
   // so a count of them is no measure of the wait.
-  const std::int64_t until = now_ns() + std::max<std::int64_t>(options.spin.count(), 1'000);
+  const std::int64_t until = now_ns() + std::max<std::int64_t>(bus_.options.spin.count(), 1'000);
   for (std::uint32_t spin = 1;; ++spin) {
     cpu_relax();
     if (found()) return true;
     if ((spin & 15) != 0) continue;
     if (spin == 256) frees.flush();
-    if (sched_.other_work() || closing() || now_ns() >= until) return false;
+    if (bus_.sched_.other_work() || bus_.closing() || now_ns() >= until) return false;
   }
 }
 
@@ -139,7 +139,7 @@ inline void unmark_run(GroupLane* gl, std::uint32_t handled, std::uint64_t bytes
 // head message; plain groups never park): settle decides as in the general
 // loop. True when it stays at the head of its lane for a retry (*hold_ns:
 // the backoff); the run must end.
-bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, FreeChain& frees,
+bool LaneRunner::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, FreeChain& frees,
                                    std::int64_t* hold_ns) noexcept {
   gl->running_since_ns.store(0, std::memory_order_release);
   gl->attempts = 1;
@@ -147,15 +147,15 @@ bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, F
   Invocation inv;
   inv.outcome = out;
   const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, 1};
-  const Settlement st = delivery_.settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
+  const Settlement st = bus_.delivery_.settle(gl, p, inv, AdmitMode::Claim, false, 1, &gl->first_failure_ns);
   if (st.next == Settlement::Next::Retry) {
     gl->current = s;  // kept at the head of its lane: later messages must not overtake it
     *hold_ns = st.delay_ns;
-    if (s->kind & Slot::kExtension) [[unlikely]] *hold_ns = clip_to_expiry(s, *hold_ns);  // delayed.cpp
+    if (s->kind & Slot::kExtension) [[unlikely]] *hold_ns = BusCore::clip_to_expiry(s, *hold_ns);  // delayed.cpp
     return true;
   }
   if (st.next == Settlement::Next::DeadLetter)
-    delivery_.dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
+    bus_.delivery_.dead_letter_ephemeral(gl, s, inv.outcome, 1, st.error_class, gl->first_failure_ns);
   frees.release(s);
   gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
   return false;
@@ -181,21 +181,21 @@ bool BusCore::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, F
 // of LaneRing::take_deferred), and a slot another group holds is returned
 // by that group only after this group's cell is free. A DropOldest ring has
 // other dequeuers: its chunks are one message, taken (and freed) at once.
-std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
+std::int64_t LaneRunner::run_plain(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
                                 std::uint32_t* handled_out) noexcept {
   GroupImpl* g = gl->group;
   MessagePool& pool = g->topic->pool;
   LaneRing& ring = gl->ring;
   const std::uint32_t batch = g->options.batch;
   const std::uint32_t chunk_max = std::clamp<std::uint32_t>(pool.capacity() / 8, 1, kRunChunk);
-  const bool metrics = options.metrics;
+  const bool metrics = bus_.options.metrics;
   const Handler& handler = c->handler;
   std::uint64_t delivered = gl->delivered.load(std::memory_order_relaxed);
   std::uint64_t acked = gl->acked.load(std::memory_order_relaxed);
   std::uint64_t bytes = 0;
   std::uint32_t handled = 0;
   std::int64_t hold_ns = -1;
-  mark_run(this, c, gl);
+  mark_run(&bus_, c, gl);
   Slot* chunk[kRunChunk];
   std::uint64_t first = 0;  // the chunk's first position (single): cells from it on are not free
   auto gather = [&]() -> std::uint32_t {
@@ -239,7 +239,7 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
         // expired message is never delivered (its slot goes with the chunk's).
         if (single) ring.free_taken(freed, first + i + 1);
         freed = first + i + 1;
-        if (expire_if_due(gl, s, 0, 0)) continue;
+        if (bus_.expire_if_due(gl, s, 0, 0)) continue;
         headers = slot_headers(s);
       }
       const std::int64_t created_at = s->header.created_at_ns;
@@ -287,14 +287,14 @@ std::int64_t BusCore::run_plain(GroupLane* gl, Consumer* c, bool single, FreeCha
 // the lane for the next call. One clock read per call stamps the latencies
 // (every message of the span is done when the call returns). Ring with one
 // dequeuer only (no DropOldest).
-std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees,
+std::int64_t LaneRunner::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees,
                                       std::uint32_t* handled_out) noexcept {
   GroupImpl* g = gl->group;
   MessagePool& pool = g->topic->pool;
   LaneRing& ring = gl->ring;
   const std::uint32_t limit = std::max(g->options.batch, g->options.batch_max);
   const std::uint32_t span_max = g->options.batch_max;
-  const bool metrics = options.metrics;
+  const bool metrics = bus_.options.metrics;
   const BatchHandler& handler = c->batch_handler;
   Slot* slots[kMaxBatch];
   alignas(MessageView) unsigned char view_bytes[kMaxBatch * sizeof(MessageView)];
@@ -304,7 +304,7 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
   std::uint64_t bytes = 0;
   std::uint32_t handled = 0;
   std::int64_t hold_ns = -1;
-  mark_run(this, c, gl);
+  mark_run(&bus_, c, gl);
   while (handled < limit) {
     Slot* expired_head = nullptr;
     const std::uint32_t n = ring.peek_each(ring.head_position(), span_max, [&](std::uint32_t i, std::uint32_t value) {
@@ -320,7 +320,7 @@ std::int64_t BusCore::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& fre
     });
     if (expired_head != nullptr) [[unlikely]] {
       ring.advance_single(1);
-      const bool expired = expire_if_due(gl, expired_head, 0, 0);
+      const bool expired = bus_.expire_if_due(gl, expired_head, 0, 0);
       frees.release(expired_head);
       if (expired) continue;
     }
@@ -383,22 +383,22 @@ void clear_pick(GroupLane* gl, std::ptrdiff_t pi) {
 }
 }  // namespace
 
-void BusCore::run_lane(GroupLane* gl) {
+void LaneRunner::run_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
   if (g->topic->durable) {
-    run_durable_lane(gl);
+    bus_.run_durable_lane(gl);
     return;
   }
-  const bool abandon = sched_.abandoning();
-  Consumer* c = abandon ? nullptr : pin_consumer(g);
+  const bool abandon = bus_.sched_.abandoning();
+  Consumer* c = abandon ? nullptr : bus_.pin_consumer(g);
 
   if (c == nullptr && g->persistent && !abandon) {
     // A queue with no consumer: messages wait. Unschedule; attach() reschedules
     // lanes once a consumer exists (Dekker on enabled / scheduled).
     const bool holding = gl->current != nullptr || !gl->parked.empty();  // owner-only: read before releasing
-    sched_.unschedule(gl);
-    sched_.fence_after_unschedule(gl);
-    if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) sched_.schedule(gl);
+    bus_.sched_.unschedule(gl);
+    bus_.sched_.fence_after_unschedule(gl);
+    if (g->consumer_count.load(std::memory_order_seq_cst) > 0 && (holding || gl->ring.ready())) bus_.sched_.schedule(gl);
     return;
   }
 
@@ -420,7 +420,7 @@ void BusCore::run_lane(GroupLane* gl) {
   // with DropOldest it runs in the general loop (spans of one, via invoke).
   const bool plain = c != nullptr && gl->current == nullptr && gl->parked.empty() && !kp &&
                      g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 && !c->tx_handler &&
-                     !g->options.outage.enabled && options.tracer == nullptr &&
+                     !g->options.outage.enabled && bus_.options.tracer == nullptr &&
                      (!c->batch_handler || single);
   // >= 0: the head message waits this long, the lane with it.
   const std::int64_t hold_ns = !plain             ? run_general(gl, c, single, frees, &handled)
@@ -429,7 +429,7 @@ void BusCore::run_lane(GroupLane* gl) {
   end_run(gl, c, frees, &frees == &own_frees, handled, hold_ns);
 }
 
-BusCore::PickStep BusCore::pick_next(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, LanePick* pick,
+LaneRunner::PickStep LaneRunner::pick_next(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, LanePick* pick,
                                      std::int64_t* hold_ns) {
   GroupImpl* g = gl->group;
   const bool kp = g->options.key_parallel_retry;
@@ -455,7 +455,7 @@ BusCore::PickStep BusCore::pick_next(GroupLane* gl, Consumer* c, bool single, Fr
       // The lane is empty. If no other lane waits, linger briefly: a
       // producer in a burst is likely to publish again within the spin,
       // which saves a trip through the run queue per message.
-      if (c == nullptr || sched_.other_work() || !gl->parked.empty()) return PickStep::Stop;
+      if (c == nullptr || bus_.sched_.other_work() || !gl->parked.empty()) return PickStep::Stop;
       frees.flush();
       bool got = false;
       for (int spin = 0; spin < 64 && !got; ++spin) {
@@ -467,7 +467,7 @@ BusCore::PickStep BusCore::pick_next(GroupLane* gl, Consumer* c, bool single, Fr
     gl->current = g->topic->pool.at(idx);
     gl->attempts = 0;
     gl->first_failure_ns = 0;
-    if (options.metrics && gl->parked.empty())
+    if (bus_.options.metrics && gl->parked.empty())
       gl->oldest_ns.store(gl->current->header.created_at_ns, std::memory_order_relaxed);
   }
   if (kp && c != nullptr && gl->attempts == 0 && key_parked(gl, gl->current->key())) {
@@ -484,7 +484,7 @@ BusCore::PickStep BusCore::pick_next(GroupLane* gl, Consumer* c, bool single, Fr
   return PickStep::Got;
 }
 
-std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
+std::int64_t LaneRunner::run_general(GroupLane* gl, Consumer* c, bool single, FreeChain& frees,
                                   std::uint32_t* handled) {
   GroupImpl* g = gl->group;
   const bool kp = g->options.key_parallel_retry;
@@ -505,11 +505,11 @@ std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeC
       frees.release(s);
       continue;
     }
-    if ((hold_ns = outages_.wait(gl, pi)) >= 0) break;  // paused: wait for the next probe (not an attempt)
+    if ((hold_ns = bus_.outages_.wait(gl, pi)) >= 0) break;  // paused: wait for the next probe (not an attempt)
     if (s->kind & Slot::kExtension) [[unlikely]] {
       // An expiry (delayed.cpp): a message whose TTL ended is never delivered, a retry included.
-      if (expire_if_due(gl, s, *attempts, *first_failure)) {
-        if (gl->probing) outages_.end_probe(gl);
+      if (bus_.expire_if_due(gl, s, *attempts, *first_failure)) {
+        if (gl->probing) bus_.outages_.end_probe(gl);
         clear_pick(gl, pi);
         frees.release(s);
         continue;
@@ -517,7 +517,7 @@ std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeC
     }
     const Parcel p{&s->header, s->key(), s->idempotency_key(), s->payload(), s->lane, 0, *attempts + 1, slot_headers(s)};
     // No idempotency scope (the common case): skip the out-of-line call.
-    const Admission a = g->idempotency == nullptr ? Admission::Proceed : delivery_.admit(gl, p, AdmitMode::Claim);
+    const Admission a = g->idempotency == nullptr ? Admission::Proceed : bus_.delivery_.admit(gl, p, AdmitMode::Claim);
     std::int64_t wait_ns = -1;  // the message stays (not an attempt, or a retry) and waits this long
     if (a == Admission::Later) {
       wait_ns = kHoldBusyKeyNs;  // the key is busy elsewhere: not an attempt
@@ -526,18 +526,18 @@ std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeC
       ++*handled;
     } else {
       ++*attempts;
-      const Invocation inv = delivery_.invoke(c, gl, p, nullptr);
+      const Invocation inv = bus_.delivery_.invoke(c, gl, p, nullptr);
       ++*handled;
-      const Settlement st = delivery_.settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
+      const Settlement st = bus_.delivery_.settle(gl, p, inv, AdmitMode::Claim, false, *attempts, first_failure);
       if (st.uncounted) --*attempts;  // paused: the attempt is given back
       if (st.next == Settlement::Next::Retry) {
         wait_ns = st.delay_ns;
-        if (s->kind & Slot::kExtension) [[unlikely]] wait_ns = clip_to_expiry(s, wait_ns);  // delayed.cpp
+        if (s->kind & Slot::kExtension) [[unlikely]] wait_ns = BusCore::clip_to_expiry(s, wait_ns);  // delayed.cpp
       } else if (st.next == Settlement::Next::DeadLetter) {
-        delivery_.dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
+        bus_.delivery_.dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
       }
     }
-    if (gl->probing) outages_.end_probe(gl);  // a probe that was skipped or held
+    if (gl->probing) bus_.outages_.end_probe(gl);  // a probe that was skipped or held
     if (wait_ns >= 0) {
       if (pi >= 0) {
         gl->parked[static_cast<std::size_t>(pi)].due_ns = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
@@ -562,11 +562,11 @@ std::int64_t BusCore::run_general(GroupLane* gl, Consumer* c, bool single, FreeC
   return hold_ns;
 }
 
-void BusCore::end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_chain, std::uint32_t handled,
+void LaneRunner::end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_chain, std::uint32_t handled,
                       std::int64_t hold_ns) {
   if (own_chain || gl->current != nullptr || !gl->parked.empty()) frees.flush();
   gl->parked_count.store(gl->parked.size(), std::memory_order_relaxed);
-  if (options.metrics && gl->current == nullptr && gl->parked.empty() && !gl->ring.ready())
+  if (bus_.options.metrics && gl->current == nullptr && gl->parked.empty() && !gl->ring.ready())
     gl->oldest_ns.store(0, std::memory_order_relaxed);
   if (c) c->calls.fetch_sub(1, std::memory_order_release);  // release: handler's effects before close() returns
 
@@ -574,21 +574,21 @@ void BusCore::end_run(GroupLane* gl, Consumer* c, FreeChain& frees, bool own_cha
     // The head waits (a retry, a busy key, or the parking limit): stay
     // scheduled; run again after the wait (the earliest parked message at
     // the limit), or at the back of the run queue.
-    requeue(gl, hold_ns == 0 && !gl->parked.empty() ? wait_for_parked(gl) : std::max<std::int64_t>(hold_ns, 0));
+    bus_.requeue(gl, hold_ns == 0 && !gl->parked.empty() ? wait_for_parked(gl) : std::max<std::int64_t>(hold_ns, 0));
     return;
   }
   if (!gl->parked.empty()) {
     if (handled >= gl->group->options.batch || gl->ring.ready() || due_parked(gl, RetryTimer::now_ns()) >= 0 ||
         c == nullptr) {
-      requeue(gl, 0);
+      bus_.requeue(gl, 0);
     } else {
       park_lane(gl);
     }
     return;
   }
   // Emptied: the worker holds it (scheduler.cpp, "Held lanes"), or lets go.
-  if (c != nullptr && sched_.hold(gl)) return;
-  sched_.let_go(gl);
+  if (c != nullptr && bus_.sched_.hold(gl)) return;
+  bus_.sched_.let_go(gl);
 }
 
 }  // namespace lanebus::detail

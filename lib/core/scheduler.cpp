@@ -283,7 +283,7 @@ void Scheduler::run_taken(WorkerLocal& me, GroupLane* gl, const FairRunQueue<Gro
   // namespace it was queued in; a bus that never had two namespaces with
   // work at once reads no clock here.
   const std::int64_t started = pick.timed ? RetryTimer::now_ns() : 0;
-  bus_.run_lane(gl);
+  bus_.lanes_.run_lane(gl);
   if (pick.timed) runq_.charge(pick, RetryTimer::now_ns() - started);
   if (ns != nullptr && tl_delivered_msgs != 0) ns->delivered(tl_delivered_msgs, tl_delivered_bytes);
   // Taken from the held array and not held again: drop its entry.
