@@ -26,7 +26,7 @@ valgrind --tool=callgrind --callgrind-out-file="$out" "$build/bench/hotpath" "${
 # callgrind 3.19 the one marked "[object]"; it used to be the one without).
 callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
   awk -v m="$msgs" -v g="$groups" '
-    match($0, /:lanebus::(Publisher::publish|detail::TopicImpl::publish_batch|detail::TopicImpl::publish_via|detail::TopicImpl::publish|detail::BusCore::run_lane)\(/) {
+    match($0, /:lanebus::(Publisher::publish|detail::TopicImpl::publish_batch|detail::TopicImpl::publish_via|detail::TopicImpl::publish|detail::LaneRunner::run_lane)\(/) {
       name = substr($0, RSTART + 10, RLENGTH - 11);
       sub(/^detail::/, "", name);
       ir = $1; gsub(",", "", ir);

@@ -536,7 +536,7 @@ class TopicImpl {
   bool route(Slot* s, std::uint32_t lane, bool solo) noexcept;
   /// route for a topic with one active group, inline in publish_via (else route).
   bool route_one(Slot* s, std::uint32_t lane, bool solo) noexcept;
-  /// BusCore::schedule, with its first check (the lane already scheduled,
+  /// Scheduler::schedule, with its first check (the lane already scheduled,
   /// a seq_cst load: the publisher's side of the Dekker hand-off) inline.
   void schedule(GroupLane* gl) noexcept;
   /// publish_via for every case (publish.cpp): its lean frame's fallback.

@@ -220,7 +220,7 @@ void TopicImpl::give_back(std::uintptr_t lent) noexcept {
 }
 
 inline void TopicImpl::schedule(GroupLane* gl) noexcept {
-  // The check BusCore::schedule starts with, without the call when the lane
+  // The check Scheduler::schedule starts with, without the call when the lane
   // is scheduled already (a lane being drained, mostly).
   if (gl->scheduled.load(std::memory_order_seq_cst)) return;
   bus->scheduler().schedule(gl);
