@@ -27,7 +27,7 @@ KNOWN = {
         'verify_on_open runs the verifier from DurableStore::open; the verifier belongs beside the store',
     ('features/fence.cpp', 'core/bus_impl.hpp'):
         'Bus::fenced_* are implemented against BusCore; they move to core/ when BusCore is taken apart',
-    ('core/bus_stats.cpp', 'ops/store_stats.hpp'):
+    ('core/registry.cpp', 'ops/store_stats.hpp'):
         'Bus::stats reads the store figures that ops/store_stats.cpp gathers for the CLI and metrics',
     ('features/schema_registry.cpp', 'core/bus_impl.hpp'):
         'the registry binds schemas to TopicImpl and reads the running lane; same way out',

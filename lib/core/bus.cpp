@@ -4,7 +4,7 @@
 // bus_core.cpp (start, shutdown), registry.cpp, publish.cpp,
 // publish_durable.cpp, scheduler.cpp (Scheduler), delivery.cpp (DeliveryCore),
 // outage.cpp (OutageGate), ephemeral_lane.cpp, durable_lane.cpp,
-// txconsume.cpp, bus_stats.cpp (design notes: bus_impl.hpp).
+// txconsume.cpp (design notes: bus_impl.hpp).
 #include <algorithm>
 #include <bit>
 #include <cassert>
@@ -60,7 +60,7 @@ Status traced(detail::TopicImpl* t, const OutgoingMessage& m, Publish&& publish)
   return publish(m);
 }
 
-// Through the calling thread's own publisher ("Implicit publishers", publish.cpp).
+// Through the calling thread's own publisher ("implicit publishers", bus_core.cpp).
 Status publish_one(detail::TopicImpl* t, const OutgoingMessage& m, bool may_block) noexcept {
   if (t->durable) return publish_durable_noexcept(t, m);
   if (detail::PublisherState* st = t->bus->thread_publisher()) return t->publish_via(*st, m, may_block);

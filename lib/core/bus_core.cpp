@@ -1,12 +1,15 @@
 // lanebus — MIT License.
 // BusCore's life: start (the store, tenancy, the poller, the retry timer,
 // the scheduler), shutdown, the watchdog, the poller's maintenance pass
-// (schema usage, outage resumes, the DLQ and idempotency retention) and
-// the publisher slots. Design notes in bus_impl.hpp.
+// (schema usage, outage resumes, the DLQ and idempotency retention), the
+// poller and the append listener, the publisher slots and the implicit
+// publishers of Topic::publish. Design notes in bus_impl.hpp.
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "bus_impl.hpp"
 #include "lanebus/lease.hpp"
@@ -79,7 +82,7 @@ Status BusCore::start() {
         if (TopicImpl* t = static_cast<DelayEntry*>(e)->topic) {
           t->release_due();
         } else {
-          move_durable_delayed();
+          durable_delays_.move();
         }
         return;
       }
@@ -88,8 +91,7 @@ Status BusCore::start() {
   } catch (const std::exception& e) {
     return Status(Code::Internal, std::string("bus \"") + options.name + "\": starting the retry timer: " + e.what());
   }
-  durable_delays_.kind = TimerEntry::Kind::Delayed;
-  refresh_durable_delays();  // delayed messages stored before this start (a restart)
+  durable_delays_.refresh();  // delayed messages stored before this start (a restart)
   return sched_.start(options.workers ? options.workers : std::max(1u, std::thread::hardware_concurrency()));
 }
 
@@ -372,7 +374,7 @@ void BusCore::maintenance() noexcept {
     schemas_->refresh_all();
   }
   outages_.poll_resume();
-  refresh_durable_delays();  // entries of other processes, or a failed move
+  durable_delays_.refresh();  // entries of other processes, or a failed move
   if (!dlq_) return;
   log_dlq_refusals();
   try {
@@ -399,6 +401,193 @@ void BusCore::maintenance() noexcept {
       }
     } catch (...) {
     }
+  }
+}
+
+void BusCore::wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept {
+  GroupLane* gl = g->lanes[lane].get();
+  std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
+  bool grew = false;
+  while (end > k) {
+    if (gl->known_end.compare_exchange_weak(k, end, std::memory_order_seq_cst)) {
+      grew = true;
+      break;
+    }
+  }
+  if ((grew || g->topic->is_queue) && g->consumer_count.load(std::memory_order_seq_cst) > 0) sched_.schedule(gl);
+}
+
+void BusCore::on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept {
+  TopicImpl* t = nullptr;
+  {
+    MutexLock l(&durable_mu_);
+    auto it = durable_topics_.find(topic_id);
+    if (it != durable_topics_.end()) t = it->second;
+  }
+  if (t == nullptr || lane >= t->options.lanes) return;
+  const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < ng; ++i) {
+    GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
+    if (g != nullptr) wake_durable_group(g, lane, end);
+  }
+}
+
+// Finds appends made by other processes, and (`periodic`) expired queue
+// claims: a queue lane with consumers is looked at on every periodic pass
+// even when its log did not grow. A wake-up from another process's commit
+// only schedules the lanes that grew.
+void BusCore::scan_durable_ends(std::vector<TopicImpl*>& topics, std::vector<std::uint64_t>& ends, bool periodic) {
+  topics.clear();
+  {
+    MutexLock l(&durable_mu_);
+    for (auto& [id, t] : durable_topics_) topics.push_back(t);
+  }
+  for (TopicImpl* t : topics) {
+    const std::uint32_t lanes = t->options.lanes;
+    if (ends.size() < lanes) ends.resize(lanes);  // grows to the widest topic once
+    if (!store_->end_offsets(t->store_topic, ends.data()).ok()) continue;
+    for (std::uint32_t lane = 0; lane < lanes; ++lane) {
+      const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
+      for (std::uint32_t i = 0; i < ng; ++i) {
+        GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
+        if (g == nullptr) continue;
+        // Relaxed: a hint; wake_durable_group re-checks with a CAS.
+        if (periodic || ends[lane] > g->lanes[lane]->known_end.load(std::memory_order_relaxed))
+          wake_durable_group(g, lane, ends[lane]);
+      }
+    }
+  }
+}
+
+// The poller: sleeps on the store's commit-wake word (another process's commit
+// that appended wakes it, doc/durable.md) with the poll interval as timeout,
+// so a lost or missing wake-up costs at most one interval. Without a wake word
+// it sleeps on poller_cv_ alone, as before.
+void BusCore::poller_main() {
+  using clock = std::chrono::steady_clock;
+  std::vector<TopicImpl*> topics;
+  std::vector<std::uint64_t> ends;
+  std::int64_t polls = 0;
+  const bool wake = store_->has_commit_wake();
+  auto next_poll = clock::now() + options.durable_poll;
+  for (;;) {
+    // Read the word before the store (a commit after this line wakes the wait).
+    const std::uint32_t seen = store_->commit_wake_seq();
+    bool woken = false;
+    {
+      std::unique_lock l(poller_mu_);
+      if (poller_stop_) return;
+      if (!wake && poller_cv_.wait_until(l, next_poll, [&] { return poller_stop_; })) return;
+    }
+    if (wake) {
+      woken = store_->wait_for_commit(seen, next_poll - clock::now());
+      std::lock_guard l(poller_mu_);
+      if (poller_stop_) return;
+    }
+    if (clock::now() >= next_poll) {
+      if (++polls % std::max<std::int64_t>(1, 1000 / std::max<std::int64_t>(1, options.durable_poll.count())) == 0)
+        maintenance();
+      scan_durable_ends(topics, ends, true);
+      next_poll = clock::now() + options.durable_poll;
+    } else if (woken) {
+      scan_durable_ends(topics, ends, false);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- implicit publishers
+//
+// Topic::publish on an in-memory topic goes through a publisher of the
+// calling thread's own, as if the program had made one with Bus::publisher():
+// the slot magazine, the block of ids and the solo path, where the shared
+// path takes ids, slots and ring cells with a locked instruction each (2-3x
+// slower, doc/performance.md "Topic::publish through a thread's publisher").
+// - The core owns the states (ThreadPublishers); a thread caches the last
+//   two buses it published to (serial, state, weak reference to the table).
+//   The cache is the thread's: a state is used by its thread only.
+// - A thread's exit destroys its states, if their core is still there (the
+//   table's mutex and `alive`); the core's destruction destroys the rest.
+//   Destroying a state gives its magazines' slots back, ends solo
+//   ownership and frees the publisher slot, as a Publisher's destruction.
+// - A state is made once per thread and bus (one allocation, on the first
+//   publish); after that, publishing allocates nothing. A thread that
+//   publishes to a third bus drops its oldest state.
+namespace {
+struct ThreadPublisherCache {
+  struct Entry {
+    std::uint64_t serial = 0;  // BusCore::serial_; 0: empty
+    PublisherState* state = nullptr;
+    std::weak_ptr<ThreadPublishers> table;
+  };
+  Entry entries[2];
+
+  ~ThreadPublisherCache() {
+    for (Entry& e : entries) drop(e);
+  }
+  static void drop(Entry& e) noexcept {
+    if (std::shared_ptr<ThreadPublishers> t = e.table.lock()) {
+      // Under the table's lock, so the core (whose destruction takes it
+      // first) and its pools are still there while the state gives its
+      // magazines back (lock order: the table, then a pool's).
+      MutexLock l(&t->mu);
+      if (t->alive) {
+        for (auto& st : t->states) {
+          if (st.get() != e.state) continue;
+          st = std::move(t->states.back());  // destroys the state
+          t->states.pop_back();
+          break;
+        }
+      }
+    }
+    e = Entry{};
+  }
+};
+thread_local ThreadPublisherCache tl_publishers;
+}  // namespace
+
+PublisherState* BusCore::thread_publisher() noexcept {
+  ThreadPublisherCache& c = tl_publishers;
+  if (c.entries[0].serial == serial_) return c.entries[0].state;
+  if (c.entries[1].serial == serial_) {
+    std::swap(c.entries[0], c.entries[1]);
+    return c.entries[0].state;
+  }
+  if (closing()) return nullptr;
+  try {
+    auto st = std::make_unique<PublisherState>();
+    st->bus = this;
+    st->slot = claim_publisher_slot();
+    PublisherState* raw = st.get();
+    {
+      MutexLock l(&thread_publishers_->mu);
+      if (!thread_publishers_->alive) return nullptr;
+      thread_publishers_->states.push_back(std::move(st));
+    }
+    ThreadPublisherCache::drop(c.entries[1]);
+    c.entries[1] = std::move(c.entries[0]);
+    c.entries[0] = {serial_, raw, thread_publishers_};
+    return raw;
+  } catch (...) {
+    return nullptr;  // out of memory: the shared path
+  }
+}
+
+void BusCore::drop_thread_publishers() noexcept {
+  std::vector<std::unique_ptr<PublisherState>> gone;
+  {
+    MutexLock l(&thread_publishers_->mu);
+    thread_publishers_->alive = false;
+    gone.swap(thread_publishers_->states);
+  }
+}
+
+void BusCore::arm_delayed(DelayEntry* e, std::int64_t due_wall_ns) noexcept {
+  if (!timer_) return;
+  const std::int64_t wait = due_wall_ns - now_ns();
+  try {
+    timer_->arm(e, RetryTimer::now_ns() + std::max<std::int64_t>(wait, 0));
+  } catch (...) {
+    // RetryTimer::arm takes a std::mutex: it throws only if locking fails.
   }
 }
 

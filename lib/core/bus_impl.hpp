@@ -594,7 +594,7 @@ struct PublisherState {
 };
 
 /// The publishers behind Topic::publish, one per thread that publishes
-/// (publish.cpp, "Implicit publishers"). Owned by the core; a thread's cache
+/// (bus_core.cpp, "implicit publishers"). Owned by the core; a thread's cache
 /// holds a weak reference, so a thread that outlives the bus finds it dead.
 struct ThreadPublishers {
   Mutex mu;
@@ -720,7 +720,7 @@ std::int64_t earliest_parked_due(const GroupLane* gl) noexcept;
 std::int64_t wait_for_parked(const GroupLane* gl) noexcept;
 
 /// The lane runner (ephemeral_lane.cpp): every run of a lane starts in
-/// run_lane; a durable lane goes on to BusCore::run_durable_lane, an
+/// run_lane; a durable lane goes on to DurableRunner::run_durable_lane, an
 /// in-memory one takes slots from its ring and drives each through the
 /// delivery core (the plain fast paths, or the general loop: parked
 /// messages, retries, idempotency, timeouts, outages, expiry). It keeps no
@@ -771,26 +771,104 @@ class LaneRunner {
   BusCore& bus_;
 };
 
+/// The durable lane runners (durable_lane.cpp; the transactional commit,
+/// apply_tx, in txconsume.cpp): a durable topic's group reads a batch at its
+/// position, delivers it in order and commits offsets; a durable queue claims
+/// a batch, delivers it and settles it in one asynchronous write. Both drive
+/// the delivery core. No state of its own: a lane's is in its GroupLane,
+/// written by the lane's owner.
+class DurableRunner {
+ public:
+  explicit DurableRunner(BusCore& bus) noexcept : bus_(bus) {}
+  DurableRunner(const DurableRunner&) = delete;
+  DurableRunner& operator=(const DurableRunner&) = delete;
+
+  /// A durable lane's run (LaneRunner::run_lane sends it here).
+  void run_durable_lane(GroupLane* gl);
+
+ private:
+  bool position_durable_topic(GroupLane* gl);
+  bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
+  /// run_durable_topic_batch's steps (durable_lane.cpp): the run's state,
+  /// the read (with poison detection's delivery mark), the pick (a due
+  /// parked message, else the buffer's head; a poison message and one behind
+  /// a parked key settle there), the delivery (a transactional ack commits
+  /// in topic_commit_tx), what follows it, and the run's offset commit.
+  struct TopicRun;
+  enum class TopicStep : std::uint8_t { Got, Next, Stop, Reposition };
+  TopicStep topic_refill(TopicRun& run);
+  TopicStep topic_pick(TopicRun& run);
+  std::int64_t topic_deliver(TopicRun& run, bool* reposition);
+  std::int64_t topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition);
+  TopicStep topic_after(TopicRun& run, std::int64_t wait_ns);
+  bool topic_run_end(TopicRun& run);
+  bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
+  /// run_durable_queue_batch's steps (durable_lane.cpp): the run's settles,
+  /// the claim (due parked messages first), what settles a message without a
+  /// handler call (parked behind its key, poison, expired, an outage), the call.
+  struct QueueRun;
+  bool claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full);
+  bool queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes);
+  void queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
+                  std::set<std::string_view>& keys_done);
+  /// Commit a transactional handler's effects with the offset commit
+  /// (topics; queues settle in apply_queue_settle) inside `t`. Conflict: a
+  /// value it read changed (nothing of it was written). *duplicate: the
+  /// message's idempotency key was done already (only the offset moved).
+  Status apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt,
+                  bool* duplicate);
+  /// Durable queues: settle message `k` of a claimed batch in the writer's
+  /// transaction, and account for it after the commit (durable_lane.cpp).
+  Status apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k);
+  void settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept;
+  /// Durable queues with key_parallel_retry: heads given back to the store that are due or lost.
+  void recheck_released_heads(GroupLane* gl) noexcept;
+  /// Durable queues: attempts of the message at `offset` that came back with an outcome.
+  Result<std::uint32_t> queue_outcomes(GroupLane* gl, std::uint64_t offset);
+  /// The DLQ entry of a durable message that crashed the consumer `crashes` times.
+  DlqEntry poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const;
+
+  BusCore& bus_;
+};
+
+/// Durable delayed messages, the timer's side (delayed_durable.cpp): it
+/// arms the bus's retry timer for the delayed index's earliest entry and,
+/// when it fires, queues the move transaction that appends due entries to
+/// their lanes (lib/store/delayed_index.hpp). One per bus; it owns its
+/// timer entry and the "a move is queued" flag (one move at a time).
+class DurableDelays {
+ public:
+  explicit DurableDelays(BusCore& bus) noexcept : bus_(bus) { entry_.kind = TimerEntry::Kind::Delayed; }
+  DurableDelays(const DurableDelays&) = delete;
+  DurableDelays& operator=(const DurableDelays&) = delete;
+  /// Move due messages of the index at `due_wall_ns` or earlier (0: nothing).
+  void arm(std::int64_t due_wall_ns) noexcept;
+  /// Arm for the index's earliest entry (start, maintenance: other processes' entries).
+  void refresh() noexcept;
+  /// The timer thread: one move transaction (async); its completion re-arms.
+  void move() noexcept;
+
+ private:
+  BusCore& bus_;
+  DelayEntry entry_;  // topic nullptr: the index's entry
+  std::atomic<bool> moving_{false};
+};
+
 class BusCore : public std::enable_shared_from_this<BusCore> {
   friend class Scheduler;   // requeues lanes (requeue)
   friend class LaneRunner;  // the bus's parts a run uses (pin_consumer, requeue, the timer, expiry)
+  friend class DurableRunner;  // the same, and the store and the DLQ
+  friend class DurableDelays;  // the store, the timer and the open durable topics
 
  public:
   explicit BusCore(const BusOptions& options);
   ~BusCore();
 
   Status start();
-  /// Fire `e` (a topic's DelayQueue entry) at wall-clock `due_wall_ns` or earlier (delayed.cpp).
+  /// Fire `e` (a topic's DelayQueue entry) at wall-clock `due_wall_ns` or earlier (bus_core.cpp).
   void arm_delayed(DelayEntry* e, std::int64_t due_wall_ns) noexcept;
-  /// Durable delays (delayed_durable.cpp): move due messages of the delayed
-  /// index to their lanes at `due_wall_ns` or earlier.
-  void arm_durable_delays(std::int64_t due_wall_ns) noexcept;
-  /// Arm for the index's earliest entry (start, maintenance: other processes' entries).
-  void refresh_durable_delays() noexcept;
-  /// The timer thread: one move transaction (async); its completion re-arms.
-  void move_durable_delayed() noexcept;
-  /// A stored message whose expiry has passed (doc/delays.md).
-  static bool stored_expired(const StoredMessage& m) noexcept;
+  /// The durable delayed index's timer side (DurableDelays, above).
+  DurableDelays& durable_delays() noexcept { return durable_delays_; }
   Result<TopicImpl*> create(std::string_view name, bool is_queue, const TopicOptions& options);
   Result<Consumer*> attach(TopicImpl* topic, std::string_view group, Handler handler, TxHandler tx_handler,
                            const GroupOptions& options, BatchHandler batch_handler = {});
@@ -810,7 +888,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   PublisherSlot& publisher_slot(std::uint32_t k) noexcept { return pub_slots_[k]; }
   /// The calling thread's publisher for this bus (Topic::publish): created
   /// on the thread's first publish, kept by the core until the thread exits
-  /// or the core goes (publish.cpp, "Implicit publishers"). nullptr after
+  /// or the core goes (bus_core.cpp, "implicit publishers"). nullptr after
   /// shutdown began or when it cannot be created (the shared path then serves).
   PublisherState* thread_publisher() noexcept;
   /// Destroy every implicit publisher (~BusCore, before the topics go).
@@ -856,60 +934,12 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
   // Delays and expiry (delayed.cpp).
-  /// Shutdown: every in-memory topic's delayed slots not yet due are freed.
+  /// Shutdown: every in-memory topic's delayed slots not yet due are freed (registry.cpp).
   void discard_delayed() noexcept;
-  /// Before a handler call of an ephemeral message with an extension block:
-  /// true when its TTL has ended (counted, dead-lettered if the group asks;
-  /// the caller releases the slot).
-  bool expire_if_due(GroupLane* gl, Slot* s, std::uint32_t attempts, std::int64_t first_failure_ns) noexcept;
-  /// A retry's wait, cut to end at the slot's expiry (a retry never outlives the TTL).
-  static std::int64_t clip_to_expiry(const Slot* s, std::int64_t wait_ns) noexcept;
 
 
-  // Lane runners.
-  bool run_durable_topic_batch(GroupLane* gl, Consumer* c);
-  /// run_durable_topic_batch's steps (durable_lane.cpp): the run's state,
-  /// the read (with poison detection's delivery mark), the pick (a due
-  /// parked message, else the buffer's head; a poison message and one behind
-  /// a parked key settle there), the delivery (a transactional ack commits
-  /// in topic_commit_tx), what follows it, and the run's offset commit.
-  struct TopicRun;
-  enum class TopicStep : std::uint8_t { Got, Next, Stop, Reposition };
-  TopicStep topic_refill(TopicRun& run);
-  TopicStep topic_pick(TopicRun& run);
-  std::int64_t topic_deliver(TopicRun& run, bool* reposition);
-  std::int64_t topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition);
-  TopicStep topic_after(TopicRun& run, std::int64_t wait_ns);
-  bool topic_run_end(TopicRun& run);
-  bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
-  /// run_durable_queue_batch's steps (durable_lane.cpp): the run's settles,
-  /// the claim (due parked messages first), what settles a message without a
-  /// handler call (parked behind its key, poison, expired, an outage), the call.
-  struct QueueRun;
-  bool claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full);
-  bool queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes);
-  void queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
-                  std::set<std::string_view>& keys_done);
-  void run_durable_lane(GroupLane* gl);
-  bool position_durable_topic(GroupLane* gl);
   /// Run the lane again: after `delay_ns` via the timer (it stays scheduled), else now.
   void requeue(GroupLane* gl, std::int64_t delay_ns) noexcept;
-  /// Commit a transactional handler's effects with the offset commit
-  /// (topics; queues settle in apply_queue_settle) inside `t`. Conflict: a
-  /// value it read changed (nothing of it was written). *duplicate: the
-  /// message's idempotency key was done already (only the offset moved).
-  Status apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt,
-                  bool* duplicate);
-  /// Durable queues: settle message `k` of a claimed batch in the writer's
-  /// transaction, and account for it after the commit (durable_lane.cpp).
-  Status apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k);
-  void settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept;
-  /// Durable queues with key_parallel_retry: heads given back to the store that are due or lost.
-  void recheck_released_heads(GroupLane* gl) noexcept;
-  /// Durable queues: attempts of the message at `offset` that came back with an outcome.
-  Result<std::uint32_t> queue_outcomes(GroupLane* gl, std::uint64_t offset);
-  /// The DLQ entry of a durable message that crashed the consumer `crashes` times.
-  DlqEntry poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const;
   void maintenance() noexcept;
   /// Log the DLQ's quota refusals since the last call (poller thread).
   void log_dlq_refusals() noexcept;
@@ -950,10 +980,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   std::atomic<std::uint64_t> next_id_{1};
 
   std::unique_ptr<RetryTimer> timer_;
-  // Durable delays (delayed_durable.cpp): the timer entry of the delayed
-  // index (topic nullptr) and whether a move transaction is queued.
-  DelayEntry durable_delays_;
-  std::atomic<bool> moving_delays_{false};
+  DurableDelays durable_delays_{*this};  // the delayed index's timer side (delayed_durable.cpp)
   // Watchdog (attempt_timeout): groups with a budget, appended under mu_.
   std::vector<GroupImpl*> watched_ GUARDED_BY(mu_);
   std::thread watchdog_;
@@ -975,6 +1002,7 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   OutageGate outages_{logger};  // the outage pause's hooks (outage.hpp)
   DeliveryCore delivery_{*this, options, outages_};  // admit, invoke, settle, dead letters (delivery.hpp)
   LaneRunner lanes_{*this};  // every lane run starts there (ephemeral_lane.cpp)
+  DurableRunner durable_{*this};  // durable topics' and queues' runs (durable_lane.cpp)
   Mutex durable_mu_;
   std::map<std::uint32_t, TopicImpl*> durable_topics_ GUARDED_BY(durable_mu_);  // by store topic id
   std::thread poller_;

@@ -465,41 +465,4 @@ void TopicImpl::discard_delayed() noexcept {
   }
 }
 
-// ---------------------------------------------------------------- the bus side
-
-void BusCore::arm_delayed(DelayEntry* e, std::int64_t due_wall_ns) noexcept {
-  if (!timer_) return;
-  const std::int64_t wait = due_wall_ns - now_ns();
-  try {
-    timer_->arm(e, RetryTimer::now_ns() + std::max<std::int64_t>(wait, 0));
-  } catch (...) {
-    // RetryTimer::arm takes a std::mutex: it throws only if locking fails.
-  }
-}
-
-void BusCore::discard_delayed() noexcept {
-  MutexLock l(&mu_);
-  for (auto& [name, t] : topics_)
-    if (!t->durable) t->discard_delayed();
-}
-
-bool BusCore::expire_if_due(GroupLane* gl, Slot* s, std::uint32_t attempts, std::int64_t first_failure_ns) noexcept {
-  // A delayed message without an expiry reads no clock (one per delivery was
-  // 6 % of delayed_1to1's samples: clock_gettime and the wall clock's refresh).
-  const MessageTimes t = slot_times(s);
-  if (t.expires_ns == 0 || now_ns() < t.expires_ns) return false;
-  gl->expired.fetch_add(1, std::memory_order_relaxed);
-  if (gl->group->options.dead_letter_expired)
-    delivery_.dead_letter_ephemeral(gl, s, Outcome::reject("expired: its ttl ended before a handler call started"), attempts,
-                          ErrorClass::Expired, first_failure_ns);
-  return true;
-}
-
-std::int64_t BusCore::clip_to_expiry(const Slot* s, std::int64_t wait_ns) noexcept {
-  const MessageTimes t = slot_times(s);
-  if (t.expires_ns == 0) return wait_ns;
-  const std::int64_t left = t.expires_ns - now_ns();
-  return std::min(wait_ns, std::max<std::int64_t>(left, 0) + 1);
-}
-
 }  // namespace lanebus::detail

@@ -72,6 +72,7 @@
 //   routes with it released and arms the timer (its own leaf mutex) after.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <climits>
@@ -87,6 +88,7 @@
 #include "message_pool.hpp"
 #include "retry_timer.hpp"
 #include "trace.hpp"
+#include "wall_clock.hpp"
 
 namespace lanebus::detail {
 
@@ -194,6 +196,14 @@ inline MessageTimes slot_times(const Slot* s) noexcept {
 inline bool slot_expired(const Slot* s, std::int64_t now_ns) noexcept {
   const MessageTimes t = slot_times(s);
   return t.expires_ns != 0 && now_ns >= t.expires_ns;
+}
+
+/// A retry's wait, cut to end at the slot's expiry (a retry never outlives the TTL).
+inline std::int64_t clip_to_expiry(const Slot* s, std::int64_t wait_ns) noexcept {
+  const MessageTimes t = slot_times(s);
+  if (t.expires_ns == 0) return wait_ns;
+  const std::int64_t left = t.expires_ns - WallClock::now_ns();
+  return std::min(wait_ns, std::max<std::int64_t>(left, 0) + 1);
 }
 
 // ---------------------------------------------------------------- DelayQueue

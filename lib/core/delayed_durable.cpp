@@ -64,14 +64,14 @@ Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest&
       return ws;
     }
     lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
-    bus->arm_durable_delays(due);
+    bus->durable_delays().arm(due);
     return Status();
   }
   Status ws = bus->store()->delayed_async(
       std::move(req), tiebreak, [this, lane, nsp, need, due, done = std::move(done)](const Status& s) {
         if (s.ok()) {
           lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
-          bus->arm_durable_delays(due);
+          bus->durable_delays().arm(due);
         } else {
           nsp->unadmit_publish(need);
           refused.fetch_add(1, std::memory_order_relaxed);
@@ -85,55 +85,52 @@ Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest&
   return ws;
 }
 
-void BusCore::arm_durable_delays(std::int64_t due_wall_ns) noexcept {
-  if (due_wall_ns != 0) arm_delayed(&durable_delays_, due_wall_ns);
+void DurableDelays::arm(std::int64_t due_wall_ns) noexcept {
+  if (due_wall_ns != 0) bus_.arm_delayed(&entry_, due_wall_ns);
 }
 
-void BusCore::refresh_durable_delays() noexcept {
-  if (!store_ || store_->read_only()) return;
-  auto first = earliest_delayed(*store_);
-  if (first.ok() && *first != 0) arm_durable_delays(*first);
+void DurableDelays::refresh() noexcept {
+  if (!bus_.store_ || bus_.store_->read_only()) return;
+  auto first = earliest_delayed(*bus_.store_);
+  if (first.ok() && *first != 0) arm(*first);
 }
 
-void BusCore::move_durable_delayed() noexcept {
-  if (!store_ || store_->read_only() || closing()) return;
-  if (moving_delays_.exchange(true, std::memory_order_acq_rel)) return;  // one move at a time; it re-arms
+void DurableDelays::move() noexcept {
+  if (!bus_.store_ || bus_.store_->read_only() || bus_.closing()) return;
+  if (moving_.exchange(true, std::memory_order_acq_rel)) return;  // one move at a time; it re-arms
   try {
     auto result = std::make_shared<MoveResult>();
-    Status s = store_->write_async(
+    Status s = bus_.store_->write_async(
         [this, result](StoreTxn& t) -> Status {
           return move_due_delayed(
               t, kMoveBatch,
               [this](std::uint32_t topic_id) {
-                MutexLock l(&durable_mu_);
-                return durable_topics_.count(topic_id) > 0;
+                MutexLock l(&bus_.durable_mu_);
+                return bus_.durable_topics_.count(topic_id) > 0;
               },
               result.get());
         },
         [this, result](const Status& st) {
-          moving_delays_.store(false, std::memory_order_release);
+          moving_.store(false, std::memory_order_release);
           if (!st.ok()) {
-            arm_durable_delays(now_ns() + kMoveRetryNs);
+            arm(now_ns() + kMoveRetryNs);
             return;
           }
           if (result->dropped > 0)
-            logger.log(LogLevel::Warn,
+            bus_.logger.log(LogLevel::Warn,
                        "delayed delivery: %u due message(s) refused by their topic (gone, or fenced) were dropped",
                        result->dropped);
-          if (result->next_due != 0) arm_durable_delays(result->next_due);
+          if (result->next_due != 0) arm(result->next_due);
         });
     if (!s.ok()) {
-      moving_delays_.store(false, std::memory_order_release);
-      if (s.code() != Code::ShutDown) arm_durable_delays(now_ns() + kMoveRetryNs);
+      moving_.store(false, std::memory_order_release);
+      if (s.code() != Code::ShutDown) arm(now_ns() + kMoveRetryNs);
     }
   } catch (...) {
-    moving_delays_.store(false, std::memory_order_release);
-    arm_durable_delays(now_ns() + kMoveRetryNs);
+    moving_.store(false, std::memory_order_release);
+    arm(now_ns() + kMoveRetryNs);
   }
 }
 
-bool BusCore::stored_expired(const StoredMessage& m) noexcept {
-  return m.expires_ns != 0 && now_ns() >= m.expires_ns;
-}
 
 }  // namespace lanebus::detail

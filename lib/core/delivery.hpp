@@ -124,6 +124,10 @@ class DeliveryCore {
   /// A retry outcome for attempt `attempt`: true (and the backoff in
   /// *delay_ns) if the message should be delivered again.
   bool plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept;
+  /// Before a handler call of an ephemeral message with an extension block:
+  /// true when its TTL has ended (counted, dead-lettered if the group asks;
+  /// the caller releases the slot; doc/delays.md).
+  bool expire_if_due(GroupLane* gl, Slot* s, std::uint32_t attempts, std::int64_t first_failure_ns) noexcept;
   /// The lane's latency histogram: now minus `created_at_ns`.
   static void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
 

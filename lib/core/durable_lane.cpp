@@ -8,7 +8,8 @@
 //   and settle every message of the batch — acks, dead letters, releases,
 //   transactional effects — in one asynchronous write that shares its commit
 //   with other lanes and workers.
-// Also the append listener and the poller.
+// DurableRunner (bus_impl.hpp) holds both; its transactional commit is in
+// txconsume.cpp.
 #include <algorithm>
 #include <memory>
 #include <set>
@@ -27,55 +28,58 @@ bool message_level(Code c) noexcept {
          c == Code::InvalidArgument || c == Code::PayloadTooLarge;
 }
 
+// A stored message whose expiry has passed (doc/delays.md).
+bool stored_expired(const StoredMessage& m) noexcept { return m.expires_ns != 0 && now_ns() >= m.expires_ns; }
+
 bool poison_on(const DlqStore* dlq) noexcept { return dlq != nullptr && dlq->options().poison_after_crashes > 0; }
 
 }  // namespace
 
-void BusCore::run_durable_lane(GroupLane* gl) {
+void DurableRunner::run_durable_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
-  const bool abandon = sched_.abandoning();
-  Consumer* c = abandon ? nullptr : pin_consumer(g);
+  const bool abandon = bus_.sched_.abandoning();
+  Consumer* c = abandon ? nullptr : bus_.pin_consumer(g);
   bool more = false;
   if (c != nullptr) {
     more = g->topic->is_queue ? run_durable_queue_batch(gl, c) : run_durable_topic_batch(gl, c);
     c->calls.fetch_sub(1, std::memory_order_release);
   }
   gl->parked_count.store(gl->parked.size(), std::memory_order_relaxed);
-  if (more && !sched_.abandoning()) {
+  if (more && !bus_.sched_.abandoning()) {
     const std::int64_t delay = gl->retry_delay_ns;
     gl->retry_delay_ns = 0;
-    requeue(gl, delay);
+    bus_.requeue(gl, delay);
     return;
   }
   if (c != nullptr && !gl->parked.empty() && !abandon) {
-    lanes_.park_lane(gl);
+    bus_.lanes_.park_lane(gl);
     return;
   }
   // Owner-only state must be read before the lane is released to others.
   const std::uint64_t read_pos = gl->read_pos;
-  sched_.unschedule(gl);
+  bus_.sched_.unschedule(gl);
   if (abandon) return;
   if (c == nullptr) {
     // No consumer right now: messages stay in the store. attach() schedules
     // the lanes again; re-check in case it raced with us (Dekker, seq_cst).
-    if (g->consumer_count.load(std::memory_order_seq_cst) > 0) sched_.schedule(gl);
+    if (g->consumer_count.load(std::memory_order_seq_cst) > 0) bus_.sched_.schedule(gl);
     return;
   }
   // (`more` was false, so nothing is left in the buffer.) An append that came
   // while the lane was running found it scheduled and did not queue it: look
   // again (Dekker with wake_durable_group: seq_cst on both sides). Queues
   // keep in read_pos the end they had seen when they claimed.
-  if (gl->known_end.load(std::memory_order_seq_cst) > read_pos) sched_.schedule(gl);
+  if (gl->known_end.load(std::memory_order_seq_cst) > read_pos) bus_.sched_.schedule(gl);
 }
 
 // ---------------------------------------------------------------- durable topics
 
 // First run, or a seek happened: load the committed offset, and the delivery
 // mark to learn whether the process died while delivering (poison detection).
-bool BusCore::position_durable_topic(GroupLane* gl) {
+bool DurableRunner::position_durable_topic(GroupLane* gl) {
   GroupImpl* g = gl->group;
   MutexLock l(&g->commit_mu);  // waits for a seek that is still being written
-  auto info = store_->group_info(g->store_group);
+  auto info = bus_.store_->group_info(g->store_group);
   if (!info.ok() || info->size() <= gl->lane) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
     return false;
@@ -89,10 +93,10 @@ bool BusCore::position_durable_topic(GroupLane* gl) {
   gl->parked.clear();
   gl->careful_to = 0;
   gl->head_crashes = 0;
-  if (poison_on(dlq_.get())) {
+  if (poison_on(bus_.dlq_.get())) {
     std::optional<DlqStore::TopicMark> mark;
-    Status s = store_->read([&](StoreTxn& t) -> Status {
-      auto m = dlq_->topic_mark_in(t, g->store_group, gl->lane);
+    Status s = bus_.store_->read([&](StoreTxn& t) -> Status {
+      auto m = bus_.dlq_->topic_mark_in(t, g->store_group, gl->lane);
       if (!m.ok()) return m.status();
       mark = *m;
       return Status();
@@ -112,7 +116,7 @@ bool BusCore::position_durable_topic(GroupLane* gl) {
 // run_durable_topic_batch's state between its steps: the group's settings,
 // what the run handled, how far it consumed, and the message it is on (a
 // parked one, pi >= 0, or the buffer's head).
-struct BusCore::TopicRun {
+struct DurableRunner::TopicRun {
   GroupLane* gl;
   GroupImpl* g;
   Consumer* c;
@@ -163,7 +167,7 @@ struct BusCore::TopicRun {
 // The next read into an empty buffer. Got: the buffer holds messages. With
 // poison detection the delivery mark, with the offset commit of what is
 // done, is committed before the first handler call of the batch.
-BusCore::TopicStep BusCore::topic_refill(TopicRun& run) {
+DurableRunner::TopicStep DurableRunner::topic_refill(TopicRun& run) {
   GroupLane* gl = run.gl;
   GroupImpl* g = run.g;
   const bool careful = gl->read_pos < gl->careful_to || run.poison_after == 1;
@@ -175,7 +179,7 @@ BusCore::TopicStep BusCore::topic_refill(TopicRun& run) {
   ReadBatch rb;
   rb.messages.swap(gl->buffer);  // reuse the strings' storage
   rb.spare.swap(gl->buffer_spare);
-  Status rs = store_->read_into(g->topic->store_topic, gl->lane, gl->read_pos, limits, &rb);
+  Status rs = bus_.store_->read_into(g->topic->store_topic, gl->lane, gl->read_pos, limits, &rb);
   rb.spare.swap(gl->buffer_spare);
   if (!rs.ok()) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
@@ -207,12 +211,12 @@ BusCore::TopicStep BusCore::topic_refill(TopicRun& run) {
     {
       MutexLock l(&g->commit_mu);
       if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return TopicStep::Reposition;
-      ms = store_->write([&](StoreTxn& txn) -> Status {
+      ms = bus_.store_->write([&](StoreTxn& txn) -> Status {
         if (commit_to > gl->committed_sent) {
           Status cs = txn.commit_offset(g->store_group, gl->lane, commit_to);
           if (!cs.ok()) return cs;
         }
-        return dlq_->set_topic_mark_in(txn, g->store_group, gl->lane, mark);
+        return bus_.dlq_->set_topic_mark_in(txn, g->store_group, gl->lane, mark);
       });
     }
     if (!ms.ok()) {
@@ -237,7 +241,7 @@ BusCore::TopicStep BusCore::topic_refill(TopicRun& run) {
 // without a call what crashed the process poison_after_crashes times (a
 // dead letter: Next) and sets aside a message behind a parked one of its key
 // (Next).
-BusCore::TopicStep BusCore::topic_pick(TopicRun& run) {
+DurableRunner::TopicStep DurableRunner::topic_pick(TopicRun& run) {
   GroupLane* gl = run.gl;
   run.pi = run.kp && !gl->parked.empty() ? due_parked(gl, RetryTimer::now_ns()) : -1;
   if (run.pi >= 0) {
@@ -258,8 +262,8 @@ BusCore::TopicStep BusCore::topic_pick(TopicRun& run) {
     GroupImpl* g = run.g;
     const std::uint64_t commit_to = gl->parked.empty() ? mp->offset + 1 : run.done_upto();
     const DlqEntry e = poison_entry(gl, *mp, gl->head_crashes);
-    Status ds = store_->write([&](StoreTxn& txn) -> Status {
-      return dlq_->add_in(txn, e, [&]() -> Status { return txn.commit_offset(g->store_group, gl->lane, commit_to); })
+    Status ds = bus_.store_->write([&](StoreTxn& txn) -> Status {
+      return bus_.dlq_->add_in(txn, e, [&]() -> Status { return txn.commit_offset(g->store_group, gl->lane, commit_to); })
           .status();
     });
     if (!ds.ok()) {
@@ -294,7 +298,7 @@ BusCore::TopicStep BusCore::topic_pick(TopicRun& run) {
 // A transactional handler's ack: its effects, the dedup record and the
 // offset commit in one transaction. Returns the wait before the message's
 // next attempt (-1: settled), or Reposition through *reposition.
-std::int64_t BusCore::topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition) {
+std::int64_t DurableRunner::topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition) {
   GroupLane* gl = run.gl;
   GroupImpl* g = run.g;
   const StoredMessage& m = *run.mp;
@@ -306,7 +310,7 @@ std::int64_t BusCore::topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposit
       *reposition = true;
       return -1;
     }
-    cs = store_->write([&](StoreTxn& txn) -> Status { return apply_tx(txn, gl, tx, m, *run.attempts, &duplicate); });
+    cs = bus_.store_->write([&](StoreTxn& txn) -> Status { return apply_tx(txn, gl, tx, m, *run.attempts, &duplicate); });
   }
   if (!cs.ok()) {
     bump(gl->retried);
@@ -320,27 +324,27 @@ std::int64_t BusCore::topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposit
   if (g->idempotency != nullptr && !m.idempotency_key.empty()) g->idempotency->remember_done(m.idempotency_key, now_ns());
   if (!duplicate) count_outbox(tx);
   bump(duplicate ? gl->duplicates_skipped : gl->acked);
-  if (options.metrics) delivery_.record_latency(gl, m.header.created_at_ns);
+  if (bus_.options.metrics) bus_.delivery_.record_latency(gl, m.header.created_at_ns);
   *run.first_failure = 0;
-  if (g->options.outage.enabled) outages_.on_ack(gl);
+  if (g->options.outage.enabled) bus_.outages_.on_ack(gl);
   return -1;
 }
 
 // The picked message's admission and handler call, and its settle. Returns
 // the wait before its next attempt (-1: settled), or Reposition through
 // *reposition.
-std::int64_t BusCore::topic_deliver(TopicRun& run, bool* reposition) {
+std::int64_t DurableRunner::topic_deliver(TopicRun& run, bool* reposition) {
   GroupLane* gl = run.gl;
   GroupImpl* g = run.g;
   const StoredMessage& m = *run.mp;
   const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, *run.attempts + 1, m.headers};
   // A message whose TTL ended is never delivered (doc/delays.md); one branch without an expiry.
-  const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : delivery_.admit(gl, p, run.mode);
+  const Admission a = m.expires_ns != 0 && stored_expired(m) ? Admission::Expired : bus_.delivery_.admit(gl, p, run.mode);
   if (a == Admission::Later) return kHoldBusyKeyNs;
   if (a == Admission::Expired) [[unlikely]] {
     ++run.handled;
-    if (g->options.dead_letter_expired && dlq_ &&
-        !delivery_.dead_letter_topic(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"),
+    if (g->options.dead_letter_expired && bus_.dlq_ &&
+        !bus_.delivery_.dead_letter_topic(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"),
                            *run.attempts, ErrorClass::Expired, *run.first_failure, run.dead_letter_commit_to(m)))
       return kHoldDlqFullNs;
     gl->expired.fetch_add(1, std::memory_order_relaxed);
@@ -355,19 +359,19 @@ std::int64_t BusCore::topic_deliver(TopicRun& run, bool* reposition) {
   TxnState tx;
   TxnState* txp = nullptr;
   if (run.c->tx_handler) {
-    tx.store = store_.get();
-    tx.bus = this;
+    tx.store = bus_.store_.get();
+    tx.bus = &bus_;
     txp = &tx;
   }
-  const Invocation inv = delivery_.invoke(run.c, gl, p, txp);
+  const Invocation inv = bus_.delivery_.invoke(run.c, gl, p, txp);
   ++run.handled;
   if (txp != nullptr && inv.outcome.kind() == Outcome::Kind::Ack) return topic_commit_tx(run, tx, reposition);
   // Crashes are counted by the delivery mark; every in-memory attempt came back.
-  const Settlement st = delivery_.settle(gl, p, inv, run.mode, false, *run.attempts, run.first_failure);
+  const Settlement st = bus_.delivery_.settle(gl, p, inv, run.mode, false, *run.attempts, run.first_failure);
   if (st.uncounted) --*run.attempts;  // paused: the attempt is given back
   if (st.next == Settlement::Next::Retry) return st.delay_ns;
   if (st.next == Settlement::Next::DeadLetter &&
-      !delivery_.dead_letter_topic(gl, m, inv.outcome, *run.attempts, st.error_class, *run.first_failure,
+      !bus_.delivery_.dead_letter_topic(gl, m, inv.outcome, *run.attempts, st.error_class, *run.first_failure,
                          run.dead_letter_commit_to(m))) {
     --*run.attempts;
     return kHoldDlqFullNs;  // the DLQ refused it (quota): keep it, try again later
@@ -378,7 +382,7 @@ std::int64_t BusCore::topic_deliver(TopicRun& run, bool* reposition) {
 // After the delivery: a message to try again waits parked (a parked one, or
 // the head with key_parallel_retry while there is room: Next) or at the
 // head of its lane (Stop); a settled one leaves the run's view (Next).
-BusCore::TopicStep BusCore::topic_after(TopicRun& run, std::int64_t wait_ns) {
+DurableRunner::TopicStep DurableRunner::topic_after(TopicRun& run, std::int64_t wait_ns) {
   GroupLane* gl = run.gl;
   if (wait_ns >= 0) {
     const std::int64_t due = RetryTimer::now_ns() + std::max<std::int64_t>(wait_ns, 1);
@@ -414,7 +418,7 @@ BusCore::TopicStep BusCore::topic_after(TopicRun& run, std::int64_t wait_ns) {
 
 // The run's end: one asynchronous offset commit of what is done, the lag,
 // and whether the lane should run again at once.
-bool BusCore::topic_run_end(TopicRun& run) {
+bool DurableRunner::topic_run_end(TopicRun& run) {
   GroupLane* gl = run.gl;
   GroupImpl* g = run.g;
   gl->done_pos = run.done_upto();
@@ -422,7 +426,7 @@ bool BusCore::topic_run_end(TopicRun& run) {
     MutexLock l(&g->commit_mu);
     if (g->seek_gen.load(std::memory_order_acquire) == gl->seen_seek_gen) {
       GroupLane* lane = gl;
-      Status s = store_->commit_offset_async(g->store_group, gl->lane, gl->done_pos, [lane](const Status& st) {
+      Status s = bus_.store_->commit_offset_async(g->store_group, gl->lane, gl->done_pos, [lane](const Status& st) {
         if (!st.ok()) lane->errors.fetch_add(1, std::memory_order_relaxed);
       });
       if (s.ok()) {
@@ -443,22 +447,22 @@ bool BusCore::topic_run_end(TopicRun& run) {
 // Durable topic group: read a batch at the lane's position, deliver in order,
 // then queue one offset commit. True if the lane should run again at once
 // (gl->retry_delay_ns: after that long).
-bool BusCore::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
+bool DurableRunner::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
   const std::uint64_t gen = g->seek_gen.load(std::memory_order_acquire);
   if ((!gl->positioned || gen != gl->seen_seek_gen) && !position_durable_topic(gl)) return false;
-  TopicRun run(gl, c, dlq_.get());
+  TopicRun run(gl, c, bus_.dlq_.get());
   while (run.handled < g->options.batch) {
     const TopicStep step = topic_pick(run);
     if (step == TopicStep::Next) continue;
     if (step == TopicStep::Stop) break;
     if (step == TopicStep::Reposition) return true;
-    run.retry_pending = outages_.held(gl, run.pi);  // paused: the lane waits for the next probe (not an attempt)
+    run.retry_pending = bus_.outages_.held(gl, run.pi);  // paused: the lane waits for the next probe (not an attempt)
     if (run.retry_pending) break;
     bool reposition = false;
     const std::int64_t wait_ns = topic_deliver(run, &reposition);
     if (reposition) return true;
-    if (gl->probing) outages_.end_probe(gl);  // a probe that was skipped or held
+    if (gl->probing) bus_.outages_.end_probe(gl);  // a probe that was skipped or held
     if (topic_after(run, wait_ns) == TopicStep::Stop) break;
   }
   return topic_run_end(run);
@@ -535,12 +539,12 @@ Status settle_dead_letter(StoreTxn& t, DlqStore* dlq, const GroupRef& group, std
 // of them could not settle its message (a conflict, a lost claim, a full
 // DLQ), every later op of the batch gives its message back instead, so
 // nothing is acked past a message that stays.
-Status BusCore::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k) {
+Status DurableRunner::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k) {
   GroupLane* gl = batch.gl;
   GroupImpl* g = gl->group;
   const GroupRef& group = g->store_group;
   IdempotencyImpl* idem = batch.idem;  // as when the batch was claimed (a later consumer may change it)
-  DlqStore* dlq = dlq_.get();
+  DlqStore* dlq = bus_.dlq_.get();
   QueueSettle& op = batch.ops[k];
   const ClaimedMessage& cm = batch.claims[op.index];
   const StoredMessage& m = cm.message;
@@ -627,7 +631,7 @@ Status BusCore::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k
 }
 
 // After the commit of one settle op (Sync: its fsync), on the writer thread.
-void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept {
+void DurableRunner::settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept {
   GroupLane* gl = batch.gl;
   IdempotencyImpl* idem = batch.idem;
   const QueueSettle& op = batch.ops[k];
@@ -668,7 +672,7 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
         break;
     }
   }
-  if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) sched_.schedule(gl);
+  if (wake_lane && gl->group->consumer_count.load(std::memory_order_seq_cst) > 0) bus_.sched_.schedule(gl);
 }
 
 // Durable queues with key_parallel_retry: a head whose backoff is over by
@@ -676,7 +680,7 @@ void BusCore::settled_queue_message(QueueBatch& batch, std::size_t k, const Stat
 // shortly rather than spun on. A head that never comes back (its release was
 // not committed, or another process took it) stops holding its key after
 // visibility.
-void BusCore::recheck_released_heads(GroupLane* gl) noexcept {
+void DurableRunner::recheck_released_heads(GroupLane* gl) noexcept {
   const std::int64_t now = RetryTimer::now_ns();
   const std::int64_t give_up_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(gl->group->options.visibility).count() + 1'000'000'000;
@@ -694,10 +698,10 @@ void BusCore::recheck_released_heads(GroupLane* gl) noexcept {
   }
 }
 
-Result<std::uint32_t> BusCore::queue_outcomes(GroupLane* gl, std::uint64_t offset) {
+Result<std::uint32_t> DurableRunner::queue_outcomes(GroupLane* gl, std::uint64_t offset) {
   std::uint32_t noted = 0;
-  Status rs = store_->read([&](StoreTxn& t) -> Status {
-    auto o = dlq_->outcomes_in(t, gl->group->store_group, gl->lane, offset);
+  Status rs = bus_.store_->read([&](StoreTxn& t) -> Status {
+    auto o = bus_.dlq_->outcomes_in(t, gl->group->store_group, gl->lane, offset);
     if (!o.ok()) return o.status();
     noted = *o;
     return Status();
@@ -706,8 +710,8 @@ Result<std::uint32_t> BusCore::queue_outcomes(GroupLane* gl, std::uint64_t offse
   return noted;
 }
 
-DlqEntry BusCore::poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const {
-  return delivery_.dlq_entry(gl, m, Outcome::reject("poison: the consumer process died while handling it"), crashes,
+DlqEntry DurableRunner::poison_entry(GroupLane* gl, const StoredMessage& m, std::uint32_t crashes) const {
+  return bus_.delivery_.dlq_entry(gl, m, Outcome::reject("poison: the consumer process died while handling it"), crashes,
                    ErrorClass::Poison, now_ns());
 }
 
@@ -718,8 +722,8 @@ DlqEntry BusCore::poison_entry(GroupLane* gl, const StoredMessage& m, std::uint3
 // acks of the messages before it). True if the lane should run again at once.
 // One run over a durable queue lane's claimed batch: the settles it submits
 // (each committed on its own, in claim order) and whether the run goes on.
-struct BusCore::QueueRun {
-  BusCore& bus;
+struct DurableRunner::QueueRun {
+  DurableRunner& runner;
   GroupLane* gl;
   std::shared_ptr<QueueBatch> batch;
   bool broken = false;  // the rest of the batch goes back unhandled
@@ -734,8 +738,8 @@ struct BusCore::QueueRun {
   }
   void commit() {
     const std::size_t k = batch->ops.size() - 1;
-    BusCore* b = &bus;
-    Status s = bus.store_->write_async([batch = batch, k, b](StoreTxn& t) { return b->apply_queue_settle(t, *batch, k); },
+    DurableRunner* b = &runner;
+    Status s = runner.bus_.store_->write_async([batch = batch, k, b](StoreTxn& t) { return b->apply_queue_settle(t, *batch, k); },
                                        [batch = batch, k, b](const Status& st) { b->settled_queue_message(*batch, k, st); });
     if (!s.ok()) {
       gl->errors.fetch_add(1, std::memory_order_relaxed);
@@ -761,7 +765,7 @@ struct BusCore::QueueRun {
   }
 };
 
-bool BusCore::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full) {
+bool DurableRunner::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full) {
   GroupImpl* g = gl->group;
   const bool kp = g->options.key_parallel_retry;
   ClaimOptions claim_options;
@@ -780,7 +784,7 @@ bool BusCore::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBat
       gl->parked.erase(gl->parked.begin() + i);
     }
   }
-  auto r = store_->claim_batch(g->store_group, gl->lane, claim_max, claim_options);
+  auto r = bus_.store_->claim_batch(g->store_group, gl->lane, claim_max, claim_options);
   if (!r.ok()) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
     if (batch.claims.empty()) return false;
@@ -808,7 +812,7 @@ bool BusCore::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBat
   return !batch.claims.empty();  // else nothing deliverable now
 }
 
-bool BusCore::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes) {
+bool DurableRunner::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes) {
   GroupLane* gl = run.gl;
   const ClaimedMessage& cm = run.batch->claims[i];
   const StoredMessage& m = cm.message;
@@ -827,7 +831,7 @@ bool BusCore::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t pois
     return true;
   }
   *outcomes = cm.attempt;  // attempts that came back with an outcome (incl. this one)
-  if (cm.attempt > 1 && dlq_) {
+  if (cm.attempt > 1 && bus_.dlq_) {
     // A redelivery (claimed alone): earlier attempts that never came back
     // with an outcome were consumer crashes.
     Result<std::uint32_t> noted = queue_outcomes(gl, m.offset);
@@ -843,9 +847,9 @@ bool BusCore::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t pois
   if (m.expires_ns != 0 && stored_expired(m)) [[unlikely]] {
     // Its TTL ended (doc/delays.md): never delivered; acked uncounted, or dead-lettered as `expired`.
     gl->expired.fetch_add(1, std::memory_order_relaxed);
-    if (gl->group->options.dead_letter_expired && dlq_) {
+    if (gl->group->options.dead_letter_expired && bus_.dlq_) {
       run.submit(QueueSettle::Kind::DeadLetter, i).entry = std::make_unique<DlqEntry>(
-          delivery_.dlq_entry(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
+          bus_.delivery_.dlq_entry(gl, m, Outcome::reject("expired: its ttl ended before a handler call started"), cm.attempt,
                     ErrorClass::Expired, 0));
     } else {
       run.submit(QueueSettle::Kind::Ack, i).expired = true;
@@ -853,14 +857,14 @@ bool BusCore::queue_before_call(QueueRun& run, std::size_t i, std::uint32_t pois
     run.commit();
     return true;
   }
-  if (const std::int64_t gate = outages_.wait(gl, -1); gate >= 0) {
+  if (const std::int64_t gate = bus_.outages_.wait(gl, -1); gate >= 0) {
     run.hold_back(i, gate);
     return true;
   }
   return false;
 }
 
-void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
+void DurableRunner::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
                          std::set<std::string_view>& keys_done) {
   GroupLane* gl = run.gl;
   const bool kp = gl->group->options.key_parallel_retry;
@@ -873,7 +877,7 @@ void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_
   if (mode == AdmitMode::Check && !m.idempotency_key.empty() && keys_done.count(m.idempotency_key) > 0) {
     a = Admission::Skip;  // a duplicate of a message acked earlier in this batch
   } else {
-    a = delivery_.admit(gl, p, mode);
+    a = bus_.delivery_.admit(gl, p, mode);
   }
   if (a == Admission::Later) {
     // The key is busy elsewhere: not a crash and not a failure; the lane
@@ -897,17 +901,17 @@ void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_
   std::unique_ptr<TxnState> tx;
   if (c->tx_handler) {
     tx = std::make_unique<TxnState>();
-    tx->store = store_.get();
-    tx->bus = this;
+    tx->store = bus_.store_.get();
+    tx->bus = &bus_;
     tx->overlay = &run.batch->overlay;
   }
   // If the call overran attempt_timeout, the watchdog ended its claim: its
   // settle still commits if nobody took the message meanwhile (the claim's
   // attempt is unchanged), else it finds the claim gone (Lost) and the rest
   // of the batch goes back.
-  const Invocation inv = delivery_.invoke(c, gl, p, tx.get());
+  const Invocation inv = bus_.delivery_.invoke(c, gl, p, tx.get());
   std::int64_t first_failure = 0;
-  const Settlement st = delivery_.settle(gl, p, inv, mode, true, outcomes, &first_failure);
+  const Settlement st = bus_.delivery_.settle(gl, p, inv, mode, true, outcomes, &first_failure);
   if (st.uncounted) {
     run.hold_back(i, st.delay_ns);
     return;
@@ -927,7 +931,7 @@ void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_
   }
   if (st.next == Settlement::Next::DeadLetter) {
     QueueSettle& op = run.submit(QueueSettle::Kind::DeadLetter, i);
-    op.entry = std::make_unique<DlqEntry>(delivery_.dlq_entry(gl, m, inv.outcome, cm.attempt, st.error_class, first_failure));
+    op.entry = std::make_unique<DlqEntry>(bus_.delivery_.dlq_entry(gl, m, inv.outcome, cm.attempt, st.error_class, first_failure));
     run.commit();
     return;
   }
@@ -943,17 +947,17 @@ void BusCore::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_
   run.commit();
 }
 
-bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
+bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
   // The end offset this claim will see (at least): appends after it wake the
   // lane again when it is released (run_durable_lane).
   gl->read_pos = gl->known_end.load(std::memory_order_seq_cst);
-  const bool poison = poison_on(dlq_.get());
-  const std::uint32_t poison_after = poison ? dlq_->options().poison_after_crashes : 0;
+  const bool poison = poison_on(bus_.dlq_.get());
+  const std::uint32_t poison_after = poison ? bus_.dlq_->options().poison_after_crashes : 0;
   if (g->options.key_parallel_retry && gl->parked.capacity() < g->options.key_parallel_limit)
     gl->parked.reserve(g->options.key_parallel_limit);  // owner-only, once
   const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
-  if (outages_.claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
+  if (bus_.outages_.claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
   const std::uint32_t claim_max = g->outage.paused() ? 1 : max;
   QueueRun run{*this, gl, std::make_shared<QueueBatch>()};
   QueueBatch& batch = *run.batch;
@@ -967,8 +971,8 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
   run.again = full || g->options.key_parallel_retry;
   for (std::size_t i = 0; i < batch.claims.size(); ++i) {
-    if (gl->probing) outages_.end_probe(gl);  // the previous message was a probe that was skipped or held
-    if (run.broken || sched_.abandoning()) {
+    if (gl->probing) bus_.outages_.end_probe(gl);  // the previous message was a probe that was skipped or held
+    if (run.broken || bus_.sched_.abandoning()) {
       run.submit(QueueSettle::Kind::Unclaim, i);
       run.commit();
       continue;
@@ -977,99 +981,8 @@ bool BusCore::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     if (queue_before_call(run, i, poison_after, &outcomes)) continue;
     queue_call(run, i, c, outcomes, keys_done);
   }
-  if (gl->probing) outages_.end_probe(gl);
+  if (gl->probing) bus_.outages_.end_probe(gl);
   return run.again;
-}
-
-void BusCore::wake_durable_group(GroupImpl* g, std::uint32_t lane, std::uint64_t end) noexcept {
-  GroupLane* gl = g->lanes[lane].get();
-  std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
-  bool grew = false;
-  while (end > k) {
-    if (gl->known_end.compare_exchange_weak(k, end, std::memory_order_seq_cst)) {
-      grew = true;
-      break;
-    }
-  }
-  if ((grew || g->topic->is_queue) && g->consumer_count.load(std::memory_order_seq_cst) > 0) sched_.schedule(gl);
-}
-
-void BusCore::on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept {
-  TopicImpl* t = nullptr;
-  {
-    MutexLock l(&durable_mu_);
-    auto it = durable_topics_.find(topic_id);
-    if (it != durable_topics_.end()) t = it->second;
-  }
-  if (t == nullptr || lane >= t->options.lanes) return;
-  const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
-  for (std::uint32_t i = 0; i < ng; ++i) {
-    GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
-    if (g != nullptr) wake_durable_group(g, lane, end);
-  }
-}
-
-// Finds appends made by other processes, and (`periodic`) expired queue
-// claims: a queue lane with consumers is looked at on every periodic pass
-// even when its log did not grow. A wake-up from another process's commit
-// only schedules the lanes that grew.
-void BusCore::scan_durable_ends(std::vector<TopicImpl*>& topics, std::vector<std::uint64_t>& ends, bool periodic) {
-  topics.clear();
-  {
-    MutexLock l(&durable_mu_);
-    for (auto& [id, t] : durable_topics_) topics.push_back(t);
-  }
-  for (TopicImpl* t : topics) {
-    const std::uint32_t lanes = t->options.lanes;
-    if (ends.size() < lanes) ends.resize(lanes);  // grows to the widest topic once
-    if (!store_->end_offsets(t->store_topic, ends.data()).ok()) continue;
-    for (std::uint32_t lane = 0; lane < lanes; ++lane) {
-      const std::uint32_t ng = t->group_count.load(std::memory_order_acquire);
-      for (std::uint32_t i = 0; i < ng; ++i) {
-        GroupImpl* g = t->groups[i].load(std::memory_order_acquire);
-        if (g == nullptr) continue;
-        // Relaxed: a hint; wake_durable_group re-checks with a CAS.
-        if (periodic || ends[lane] > g->lanes[lane]->known_end.load(std::memory_order_relaxed))
-          wake_durable_group(g, lane, ends[lane]);
-      }
-    }
-  }
-}
-
-// The poller: sleeps on the store's commit-wake word (another process's commit
-// that appended wakes it, doc/durable.md) with the poll interval as timeout,
-// so a lost or missing wake-up costs at most one interval. Without a wake word
-// it sleeps on poller_cv_ alone, as before.
-void BusCore::poller_main() {
-  using clock = std::chrono::steady_clock;
-  std::vector<TopicImpl*> topics;
-  std::vector<std::uint64_t> ends;
-  std::int64_t polls = 0;
-  const bool wake = store_->has_commit_wake();
-  auto next_poll = clock::now() + options.durable_poll;
-  for (;;) {
-    // Read the word before the store (a commit after this line wakes the wait).
-    const std::uint32_t seen = store_->commit_wake_seq();
-    bool woken = false;
-    {
-      std::unique_lock l(poller_mu_);
-      if (poller_stop_) return;
-      if (!wake && poller_cv_.wait_until(l, next_poll, [&] { return poller_stop_; })) return;
-    }
-    if (wake) {
-      woken = store_->wait_for_commit(seen, next_poll - clock::now());
-      std::lock_guard l(poller_mu_);
-      if (poller_stop_) return;
-    }
-    if (clock::now() >= next_poll) {
-      if (++polls % std::max<std::int64_t>(1, 1000 / std::max<std::int64_t>(1, options.durable_poll.count())) == 0)
-        maintenance();
-      scan_durable_ends(topics, ends, true);
-      next_poll = clock::now() + options.durable_poll;
-    } else if (woken) {
-      scan_durable_ends(topics, ends, false);
-    }
-  }
 }
 
 }  // namespace lanebus::detail

@@ -151,7 +151,7 @@ bool LaneRunner::settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out
   if (st.next == Settlement::Next::Retry) {
     gl->current = s;  // kept at the head of its lane: later messages must not overtake it
     *hold_ns = st.delay_ns;
-    if (s->kind & Slot::kExtension) [[unlikely]] *hold_ns = BusCore::clip_to_expiry(s, *hold_ns);  // delayed.cpp
+    if (s->kind & Slot::kExtension) [[unlikely]] *hold_ns = clip_to_expiry(s, *hold_ns);  // delayed.cpp
     return true;
   }
   if (st.next == Settlement::Next::DeadLetter)
@@ -239,7 +239,7 @@ std::int64_t LaneRunner::run_plain(GroupLane* gl, Consumer* c, bool single, Free
         // expired message is never delivered (its slot goes with the chunk's).
         if (single) ring.free_taken(freed, first + i + 1);
         freed = first + i + 1;
-        if (bus_.expire_if_due(gl, s, 0, 0)) continue;
+        if (bus_.delivery_.expire_if_due(gl, s, 0, 0)) continue;
         headers = slot_headers(s);
       }
       const std::int64_t created_at = s->header.created_at_ns;
@@ -320,7 +320,7 @@ std::int64_t LaneRunner::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& 
     });
     if (expired_head != nullptr) [[unlikely]] {
       ring.advance_single(1);
-      const bool expired = bus_.expire_if_due(gl, expired_head, 0, 0);
+      const bool expired = bus_.delivery_.expire_if_due(gl, expired_head, 0, 0);
       frees.release(expired_head);
       if (expired) continue;
     }
@@ -386,7 +386,7 @@ void clear_pick(GroupLane* gl, std::ptrdiff_t pi) {
 void LaneRunner::run_lane(GroupLane* gl) {
   GroupImpl* g = gl->group;
   if (g->topic->durable) {
-    bus_.run_durable_lane(gl);
+    bus_.durable_.run_durable_lane(gl);
     return;
   }
   const bool abandon = bus_.sched_.abandoning();
@@ -508,7 +508,7 @@ std::int64_t LaneRunner::run_general(GroupLane* gl, Consumer* c, bool single, Fr
     if ((hold_ns = bus_.outages_.wait(gl, pi)) >= 0) break;  // paused: wait for the next probe (not an attempt)
     if (s->kind & Slot::kExtension) [[unlikely]] {
       // An expiry (delayed.cpp): a message whose TTL ended is never delivered, a retry included.
-      if (bus_.expire_if_due(gl, s, *attempts, *first_failure)) {
+      if (bus_.delivery_.expire_if_due(gl, s, *attempts, *first_failure)) {
         if (gl->probing) bus_.outages_.end_probe(gl);
         clear_pick(gl, pi);
         frees.release(s);
@@ -532,7 +532,7 @@ std::int64_t LaneRunner::run_general(GroupLane* gl, Consumer* c, bool single, Fr
       if (st.uncounted) --*attempts;  // paused: the attempt is given back
       if (st.next == Settlement::Next::Retry) {
         wait_ns = st.delay_ns;
-        if (s->kind & Slot::kExtension) [[unlikely]] wait_ns = BusCore::clip_to_expiry(s, wait_ns);  // delayed.cpp
+        if (s->kind & Slot::kExtension) [[unlikely]] wait_ns = clip_to_expiry(s, wait_ns);  // delayed.cpp
       } else if (st.next == Settlement::Next::DeadLetter) {
         bus_.delivery_.dead_letter_ephemeral(gl, s, inv.outcome, *attempts, st.error_class, *first_failure);
       }

@@ -35,25 +35,6 @@ Result<std::string> user_key(std::string_view table, std::string_view key) {
 
 Result<std::string> user_key_public(std::string_view table, std::string_view key) { return user_key(table, key); }
 
-Result<std::string> BusCore::table_get(std::string_view table, std::string_view key) const {
-  auto k = user_key(table, key);
-  if (!k.ok()) return k.status();
-  if (!store_) return Status(Code::InvalidArgument, "table_get: the bus has no store");
-  std::string out;
-  Status s = store_->read([&](StoreTxn& t) -> Status {
-    auto v = t.get(StoreTable::User, *k);
-    if (!v.ok()) {
-      if (v.code() == Code::NotFound)
-        return Status(Code::NotFound, "table \"" + std::string(table) + "\": no key \"" +
-                                          std::string(key.substr(0, 64)) + "\"");
-      return v.status();
-    }
-    out.assign(*v);
-    return Status();
-  });
-  if (!s.ok()) return s;
-  return out;
-}
 
 Status validate_reads(StoreTxn& t, const TxnState& tx, std::string_view topic) {
   for (const TxnState::Read& r : tx.reads) {
@@ -102,7 +83,7 @@ void count_outbox(const TxnState& tx) noexcept {
   }
 }
 
-Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt,
+Status DurableRunner::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredMessage& m, std::uint32_t attempt,
                          bool* duplicate) {
   GroupImpl* g = gl->group;
   const bool queue = g->topic->is_queue;
@@ -126,8 +107,8 @@ Status BusCore::apply_tx(StoreTxn& t, GroupLane* gl, TxnState& tx, const StoredM
                     : t.commit_offset(g->store_group, gl->lane, m.offset + 1);
   if (!as.ok()) return as;
   // 3. From here on only storage errors can fail (they abort the batch).
-  if (queue && dlq_ && attempt > 1) {
-    Status fs = dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset);
+  if (queue && bus_.dlq_ && attempt > 1) {
+    Status fs = bus_.dlq_->forget_outcomes_in(t, g->store_group, gl->lane, m.offset);
     if (!fs.ok() && fs.code() != Code::NotFound) return fs;
   }
   if (*duplicate) return Status();

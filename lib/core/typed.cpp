@@ -66,7 +66,7 @@ Status TypedAccess::publish_object(const Topic& topic, const OutgoingMessage& en
   TopicImpl* t = topic.impl_;
   if (t == nullptr) return Status::from_literal(Code::InvalidArgument, "publish: the typed topic is empty");
   auto publish = [t, &fill, may_block](const OutgoingMessage& m) {
-    // Through the calling thread's own publisher ("Implicit publishers", publish.cpp).
+    // Through the calling thread's own publisher ("implicit publishers", bus_core.cpp).
     if (PublisherState* st = t->durable ? nullptr : t->bus->thread_publisher())
       return t->publish_via(*st, m, may_block, &fill);
     return t->publish(m, may_block, t->bus->take_ids(1), &fill);

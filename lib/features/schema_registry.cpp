@@ -924,16 +924,6 @@ Status SchemaRegistry::check_publish(TopicImpl* t, const SchemaVersion* latest, 
   }
 }
 
-// ---------------------------------------------------------------- BusCore side
-
-void BusCore::for_each_usage_tap(const std::function<void(const TopicImpl&, const GroupImpl&, const UsageTap&)>& fn) {
-  MutexLock l(&mu_);
-  for (auto& [name, t] : topics_) {
-    for (auto& g : t->owned_groups) {
-      for (auto& gl : g->lanes) fn(*t, *g, gl->usage);
-    }
-  }
-}
 
 }  // namespace lanebus::detail
 
