@@ -5,11 +5,13 @@
 // published check values, and a Python reimplementation for the rest).
 #include <doctest/doctest.h>
 
+#include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "coding.hpp"
 #include "crc32c.hpp"
+#include "errno_status.hpp"
 #include "hash.hpp"
 #include "lanebus/message.hpp"
 #include "lease_table.hpp"
@@ -142,4 +144,19 @@ TEST_CASE("quoted: double quotes around the bytes, nothing escaped") {
   CHECK(quoted("orders") == "\"orders\"");
   CHECK(quoted("") == "\"\"");
   CHECK(quoted("a\"b") == "\"a\"b\"");
+}
+
+TEST_CASE("errno_status: the code each errno names, the call and the quoted path in the message") {
+  const Status denied = errno_status("open", "/var/lib/x", EACCES);
+  CHECK(denied.code() == Code::PermissionDenied);
+  CHECK(std::string(denied.message()) == std::string("open \"/var/lib/x\": ") + std::strerror(EACCES));
+  CHECK(errno_status("open", "p", EPERM).code() == Code::PermissionDenied);
+  const Status link = errno_status("open", "/run/lease", ELOOP);
+  CHECK(link.code() == Code::PermissionDenied);
+  CHECK(std::string(link.message()).find("(the path is a symlink; refusing it)") != std::string::npos);
+  CHECK(errno_status("pwrite", "p", ENOSPC).code() == Code::DiskFull);
+  CHECK(errno_status("pwrite", "p", EDQUOT).code() == Code::DiskFull);
+  const Status io = errno_status("fsync", "p", EIO);
+  CHECK(io.code() == Code::IOError);
+  CHECK(std::string(io.message()).rfind("fsync \"p\": ", 0) == 0);
 }

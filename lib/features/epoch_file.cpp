@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "errno_status.hpp"
 #include "hash.hpp"
 
 namespace lanebus::detail {
@@ -35,18 +36,6 @@ std::uint64_t checksum(const Record& r) {
     for (int i = 0; i < 8; ++i) h = fnv1a64_byte(h, static_cast<unsigned char>((w >> (8 * i)) & 0xff));
   }
   return h;
-}
-
-std::string errno_text(const char* call, const std::string& path, int err) {
-  return std::string(call) + " \"" + path + "\": " + std::strerror(err);
-}
-
-Status errno_status(const char* call, const std::string& path, int err) {
-  Code c = (err == EACCES || err == EPERM || err == ELOOP) ? Code::PermissionDenied
-           : (err == ENOSPC || err == EDQUOT)              ? Code::DiskFull
-                                                           : Code::IOError;
-  if (err == ELOOP) return Status(c, errno_text(call, path, err) + " (epoch file is a symlink)");
-  return Status(c, errno_text(call, path, err));
 }
 
 bool is_volatile_fs(int fd) {

@@ -33,6 +33,7 @@
 #include <new>
 
 #include "epoch_file.hpp"
+#include "errno_status.hpp"
 #include "hash.hpp"
 #include "process_identity.hpp"
 #include "quote.hpp"
@@ -40,14 +41,6 @@
 namespace lanebus::detail {
 namespace {
 
-
-Status errno_status(const char* call, const std::string& path, int err) {
-  std::string msg = std::string(call) + " " + quoted(path) + ": " + std::strerror(err);
-  if (err == EACCES || err == EPERM) return Status(Code::PermissionDenied, msg);
-  if (err == ELOOP) return Status(Code::PermissionDenied, msg + " (the path is a symlink; refusing it)");
-  if (err == ENOSPC || err == EDQUOT) return Status(Code::DiskFull, msg);
-  return Status(Code::IOError, msg);
-}
 
 std::uint64_t inode_of(const char* path) {
   struct stat st {};

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "errno_status.hpp"
 #include "process_identity.hpp"
 #include "quote.hpp"
 
@@ -36,11 +37,6 @@ static_assert(offsetof(CommitWake::Slot, owner) == 0 && offsetof(CommitWake::Slo
                   offsetof(CommitWake::Slot, sleeping) == 12,
               "wake.shm layout version 1");
 static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "the futex word is 32 bits");
-
-Status errno_status(const char* call, const std::string& path, int err) {
-  const Code code = (err == EACCES || err == EPERM || err == ELOOP) ? Code::PermissionDenied : Code::IOError;
-  return Status(code, std::string(call) + " " + quoted(path) + ": " + std::strerror(err));
-}
 
 // A non-private futex: the word lives in a shared file mapping and the
 // waiters are other processes (the kernel keys it by inode and offset).
