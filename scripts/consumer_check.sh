@@ -239,8 +239,10 @@ if [[ $ways == *,subproject,* ]]; then
   } >"$proj/meson.build"
   # --force-fallback-for: a lanebus installed on the machine must not stand in
   # for the subproject. Static and without the tool: the check is the
-  # packaging, and that is the least to compile.
-  meson setup "$proj/build" "$proj" --buildtype=plain --force-fallback-for=lanebus \
+  # packaging, and that is the least to compile; -Dunity=subprojects compiles
+  # the subproject's library eight files to a compiler run (the examples one
+  # by one), as the sanitizer builds do (lib/meson.build).
+  meson setup "$proj/build" "$proj" --buildtype=plain --force-fallback-for=lanebus -Dunity=subprojects -Dunity_size=8 \
     -Dlanebus:default_library=static -Dlanebus:tools=false >"$proj/setup.log" 2>&1 ||
     { echo "consumer_check (subproject): meson setup failed:" >&2; cat "$proj/setup.log" >&2; exit 1; }
   # "(overridden)": the dependency is the one lanebus's meson.override_dependency registered.
