@@ -412,12 +412,12 @@ TEST_CASE("bad segment files are refused with a clear code") {
   }
   SUBCASE("another time namespace") {
     std::uint64_t ino = 12345;
-    poke(path, offsetof(lanebus::detail::Header, time_ns_inode), &ino, sizeof(ino));
+    poke(path, offsetof(lanebus::detail::LeaseTableHeader, time_ns_inode), &ino, sizeof(ino));
     CHECK_CODE(LeaseTable::open(path, test_options()), Code::InvalidArgument, "time namespace");
   }
   SUBCASE("token counter reset by a buggy initialiser") {
     std::uint64_t zero = 1;
-    poke(path, offsetof(lanebus::detail::Header, next_token), &zero, sizeof(zero));
+    poke(path, offsetof(lanebus::detail::LeaseTableHeader, next_token), &zero, sizeof(zero));
     CHECK_CODE(LeaseTable::open(path, test_options()), Code::Corruption, "token counter");
   }
   SUBCASE("damaged epoch file") {

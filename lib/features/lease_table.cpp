@@ -124,7 +124,7 @@ std::uint64_t lease_abi_tag() noexcept {
 #else
   tag += "/libc";
 #endif
-  tag += "/mutex" + std::to_string(sizeof(pthread_mutex_t)) + "/hdr" + std::to_string(sizeof(Header)) +
+  tag += "/mutex" + std::to_string(sizeof(pthread_mutex_t)) + "/hdr" + std::to_string(sizeof(LeaseTableHeader)) +
          "/entry" + std::to_string(sizeof(Entry)) + "/le" +
          std::to_string(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
   return lease_name_hash(tag);
@@ -213,7 +213,7 @@ Status LeaseTableImpl::lock() {
 void LeaseTableImpl::unlock() { pthread_mutex_unlock(&header_->mutex); }
 
 void LeaseTableImpl::repair() {
-  Header& h = *header_;
+  LeaseTableHeader& h = *header_;
   if (h.undo_valid == 1 && h.undo_index < capacity_) {
     std::memcpy(static_cast<void*>(entry(h.undo_index)), &h.undo_entry, sizeof(Entry));
   }
@@ -232,7 +232,7 @@ void LeaseTableImpl::repair() {
 }
 
 void LeaseTableImpl::begin_update(std::uint32_t index) {
-  Header& h = *header_;
+  LeaseTableHeader& h = *header_;
   std::memcpy(&h.undo_entry, entry(index), sizeof(Entry));
   h.undo_index = index;
   // Full fences (seq_cst): the pre-image must be complete before the flag,
@@ -265,7 +265,7 @@ namespace {
 // the mutex is made process-shared and robust, and `ready` is stored last.
 Status init_segment(void* map, std::size_t bytes, std::uint64_t epoch, const LeaseTableOptions& options,
                     const LeaseTableHooks& hooks) {
-  auto* h = new (map) Header();  // zero-initialised (the file is all zeros too)
+  auto* h = new (map) LeaseTableHeader();  // zero-initialised (the file is all zeros too)
   h->magic = kLeaseMagic;
   h->layout_version = kLeaseLayoutVersion;
   h->header_bytes = kHeaderBytes;
@@ -363,11 +363,11 @@ Status check_segment_file(int fd, const std::string& path) {
 // (so a truncated or foreign file never gets mapped past its end): magic,
 // version, ABI and a size that matches the capacity. Returns the capacity.
 Result<std::uint32_t> check_segment_header(int fd, std::size_t size, const std::string& path) {
-  if (size < sizeof(Header)) {
+  if (size < sizeof(LeaseTableHeader)) {
     return Status(Code::Corruption, "lease table " + quoted(path) + " is too small (" +
                                         std::to_string(size) + " bytes) to be a lease table");
   }
-  alignas(Header) unsigned char probe[offsetof(Header, ready)];
+  alignas(LeaseTableHeader) unsigned char probe[offsetof(LeaseTableHeader, ready)];
   if (pread(fd, probe, sizeof(probe), 0) != static_cast<ssize_t>(sizeof(probe))) {
     return errno_status("pread", path, errno);
   }
@@ -377,12 +377,12 @@ Result<std::uint32_t> check_segment_header(int fd, std::size_t size, const std::
   std::uint32_t entry_bytes;
   std::uint32_t capacity;
   std::uint64_t total;
-  std::memcpy(&magic, probe + offsetof(Header, magic), sizeof(magic));
-  std::memcpy(&version, probe + offsetof(Header, layout_version), sizeof(version));
-  std::memcpy(&abi, probe + offsetof(Header, abi_tag), sizeof(abi));
-  std::memcpy(&entry_bytes, probe + offsetof(Header, entry_bytes), sizeof(entry_bytes));
-  std::memcpy(&capacity, probe + offsetof(Header, capacity), sizeof(capacity));
-  std::memcpy(&total, probe + offsetof(Header, total_bytes), sizeof(total));
+  std::memcpy(&magic, probe + offsetof(LeaseTableHeader, magic), sizeof(magic));
+  std::memcpy(&version, probe + offsetof(LeaseTableHeader, layout_version), sizeof(version));
+  std::memcpy(&abi, probe + offsetof(LeaseTableHeader, abi_tag), sizeof(abi));
+  std::memcpy(&entry_bytes, probe + offsetof(LeaseTableHeader, entry_bytes), sizeof(entry_bytes));
+  std::memcpy(&capacity, probe + offsetof(LeaseTableHeader, capacity), sizeof(capacity));
+  std::memcpy(&total, probe + offsetof(LeaseTableHeader, total_bytes), sizeof(total));
   if (magic != kLeaseMagic) {
     return Status(Code::Corruption, "lease table " + quoted(path) +
                                         ": bad magic number (not a lanebus lease table)");
@@ -415,7 +415,7 @@ Result<std::uint32_t> check_segment_header(int fd, std::size_t size, const std::
 // pthread_mutex_init. A damaged one makes pthread_mutex_timedlock assert
 // (priority-protect bits) or misbehave: compare it with a mutex made like the
 // creator's before locking (found by fuzz/lease_segment_fuzz.cpp).
-Status check_mutex_kind(const Header& header, const std::string& path) {
+Status check_mutex_kind(const LeaseTableHeader& header, const std::string& path) {
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -488,7 +488,7 @@ Status LeaseTableImpl::attach(int fd, std::size_t size) {
   if (map == MAP_FAILED) return errno_status("mmap", path_, errno);
   map_ = map;
   map_bytes_ = size;
-  header_ = static_cast<Header*>(map);
+  header_ = static_cast<LeaseTableHeader*>(map);
   entries_ = reinterpret_cast<Entry*>(static_cast<char*>(map) + kHeaderBytes);
   capacity_ = *capacity;
   // Acquire pairs with the creator's release store.
@@ -823,7 +823,7 @@ Result<std::vector<LeaseInfo>> LeaseTableImpl::list() {
 Status LeaseTableImpl::check_consistency() {
   LockedTable locked(*this);
   if (!locked.status().ok()) return locked.status();
-  const Header& h = *header_;
+  const LeaseTableHeader& h = *header_;
   auto bad = [&](std::uint32_t i, const std::string& what) {
     return Status(Code::Corruption, "lease table " + quoted(path_) + " entry " + std::to_string(i) +
                                         ": " + what);

@@ -20,7 +20,7 @@ namespace lanebus::detail {
 // ---------------------------------------------------------------------------
 // Segment layout (version 1)
 //
-// [Header, padded to kHeaderBytes][Entry x capacity]
+// [LeaseTableHeader, padded to kHeaderBytes][Entry x capacity]
 //
 // Invariants (checked by LeaseTableImpl::check_consistency):
 //  1. Every field except `ready` is read and written only with `mutex` held.
@@ -73,7 +73,7 @@ static_assert(offsetof(Entry, owner) == 256);
 static_assert(offsetof(Entry, history) == 280);
 static_assert(sizeof(Entry) == 320);
 
-struct Header {
+struct LeaseTableHeader {
   std::uint64_t magic;
   std::uint32_t layout_version;
   std::uint32_t header_bytes;
@@ -99,15 +99,15 @@ struct Header {
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free,
               "shm atomics must be address-free (lock-free)");
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
-static_assert(offsetof(Header, magic) == 0);
-static_assert(offsetof(Header, layout_version) == 8);
-static_assert(offsetof(Header, abi_tag) == 16);
-static_assert(offsetof(Header, ready) == 40);
-static_assert(offsetof(Header, boot_id) == 64);
-static_assert(offsetof(Header, epoch) == 104);
-static_assert(offsetof(Header, next_token) == 112);
-static_assert(offsetof(Header, undo_entry) == 144);
-static_assert(sizeof(Header) <= kHeaderBytes);
+static_assert(offsetof(LeaseTableHeader, magic) == 0);
+static_assert(offsetof(LeaseTableHeader, layout_version) == 8);
+static_assert(offsetof(LeaseTableHeader, abi_tag) == 16);
+static_assert(offsetof(LeaseTableHeader, ready) == 40);
+static_assert(offsetof(LeaseTableHeader, boot_id) == 64);
+static_assert(offsetof(LeaseTableHeader, epoch) == 104);
+static_assert(offsetof(LeaseTableHeader, next_token) == 112);
+static_assert(offsetof(LeaseTableHeader, undo_entry) == 144);
+static_assert(sizeof(LeaseTableHeader) <= kHeaderBytes);
 
 /// Test seams (never set in production): crash points inside the critical
 /// section, switching the EOWNERDEAD repair off (negative control), and a boot
@@ -159,7 +159,7 @@ class LeaseTableImpl {
   std::uint64_t epoch() const noexcept;
   std::uint32_t capacity() const noexcept { return capacity_; }
   const std::string& path() const noexcept { return path_; }
-  Header* header() noexcept { return header_; }
+  LeaseTableHeader* header() noexcept { return header_; }
 
  private:
   friend class LockedTable;
@@ -188,7 +188,7 @@ class LeaseTableImpl {
   LeaseTableHooks hooks_;
   void* map_ = nullptr;
   std::size_t map_bytes_ = 0;
-  Header* header_ = nullptr;
+  LeaseTableHeader* header_ = nullptr;
   Entry* entries_ = nullptr;
   std::uint32_t capacity_ = 0;
 };
