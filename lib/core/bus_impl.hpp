@@ -933,11 +933,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
  private:
   Consumer* pin_consumer(GroupImpl* g) noexcept;
   void release_remaining() noexcept;
-  // Delays and expiry (delayed.cpp).
   /// Shutdown: every in-memory topic's delayed slots not yet due are freed (registry.cpp).
   void discard_delayed() noexcept;
-
-
   /// Run the lane again: after `delay_ns` via the timer (it stays scheduled), else now.
   void requeue(GroupLane* gl, std::int64_t delay_ns) noexcept;
   void maintenance() noexcept;
@@ -945,7 +942,6 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
   void log_dlq_refusals() noexcept;
 
   void watchdog_main();
-  void record_latency(GroupLane* gl, std::int64_t created_at_ns) noexcept;
   void on_append(std::uint32_t topic_id, std::uint32_t lane, std::uint64_t end) noexcept;
   void poller_main();
   void scan_durable_ends(std::vector<TopicImpl*>& topics, std::vector<std::uint64_t>& ends,
