@@ -249,12 +249,6 @@ Status LaneFences::record(StoreTxn& txn, const FencePlan& plan, const AppendRequ
   return Status();
 }
 
-// ---------------------------------------------------------------- DurableStore hooks
-
-void DurableStore::set_fence_confirm(FenceConfirmFn confirm) { fences_.set_confirm(std::move(confirm)); }
-
-void DurableStore::set_fence_check_for_testing(bool on) noexcept { fences_.set_check_enabled(on); }
-
 }  // namespace lanebus::detail
 
 // ======================================================================

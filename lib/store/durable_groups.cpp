@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DurableStore: consumer groups and their committed offsets.
+// GroupOffsets: consumer groups and their committed offsets.
 #include "durable_store.hpp"
 
 #include <algorithm>
@@ -29,7 +29,7 @@ Result<std::uint64_t> start_offset(LmdbTxn& txn, LmdbDbi log, std::uint32_t tid,
 // ======================================================================
 // groups
 
-Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_view name, StartPosition start) {
+Result<GroupRef> GroupOffsets::open_group(const TopicRef& topic, std::string_view name, StartPosition start) {
   Status s = check_name(name, "group");
   if (!s.ok()) return s;
   if (topic.id == 0) return Status(Code::InvalidArgument, "open group " + quoted(name) + ": invalid topic");
@@ -37,10 +37,10 @@ Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_vie
   g.topic_id = topic.id;
   g.lanes = topic.lanes;
   g.name = std::string(name);
-  s = run_write(
+  s = s_.writer_->run_write(
       [&](WriteCtx& ctx) -> Status {
         std::string gk = group_key(topic.id, name);
-        auto v = ctx.get(dbi_groups_, gk);
+        auto v = ctx.get(s_.dbi_groups_, gk);
         if (v.ok()) {
           if (v->size() < 8) return Status(Code::Corruption, "group " + quoted(name) + ": stored record is malformed");
           g.group_id = get_le32(v->data() + 4);
@@ -55,7 +55,7 @@ Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_vie
         for (std::uint32_t lane = 0; lane < topic.lanes; ++lane) {
           auto ls = ctx.lane(topic.id, lane);
           if (!ls.ok()) return ls.status();
-          auto o = start_offset(*ctx.txn, dbi_log_, topic.id, lane, **ls, start);
+          auto o = start_offset(*ctx.txn, s_.dbi_log_, topic.id, lane, **ls, start);
           if (!o.ok()) return ctx.fail(o.status());
           starts[lane] = *o;
         }
@@ -64,7 +64,7 @@ Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_vie
         put_le32(rec.data() + 4, g.group_id);
         put_le64(rec.data() + 8, static_cast<std::uint64_t>(ctx.now_ns));
         Status ps = ctx.put_meta_u64("next_group_id", *next + 1);
-        if (ps.ok()) ps = ctx.put(dbi_groups_, gk, rec);
+        if (ps.ok()) ps = ctx.put(s_.dbi_groups_, gk, rec);
         for (std::uint32_t lane = 0; ps.ok() && lane < topic.lanes; ++lane) {
           ps = ctx.put_cursor(topic.id, g.group_id, lane, CursorRec{starts[lane], 0});
         }
@@ -75,13 +75,13 @@ Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_vie
   return g;
 }
 
-Result<GroupRef> DurableStore::find_group(const TopicRef& topic, std::string_view name) {
+Result<GroupRef> GroupOffsets::find_group(const TopicRef& topic, std::string_view name) {
   Status s = check_name(name, "group");
   if (!s.ok()) return s;
-  auto view = begin_read();
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
-  auto v = txn->get(dbi_groups_, group_key(topic.id, name));
+  auto v = txn->get(s_.dbi_groups_, group_key(topic.id, name));
   if (!v.ok()) {
     if (v.code() == Code::NotFound) return Status(Code::NotFound, "group " + quoted(name) + " of " + quoted(topic.name) + " not found");
     return v.status();
@@ -90,11 +90,11 @@ Result<GroupRef> DurableStore::find_group(const TopicRef& topic, std::string_vie
   return GroupRef{topic.id, get_le32(v->data() + 4), topic.lanes, std::string(name)};
 }
 
-Result<std::vector<GroupRef>> DurableStore::list_groups(const TopicRef& topic) {
-  auto view = begin_read();
+Result<std::vector<GroupRef>> GroupOffsets::list_groups(const TopicRef& topic) {
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
-  auto c = LmdbCursor::open(*txn, dbi_groups_, options_.directory);
+  auto c = LmdbCursor::open(*txn, s_.dbi_groups_, s_.options_.directory);
   if (!c.ok()) return c.status();
   std::string prefix = group_key(topic.id, "");
   std::vector<GroupRef> out;
@@ -110,16 +110,16 @@ Result<std::vector<GroupRef>> DurableStore::list_groups(const TopicRef& topic) {
   return out;
 }
 
-Result<std::vector<GroupLaneInfo>> DurableStore::group_info(const GroupRef& group) {
-  auto view = begin_read();
+Result<std::vector<GroupLaneInfo>> GroupOffsets::group_info(const GroupRef& group) {
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
   std::vector<GroupLaneInfo> out(group.lanes);
   const std::int64_t now = WallClock::realtime_ns();
-  auto c = LmdbCursor::open(*txn, dbi_inflight_, options_.directory);
+  auto c = LmdbCursor::open(*txn, s_.dbi_inflight_, s_.options_.directory);
   if (!c.ok()) return c.status();
   for (std::uint32_t lane = 0; lane < group.lanes; ++lane) {
-    auto v = txn->get(dbi_cursors_, cursor_key(group.topic_id, group.group_id, lane).sv());
+    auto v = txn->get(s_.dbi_cursors_, cursor_key(group.topic_id, group.group_id, lane).sv());
     if (v.ok() && v->size() == 16) {
       out[lane].committed = get_le64(v->data());
       out[lane].skipped = get_le64(v->data() + 8);
@@ -140,9 +140,9 @@ Result<std::vector<GroupLaneInfo>> DurableStore::group_info(const GroupRef& grou
   return out;
 }
 
-Status DurableStore::commit_offset_async(const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+Status GroupOffsets::commit_offset_async(const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                                          StatusCallback done) {
-  Status s = check_writable();
+  Status s = s_.check_writable();
   if (!s.ok()) return s;
   if (lane >= group.lanes) {
     return Status(Code::InvalidArgument, "commit offset of group " + quoted(group.name) + ": lane out of range");
@@ -153,10 +153,10 @@ Status DurableStore::commit_offset_async(const GroupRef& group, std::uint32_t la
   op.apply = [this, group, lane, offset](WriteCtx& ctx) -> Status {
     return commit_offset_in(ctx, group, lane, offset);
   };
-  return enqueue(std::move(op), true);
+  return s_.writer_->enqueue(std::move(op), true);
 }
 
-Status DurableStore::commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane,
+Status GroupOffsets::commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane,
                                       std::uint64_t offset) {
   if (lane >= group.lanes) {
     return Status(Code::InvalidArgument, "commit offset of group " + quoted(group.name) + ": lane out of range");
@@ -175,8 +175,8 @@ Status DurableStore::commit_offset_in(WriteCtx& ctx, const GroupRef& group, std:
   return ctx.put_cursor(group.topic_id, group.group_id, lane, rec);
 }
 
-Status DurableStore::commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
-  if (std::this_thread::get_id() == writer_id_) {
+Status GroupOffsets::commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
+  if (s_.writer_->on_writer_thread()) {
     return Status(Code::Busy, "blocking commit_offset from a completion callback (writer thread)");
   }
   Waiter w;
@@ -186,16 +186,16 @@ Status DurableStore::commit_offset(const GroupRef& group, std::uint32_t lane, st
   return w.status;
 }
 
-Status DurableStore::seek(const GroupRef& group, const StartPosition& start) {
-  auto topic = topic_by_id(group.topic_id);
+Status GroupOffsets::seek(const GroupRef& group, const StartPosition& start) {
+  auto topic = s_.log_->topic_by_id(group.topic_id);
   if (!topic.ok()) return topic.status();
-  return run_write(
+  return s_.writer_->run_write(
       [&](WriteCtx& ctx) -> Status {
         std::vector<std::uint64_t> starts(group.lanes);
         for (std::uint32_t lane = 0; lane < group.lanes; ++lane) {
           auto ls = ctx.lane(group.topic_id, lane);
           if (!ls.ok()) return ls.status();
-          auto o = start_offset(*ctx.txn, dbi_log_, group.topic_id, lane, **ls, start);
+          auto o = start_offset(*ctx.txn, s_.dbi_log_, group.topic_id, lane, **ls, start);
           if (!o.ok()) return ctx.fail(o.status());
           starts[lane] = *o;
         }

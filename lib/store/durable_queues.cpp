@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DurableStore: queue claims, acks and releases (the `inflight` table).
+// QueueClaims: queue claims, acks and releases (the `inflight` table).
 #include "durable_store.hpp"
 
 #include <algorithm>
@@ -14,7 +14,7 @@ namespace lanebus::detail {
 // ======================================================================
 // queues
 
-Status DurableStore::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
+Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
                               const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out) {
   out->clear();
   auto ls = ctx.lane(group.topic_id, lane);
@@ -43,7 +43,7 @@ Status DurableStore::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupR
       claim.first_claim_ns = ctx.now_ns;
     } else if ((*inf)->state == kInflightAcked) {
       if (o == rec.committed) {  // acked out of order earlier: advance past it
-        Status ds = ctx.del(dbi_inflight_, ik.sv());
+        Status ds = ctx.del(s_.dbi_inflight_, ik.sv());
         if (!ds.ok() && ds.code() != Code::NotFound) return ds;
         rec.committed = o + 1;
         cursor_dirty = true;
@@ -62,7 +62,7 @@ Status DurableStore::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupR
     }
     claim.state = kInflightClaimed;
     claim.deadline_ns = ctx.now_ns + visibility_ns;
-    auto v = ctx.get(dbi_log_, log_key(group.topic_id, lane, o).sv());
+    auto v = ctx.get(s_.dbi_log_, log_key(group.topic_id, lane, o).sv());
     if (!v.ok()) {
       if (v.code() == Code::NotFound) {
         return Status(Code::Corruption, "claim from " + quoted(topic.name) + ": offset " + std::to_string(o) +
@@ -91,7 +91,7 @@ Status DurableStore::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupR
   return Status();
 }
 
-Result<std::optional<ClaimedMessage>> DurableStore::claim(const GroupRef& group, std::uint32_t lane,
+Result<std::optional<ClaimedMessage>> QueueClaims::claim(const GroupRef& group, std::uint32_t lane,
                                                           const ClaimOptions& options) {
   auto r = claim_batch(group, lane, 1, options);
   if (!r.ok()) return r.status();
@@ -100,20 +100,20 @@ Result<std::optional<ClaimedMessage>> DurableStore::claim(const GroupRef& group,
   return out;
 }
 
-Result<std::vector<ClaimedMessage>> DurableStore::claim_batch(const GroupRef& group, std::uint32_t lane,
+Result<std::vector<ClaimedMessage>> QueueClaims::claim_batch(const GroupRef& group, std::uint32_t lane,
                                                               std::uint32_t max, const ClaimOptions& options) {
   if (lane >= group.lanes) return Status(Code::InvalidArgument, "claim from group " + quoted(group.name) + ": lane out of range");
   if (max == 0) return Status(Code::InvalidArgument, "claim from group " + quoted(group.name) + ": max must be at least 1");
-  auto topic = topic_by_id(group.topic_id);
+  auto topic = s_.log_->topic_by_id(group.topic_id);
   if (!topic.ok()) return topic.status();
   std::vector<ClaimedMessage> out;
-  Status s = run_write([&](WriteCtx& ctx) -> Status { return claim_in(ctx, *topic, group, lane, options, max, &out); },
+  Status s = s_.writer_->run_write([&](WriteCtx& ctx) -> Status { return claim_in(ctx, *topic, group, lane, options, max, &out); },
                        true);
   if (!s.ok()) return s;
   return out;
 }
 
-Status DurableStore::release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+Status QueueClaims::release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                                 std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt) {
   if (lane >= group.lanes) return Status(Code::InvalidArgument, "release in group " + quoted(group.name) + ": lane out of range");
   Key ik = inflight_key(group.topic_id, group.group_id, lane, offset);
@@ -132,7 +132,7 @@ Status DurableStore::release_in(WriteCtx& ctx, const GroupRef& group, std::uint3
   if (undo_attempt) {
     if (r.attempt <= 1) {
       // Never handed out before this claim: back to "never claimed".
-      Status ds = ctx.del(dbi_inflight_, ik.sv());
+      Status ds = ctx.del(s_.dbi_inflight_, ik.sv());
       return (ds.ok() || ds.code() == Code::NotFound) ? Status() : ds;
     }
     r.attempt -= 1;
@@ -141,7 +141,7 @@ Status DurableStore::release_in(WriteCtx& ctx, const GroupRef& group, std::uint3
   return ctx.put_inflight(ik, r);
 }
 
-Status DurableStore::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+Status QueueClaims::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                             std::uint32_t attempt) {
   if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + quoted(group.name) + ": lane out of range");
 
@@ -167,7 +167,7 @@ Status DurableStore::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t 
     r.state = kInflightAcked;
     return ctx.put_inflight(ik, r);
   }
-  Status ds = ctx.del(dbi_inflight_, ik.sv());
+  Status ds = ctx.del(s_.dbi_inflight_, ik.sv());
   if (!ds.ok() && ds.code() != Code::NotFound) return ds;
   rec.committed = offset + 1;
   // Advance past messages acked earlier out of order.
@@ -176,22 +176,22 @@ Status DurableStore::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t 
     auto n = ctx.inflight(nk);
     if (!n.ok()) return n.status();
     if (!n->has_value() || (*n)->state != kInflightAcked) break;
-    ds = ctx.del(dbi_inflight_, nk.sv());
+    ds = ctx.del(s_.dbi_inflight_, nk.sv());
     if (!ds.ok() && ds.code() != Code::NotFound) return ds;
     rec.committed += 1;
   }
   return ctx.put_cursor(group.topic_id, group.group_id, lane, rec);
 }
 
-Status DurableStore::ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
+Status QueueClaims::ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
   if (lane >= group.lanes) return Status(Code::InvalidArgument, "ack in group " + quoted(group.name) + ": lane out of range");
-  return run_write([&](WriteCtx& ctx) -> Status { return ack_in(ctx, group, lane, offset, attempt); }, true);
+  return s_.writer_->run_write([&](WriteCtx& ctx) -> Status { return ack_in(ctx, group, lane, offset, attempt); }, true);
 }
 
-Status DurableStore::release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
+Status QueueClaims::release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
                              std::chrono::milliseconds delay) {
   if (lane >= group.lanes) return Status(Code::InvalidArgument, "release in group " + quoted(group.name) + ": lane out of range");
-  return run_write(
+  return s_.writer_->run_write(
       [&](WriteCtx& ctx) -> Status {
         return release_in(ctx, group, lane, offset, attempt,
                           ctx.now_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count(), false);

@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DurableStore: reads for replay, lane bounds and seek by time.
+// TopicLog: reads for replay, lane bounds and seek by time.
 #include "durable_store.hpp"
 
 #include "durable_store_impl.hpp"
@@ -42,7 +42,7 @@ Result<LaneState> read_lane(LmdbTxn& txn, LmdbDbi dbi, std::uint32_t tid, std::u
 // ======================================================================
 // reads
 
-Result<ReadBatch> DurableStore::read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+Result<ReadBatch> TopicLog::read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
                                      const ReadLimits& limits) {
   ReadBatch b;
   Status s = read_into(topic, lane, from, limits, &b);
@@ -50,7 +50,7 @@ Result<ReadBatch> DurableStore::read(const TopicRef& topic, std::uint32_t lane, 
   return b;
 }
 
-Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+Status TopicLog::read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
                                const ReadLimits& limits, ReadBatch* out) {
   ReadBatch& b = *out;
   // Keep the messages' strings (their capacity is reused); only the count resets.
@@ -58,10 +58,10 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "read " + quoted(topic.name) + ": lane " + std::to_string(lane) + " out of range");
   }
-  auto view = begin_read();
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
-  auto ls = read_lane(*txn, dbi_lanes_, topic.id, lane);
+  auto ls = read_lane(*txn, s_.dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
   b.skipped = 0;
   b.end_offset = ls->next;
@@ -70,7 +70,7 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
     b.skipped = ls->first - start;
     start = ls->first;
     // Relaxed: a statistic.
-    counters_.skipped_by_retention.fetch_add(b.skipped, std::memory_order_relaxed);
+    s_.counters_.skipped_by_retention.fetch_add(b.skipped, std::memory_order_relaxed);
   }
   b.first_offset = start;
   b.next_offset = start;
@@ -78,7 +78,7 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
     b.messages.clear();
     return Status();
   }
-  auto c = LmdbCursor::open(*txn, dbi_log_, options_.directory);
+  auto c = LmdbCursor::open(*txn, s_.dbi_log_, s_.options_.directory);
   if (!c.ok()) return c.status();
   Key prefix = lane_key(topic.id, lane);
   auto r = c->seek(log_key(topic.id, lane, start).sv());
@@ -125,45 +125,45 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
   return Status();
 }
 
-Result<LaneInfo> DurableStore::lane_info(const TopicRef& topic, std::uint32_t lane) {
+Result<LaneInfo> TopicLog::lane_info(const TopicRef& topic, std::uint32_t lane) {
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + quoted(topic.name) + " out of range");
   }
-  auto view = begin_read();
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
-  auto ls = read_lane(*txn, dbi_lanes_, topic.id, lane);
+  auto ls = read_lane(*txn, s_.dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
   return LaneInfo{ls->first, ls->next, ls->bytes, ls->count};
 }
 
-Result<std::uint64_t> DurableStore::end_offset(const TopicRef& topic, std::uint32_t lane) {
+Result<std::uint64_t> TopicLog::end_offset(const TopicRef& topic, std::uint32_t lane) {
   auto li = lane_info(topic, lane);
   if (!li.ok()) return li.status();
   return li->end_offset;
 }
 
-Status DurableStore::end_offsets(const TopicRef& topic, std::uint64_t* ends) {
-  auto view = begin_read();
+Status TopicLog::end_offsets(const TopicRef& topic, std::uint64_t* ends) {
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   for (std::uint32_t lane = 0; lane < topic.lanes; ++lane) {
-    auto ls = read_lane(view->txn, dbi_lanes_, topic.id, lane);
+    auto ls = read_lane(view->txn, s_.dbi_lanes_, topic.id, lane);
     if (!ls.ok()) return ls.status();
     ends[lane] = ls->next;
   }
   return Status();
 }
 
-Result<std::uint64_t> DurableStore::offset_for_time(const TopicRef& topic, std::uint32_t lane, std::int64_t ts_ns) {
+Result<std::uint64_t> TopicLog::offset_for_time(const TopicRef& topic, std::uint32_t lane, std::int64_t ts_ns) {
   if (lane >= topic.lanes) {
     return Status(Code::InvalidArgument, "lane " + std::to_string(lane) + " of " + quoted(topic.name) + " out of range");
   }
-  auto view = begin_read();
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
-  auto ls = read_lane(*txn, dbi_lanes_, topic.id, lane);
+  auto ls = read_lane(*txn, s_.dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
-  return search_time(*txn, dbi_log_, topic.id, lane, *ls, ts_ns);
+  return search_time(*txn, s_.dbi_log_, topic.id, lane, *ls, ts_ns);
 }
 
 }  // namespace lanebus::detail

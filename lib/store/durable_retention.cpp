@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DurableStore: retention by age, bytes and count, in bounded batches.
+// Retention: retention by age, bytes and count, in bounded batches.
 #include "durable_store.hpp"
 
 #include <algorithm>
@@ -14,11 +14,11 @@ namespace lanebus::detail {
 // ======================================================================
 // retention and maintenance
 
-Status DurableStore::apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* more) {
+Status Retention::apply(WriteCtx& ctx, std::uint32_t budget, bool* more) {
   *more = false;
   std::vector<TopicRef> topics;
   {
-    auto c = LmdbCursor::open(*ctx.txn, dbi_topics_, options_.directory);
+    auto c = LmdbCursor::open(*ctx.txn, s_.dbi_topics_, s_.options_.directory);
     if (!c.ok()) return ctx.fail(c.status());
     auto r = c->first();
     while (r.ok() && *r) {
@@ -47,7 +47,7 @@ Status DurableStore::apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* 
         std::size_t size = 0;
         bool by_age = false;
         {
-          auto v = ctx.get(dbi_log_, k.sv());
+          auto v = ctx.get(s_.dbi_log_, k.sv());
           if (!v.ok()) {
             if (v.code() == Code::NotFound) return ctx.fail(Status(Code::Corruption, "retention of " + quoted(t.name) + ": log record missing inside lane bounds"));
             return v.status();
@@ -62,7 +62,7 @@ Status DurableStore::apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* 
           *more = true;
           return Status();
         }
-        Status ds = ctx.del(dbi_log_, k.sv());
+        Status ds = ctx.del(s_.dbi_log_, k.sv());
         if (!ds.ok()) return ds.code() == Code::NotFound ? ctx.fail(ds) : ds;
         s.first += 1;
         s.count -= 1;
@@ -76,10 +76,10 @@ Status DurableStore::apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* 
   return Status();
 }
 
-Status DurableStore::run_retention() {
+Status Retention::run() {
   for (;;) {
     bool more = false;
-    Status s = run_write([&](WriteCtx& ctx) { return apply_retention(ctx, options_.retention_batch, &more); }, true);
+    Status s = s_.writer_->run_write([&](WriteCtx& ctx) { return apply(ctx, s_.options_.retention_batch, &more); }, true);
     if (!s.ok()) return s;
     if (!more) return Status();
   }

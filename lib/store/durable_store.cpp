@@ -1,6 +1,7 @@
 // lanebus — MIT License.
-// DurableStore: open (layout and tables), close, counters and health. The
-// other concerns live beside it (see durable_store_impl.hpp for the list).
+// DurableStore: open (layout and tables), close, counters, health, the
+// extension calls, and the public calls of its parts (durable_store_impl.hpp
+// lists them; each has its own file).
 #include "durable_store.hpp"
 
 #include <memory>
@@ -17,7 +18,15 @@ namespace lanebus::detail {
 // ======================================================================
 // open / close
 
-DurableStore::DurableStore(const StoreOptions& options) : options_(options) {}
+DurableStore::DurableStore(const StoreOptions& options)
+    : options_(options),
+      writer_(std::make_unique<StoreWriter>(*this)),
+      log_(std::make_unique<TopicLog>(*this)),
+      groups_(std::make_unique<GroupOffsets>(*this)),
+      claims_(std::make_unique<QueueClaims>(*this)),
+      retention_(std::make_unique<Retention>(*this)) {}
+
+DurableStore::~DurableStore() { (void)close(); }
 
 Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& options) {
   if (options.max_batch == 0 || options.max_pending == 0 || options.retention_batch == 0) {
@@ -62,8 +71,7 @@ Result<std::unique_ptr<DurableStore>> DurableStore::open(const StoreOptions& opt
     }
   }
   if (!options.read_only) {
-    store->writer_ = std::thread([p = store.get()] { p->writer_main(); });
-    store->writer_id_ = store->writer_.get_id();
+    store->writer_->start();
   }
   return store;
 }
@@ -163,16 +171,10 @@ Status DurableStore::health() const {
 }
 
 Status DurableStore::close() {
-  if (writer_.joinable() && std::this_thread::get_id() == writer_id_) {
+  if (writer_->running() && writer_->on_writer_thread()) {
     return Status(Code::Busy, "close store " + quoted(options_.directory) + ": called from a completion callback");
   }
-  {
-    MutexLock l(&queue_mutex_);
-    stopping_ = true;
-  }
-  queue_cv_.notify_all();
-  space_cv_.notify_all();
-  if (writer_.joinable()) writer_.join();
+  writer_->stop();
   std::unique_lock<std::shared_mutex> life(life_mutex_);
   if (closed_.load()) return Status();
   Status s;
@@ -251,8 +253,140 @@ bool DurableStore::has_commit_wake() const noexcept { return wake_ && wake_->has
 
 void DurableStore::set_append_listener(
     std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> listener) {
-  MutexLock l(&queue_mutex_);  // the writer reads it after taking a batch under this mutex
-  append_listener_ = std::move(listener);
+  writer_->set_listener(std::move(listener));
 }
+
+void DurableStore::log_failure(const char* what, const Status& st) noexcept {
+  const Logger* log = logger_.load(std::memory_order_acquire);
+  if (log == nullptr || !log->enabled()) return;
+  log->limited(failure_log_, LogLevel::Error, "store \"%s\": %s failed: %s", options_.directory.c_str(), what,
+               st.to_string().c_str());
+}
+
+Status DurableStore::sync() {
+  std::shared_lock<std::shared_mutex> life(life_mutex_);
+  Status s = check_writable();
+  if (!s.ok()) return s;
+  if (options_.durability == Durability::Sync) return Status();
+  s = env_->sync();
+  if (s.ok()) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistic
+  if (!s.ok()) log_failure("sync", s);
+  return s;
+}
+
+
+// ======================================================================
+// extensions: StoreTxn over the writer's transaction, or a read transaction
+
+Status DurableStore::write(const std::function<Status(StoreTxn&)>& fn) {
+  return writer_->run_write(
+      [this, &fn](WriteCtx& ctx) -> Status {
+        StoreTxn t(this, &ctx, ctx.txn, ctx.now_ns);
+        return fn(t);
+      },
+      false);
+}
+
+Status DurableStore::read(const std::function<Status(StoreTxn&)>& fn) {
+  auto view = begin_read();
+  if (!view.ok()) return view.status();
+  StoreTxn t(this, nullptr, &view->txn, WallClock::realtime_ns());
+  return fn(t);
+}
+
+Status DurableStore::write_async(std::function<Status(StoreTxn&)> fn, StatusCallback done) {
+  Status s = check_writable();
+  if (!s.ok()) return s;
+  WriteOp op;
+  op.done = std::move(done);
+  op.apply = [this, fn = std::move(fn)](WriteCtx& ctx) -> Status {
+    StoreTxn t(this, &ctx, ctx.txn, ctx.now_ns);
+    return fn(t);
+  };
+  return writer_->enqueue(std::move(op), true);
+}
+
+Status DurableStore::delayed_async(AppendRequest request, std::uint32_t tiebreak, StatusCallback done) {
+  Status s = check_writable();
+  if (!s.ok()) return s;
+  WriteOp op;
+  op.is_delayed = true;
+  op.request = std::move(request);
+  op.delayed_tiebreak = tiebreak;
+  op.done = std::move(done);
+  return writer_->enqueue(std::move(op), true);
+}
+
+// ======================================================================
+// the parts' public calls
+
+Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec& spec) {
+  return log_->open_topic(name, spec);
+}
+Result<TopicRef> DurableStore::find_topic(std::string_view name) { return log_->find_topic(name); }
+Result<std::vector<TopicRef>> DurableStore::list_topics() { return log_->list_topics(); }
+Result<AppendResult> DurableStore::append(AppendRequest request) { return log_->append(std::move(request)); }
+Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
+  return log_->append_async(std::move(request), std::move(done));
+}
+DurableStore::AppendBatchResult DurableStore::append_batch(std::span<AppendRequest> requests) {
+  return log_->append_batch(requests);
+}
+Result<std::uint64_t> DurableStore::reserve_ids(std::uint64_t count) { return log_->reserve_ids(count); }
+Result<ReadBatch> DurableStore::read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                                     const ReadLimits& limits) {
+  return log_->read(topic, lane, from, limits);
+}
+Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                               const ReadLimits& limits, ReadBatch* out) {
+  return log_->read_into(topic, lane, from, limits, out);
+}
+Result<std::uint64_t> DurableStore::end_offset(const TopicRef& topic, std::uint32_t lane) {
+  return log_->end_offset(topic, lane);
+}
+Status DurableStore::end_offsets(const TopicRef& topic, std::uint64_t* ends) { return log_->end_offsets(topic, ends); }
+Result<LaneInfo> DurableStore::lane_info(const TopicRef& topic, std::uint32_t lane) {
+  return log_->lane_info(topic, lane);
+}
+Result<std::uint64_t> DurableStore::offset_for_time(const TopicRef& topic, std::uint32_t lane, std::int64_t ts_ns) {
+  return log_->offset_for_time(topic, lane, ts_ns);
+}
+
+Result<GroupRef> DurableStore::open_group(const TopicRef& topic, std::string_view name, StartPosition start) {
+  return groups_->open_group(topic, name, start);
+}
+Result<GroupRef> DurableStore::find_group(const TopicRef& topic, std::string_view name) {
+  return groups_->find_group(topic, name);
+}
+Result<std::vector<GroupRef>> DurableStore::list_groups(const TopicRef& topic) { return groups_->list_groups(topic); }
+Result<std::vector<GroupLaneInfo>> DurableStore::group_info(const GroupRef& group) {
+  return groups_->group_info(group);
+}
+Status DurableStore::commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
+  return groups_->commit_offset(group, lane, offset);
+}
+Status DurableStore::commit_offset_async(const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                                         StatusCallback done) {
+  return groups_->commit_offset_async(group, lane, offset, std::move(done));
+}
+Status DurableStore::seek(const GroupRef& group, const StartPosition& start) { return groups_->seek(group, start); }
+
+Result<std::optional<ClaimedMessage>> DurableStore::claim(const GroupRef& group, std::uint32_t lane,
+                                                          const ClaimOptions& options) {
+  return claims_->claim(group, lane, options);
+}
+Result<std::vector<ClaimedMessage>> DurableStore::claim_batch(const GroupRef& group, std::uint32_t lane,
+                                                              std::uint32_t max, const ClaimOptions& options) {
+  return claims_->claim_batch(group, lane, max, options);
+}
+Status DurableStore::ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
+  return claims_->ack(group, lane, offset, attempt);
+}
+Status DurableStore::release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
+                             std::chrono::milliseconds delay) {
+  return claims_->release(group, lane, offset, attempt, delay);
+}
+
+Status DurableStore::run_retention() { return retention_->run(); }
 
 }  // namespace lanebus::detail

@@ -237,6 +237,11 @@ enum class StoreTable : std::uint8_t {
 inline constexpr int kStoreTables = 9;
 
 class DurableStore;
+class StoreWriter;
+class TopicLog;
+class GroupOffsets;
+class QueueClaims;
+class Retention;
 
 /// A transaction handed to extension code by DurableStore::write (a write
 /// transaction, on the store's writer thread, batched with other operations)
@@ -305,6 +310,8 @@ class StoreTxn {
 
  private:
   friend class DurableStore;
+  friend class StoreWriter;  // apply_delayed
+  friend class TopicLog;     // fenced appends
   LmdbDbi core_dbi(Core table) const noexcept;
   Status scan_dbi(LmdbDbi dbi, std::string_view from, std::string_view prefix,
                   const std::function<bool(std::string_view, std::string_view)>& visit);
@@ -497,12 +504,12 @@ class DurableStore {
   /// The hook that confirms a generation barrier on a fenced topic (see
   /// FenceConfirmFn: which thread calls it and what it may do). The Bus sets
   /// it to LeaseTable::confirm_grant. Without a hook every barrier is refused
-  /// (FenceViolation). May be called at any time (defined in lib/features/fence.cpp).
-  void set_fence_confirm(FenceConfirmFn confirm);
+  /// (FenceViolation). May be called at any time (the hook runs in lib/features/fence.cpp).
+  void set_fence_confirm(FenceConfirmFn confirm) { fences_.set_confirm(std::move(confirm)); }
   /// TEST ONLY, for negative controls: false turns every fence check and
   /// fence update of this store object off (fenced appends are accepted as
   /// if unfenced). Never use it in production code.
-  void set_fence_check_for_testing(bool on) noexcept;
+  void set_fence_check_for_testing(bool on) noexcept { fences_.set_check_enabled(on); }
 
   // ---------------------------------------------------------------- extensions
 
@@ -582,34 +589,6 @@ class DurableStore {
     AppendResult result;
     bool excluded = false;
   };
-
-  friend class StoreTxn;
-  explicit DurableStore(const StoreOptions& options);
-  Status init_layout();
-  Status open_extension_tables(LmdbTxn& txn);
-  Status commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
-  Status ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
-                std::uint32_t attempt);
-  Status release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
-                    std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt);
-  Status claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
-                  const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out);
-  Status enqueue(WriteOp&& op, bool may_block) EXCLUDES(queue_mutex_);  // moved from only when queued
-  // Queue `ops` in order, blocking while max_pending operations are queued;
-  // returns how many were queued (all, unless the store is closing: *status).
-  std::size_t enqueue_all(std::span<WriteOp> ops, Status* status) EXCLUDES(queue_mutex_);
-  // append_async's checks; fills *op (fenced topics: asks the lease table too).
-  Status prepare_append(AppendRequest&& request, AppendCallback&& done, WriteOp* op);
-  // Runs `apply` inside a write transaction of the writer and waits.
-  Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
-  void writer_main();
-  void process_batch(std::vector<WriteOp>& ops);
-  void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
-  Status apply_append(WriteCtx& ctx, WriteOp& op);
-  Status apply_delayed(WriteCtx& ctx, WriteOp& op);
-  Status apply_retention(WriteCtx& ctx, std::uint32_t budget, bool* more);
-  Status check_open() const;
-  Status check_writable() const;
   // What every read call starts with: life_mutex_ held shared for the call
   // (close() waits for it), the store checked open, one read transaction.
   // Members end in reverse order: the transaction, then the lock.
@@ -617,14 +596,25 @@ class DurableStore {
     std::shared_lock<std::shared_mutex> life;
     LmdbTxn txn;
   };
-  Result<ReadView> begin_read() const;
-  Result<TopicRef> topic_by_id(std::uint32_t id) const EXCLUDES(topics_mutex_);
-  // The append hot path without copying the TopicRef: 1 = an open topic
-  // without a fence, 2 = fenced, 0 = not open in this store. `lanes` is set
-  // when open.
-  int topic_kind(std::uint32_t id, std::uint32_t* lanes) const EXCLUDES(topics_mutex_);
-  void remember_topic(const TopicRef& t) EXCLUDES(topics_mutex_);
 
+  // The store's parts (durable_store_impl.hpp): each owns its own state and
+  // has its definitions in one file; the public methods above forward to them.
+  friend class StoreTxn;
+  friend class StoreWriter;
+  friend class TopicLog;
+  friend class GroupOffsets;
+  friend class QueueClaims;
+  friend class Retention;
+  explicit DurableStore(const StoreOptions& options);
+  Status init_layout();
+  Status open_extension_tables(LmdbTxn& txn);
+  Status check_open() const;
+  Status check_writable() const;
+  Result<ReadView> begin_read() const;
+  /// Report a failed store operation `what` (writer thread, sync()).
+  void log_failure(const char* what, const Status& st) noexcept;
+
+  // What every part shares, set at open and never reassigned while open.
   StoreOptions options_;
   std::unique_ptr<LmdbEnv> env_;
   LmdbDbi dbi_meta_ = 0, dbi_topics_ = 0, dbi_lanes_ = 0, dbi_log_ = 0, dbi_groups_ = 0, dbi_cursors_ = 0,
@@ -637,19 +627,6 @@ class DurableStore {
   mutable std::shared_mutex life_mutex_;
   std::atomic<bool> closed_{false};
 
-  mutable Mutex topics_mutex_;
-  std::unordered_map<std::uint32_t, TopicRef> topics_ GUARDED_BY(topics_mutex_);
-
-  Mutex queue_mutex_;
-  std::condition_variable_any queue_cv_;  // writer waits for work
-  std::condition_variable_any space_cv_;  // producers wait for room
-  std::vector<WriteOp> queue_ GUARDED_BY(queue_mutex_);  // swapped with the writer's batch
-  bool stopping_ GUARDED_BY(queue_mutex_) = false;
-  bool force_retention_ GUARDED_BY(queue_mutex_) = false;
-  std::thread writer_;
-  std::thread::id writer_id_;
-
-  std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> append_listener_;
   // Set at open, never changed: the wake of other processes' consumers
   // (commit_wake.hpp), nullptr when off or unusable (wake_status_ says why).
   std::unique_ptr<CommitWake> wake_;
@@ -669,8 +646,13 @@ class DurableStore {
   // is published here) and its limit for failure lines.
   std::atomic<const Logger*> logger_{nullptr};
   LogLimiter failure_log_;
-  /// Report a failed store operation `what` (writer thread, sync()).
-  void log_failure(const char* what, const Status& st) noexcept;
+
+  // The parts, built by the constructor.
+  std::unique_ptr<StoreWriter> writer_;      // durable_writer.cpp: the queue, the writer thread, group commit
+  std::unique_ptr<TopicLog> log_;            // durable_topics.cpp, durable_reads.cpp: topics, appends, reads
+  std::unique_ptr<GroupOffsets> groups_;     // durable_groups.cpp: groups and committed offsets
+  std::unique_ptr<QueueClaims> claims_;      // durable_queues.cpp: claims, acks, releases
+  std::unique_ptr<Retention> retention_;     // durable_retention.cpp: retention in bounded batches
 };
 
 }  // namespace lanebus::detail

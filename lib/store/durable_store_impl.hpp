@@ -10,8 +10,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "coding.hpp"
@@ -34,16 +37,18 @@
 //  5. Nothing is reported complete before the transaction holding it committed
 //     (Sync: fsynced). No completion runs inside a transaction.
 //
-// Where each concern lives:
-//   durable_store.cpp      open (layout, tables), close, counters, health
-//   durable_writer.cpp     the writer thread and group commit, sync
-//   durable_topics.cpp     the topic catalogue and appends
-//   durable_reads.cpp      reads, lane bounds, seek by time
-//   durable_groups.cpp     consumer groups and their offsets
-//   durable_queues.cpp     queue claims, acks and releases
-//   durable_retention.cpp  retention
+// Where each concern lives (each part is an object with its own state; the
+// DurableStore holds them and forwards its public calls):
+//   durable_store.cpp      DurableStore: open (layout, tables), close, counters,
+//                          health, sync, the extension calls (write/read)
+//   durable_writer.cpp     StoreWriter: the queue, the writer thread, group commit
+//   durable_topics.cpp     TopicLog: the topic catalogue and appends
+//   durable_reads.cpp      TopicLog: reads, lane bounds, seek by time
+//   durable_groups.cpp     GroupOffsets: consumer groups and their offsets
+//   durable_queues.cpp     QueueClaims: queue claims, acks and releases
+//   durable_retention.cpp  Retention: retention in bounded batches
 //   store_codec.cpp        the record codecs (doc/storage-format.md)
-//   store_txn.cpp          StoreTxn and the write/read extension calls
+//   store_txn.cpp          StoreTxn
 
 namespace lanebus::detail {
 
@@ -320,6 +325,153 @@ struct DurableStore::Waiter {
     std::unique_lock<std::mutex> l(m);
     cv.wait(l, [&] { return done; });
   }
+};
+
+// ======================================================================
+// The store's parts. Each holds the store (`s_`: the environment, its
+// tables, the counters, the fences) and owns the state of its own concern;
+// DurableStore's public methods forward to them.
+
+/// The write queue, the writer thread and group commit (durable_writer.cpp).
+class StoreWriter {
+ public:
+  using WriteOp = DurableStore::WriteOp;
+  using WriteCtx = DurableStore::WriteCtx;
+  using Waiter = DurableStore::Waiter;
+  explicit StoreWriter(DurableStore& s) : s_(s) {}
+  void start();  // the writer thread (not for a read-only store)
+  /// Refuse new operations, let the writer commit what is queued and run its
+  /// completions, and join it. Idempotent.
+  void stop() EXCLUDES(queue_mutex_);
+  bool on_writer_thread() const noexcept { return std::this_thread::get_id() == thread_id_; }
+  bool running() const noexcept { return thread_.joinable(); }
+  Status enqueue(WriteOp&& op, bool may_block) EXCLUDES(queue_mutex_);  // moved from only when queued
+  // Queue `ops` in order, blocking while max_pending operations are queued;
+  // returns how many were queued (all, unless the store is closing: *status).
+  std::size_t enqueue_all(std::span<WriteOp> ops, Status* status) EXCLUDES(queue_mutex_);
+  // Runs `apply` inside a write transaction of the writer and waits.
+  Status run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping);
+  void set_listener(std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> listener)
+      EXCLUDES(queue_mutex_);
+
+ private:
+  void writer_main();
+  void process_batch(std::vector<WriteOp>& ops);
+  void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
+  Status apply_delayed(WriteCtx& ctx, WriteOp& op);
+
+  DurableStore& s_;
+  Mutex queue_mutex_;
+  std::condition_variable_any queue_cv_;  // writer waits for work
+  std::condition_variable_any space_cv_;  // producers wait for room
+  std::vector<WriteOp> queue_ GUARDED_BY(queue_mutex_);  // swapped with the writer's batch
+  bool stopping_ GUARDED_BY(queue_mutex_) = false;
+  bool force_retention_ GUARDED_BY(queue_mutex_) = false;
+  std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> listener_ GUARDED_BY(queue_mutex_);
+  std::thread thread_;
+  std::thread::id thread_id_;
+};
+
+/// The topic catalogue, appends and id reservation (durable_topics.cpp) and
+/// the reads of the log (durable_reads.cpp).
+class TopicLog {
+ public:
+  using WriteOp = DurableStore::WriteOp;
+  using WriteCtx = DurableStore::WriteCtx;
+  using Waiter = DurableStore::Waiter;
+  explicit TopicLog(DurableStore& s) : s_(s) {}
+  Result<TopicRef> open_topic(std::string_view name, const TopicSpec& spec);
+  Result<TopicRef> find_topic(std::string_view name);
+  Result<std::vector<TopicRef>> list_topics();
+  Result<AppendResult> append(AppendRequest request);
+  Status append_async(AppendRequest request, AppendCallback done);
+  DurableStore::AppendBatchResult append_batch(std::span<AppendRequest> requests);
+  Result<std::uint64_t> reserve_ids(std::uint64_t count);
+  Status apply_append(WriteCtx& ctx, WriteOp& op);  // the writer, inside its transaction
+  Result<TopicRef> topic_by_id(std::uint32_t id) const EXCLUDES(topics_mutex_);
+
+  Result<ReadBatch> read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from, const ReadLimits& limits);
+  Status read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from, const ReadLimits& limits,
+                   ReadBatch* out);
+  Result<std::uint64_t> end_offset(const TopicRef& topic, std::uint32_t lane);
+  Status end_offsets(const TopicRef& topic, std::uint64_t* ends);
+  Result<LaneInfo> lane_info(const TopicRef& topic, std::uint32_t lane);
+  Result<std::uint64_t> offset_for_time(const TopicRef& topic, std::uint32_t lane, std::int64_t ts_ns);
+
+ private:
+  // append_async's checks; fills *op (fenced topics: asks the lease table too).
+  Status prepare_append(AppendRequest&& request, AppendCallback&& done, WriteOp* op);
+  // The append hot path without copying the TopicRef: 1 = an open topic
+  // without a fence, 2 = fenced, 0 = not open in this store. `lanes` is set
+  // when open.
+  int topic_kind(std::uint32_t id, std::uint32_t* lanes) const EXCLUDES(topics_mutex_);
+  void remember_topic(const TopicRef& t) EXCLUDES(topics_mutex_);
+
+  DurableStore& s_;
+  mutable Mutex topics_mutex_;
+  std::unordered_map<std::uint32_t, TopicRef> topics_ GUARDED_BY(topics_mutex_);  // opened or found here
+};
+
+/// Consumer groups and their committed offsets (durable_groups.cpp).
+class GroupOffsets {
+ public:
+  using WriteOp = DurableStore::WriteOp;
+  using WriteCtx = DurableStore::WriteCtx;
+  using Waiter = DurableStore::Waiter;
+  explicit GroupOffsets(DurableStore& s) : s_(s) {}
+  Result<GroupRef> open_group(const TopicRef& topic, std::string_view name, StartPosition start);
+  Result<GroupRef> find_group(const TopicRef& topic, std::string_view name);
+  Result<std::vector<GroupRef>> list_groups(const TopicRef& topic);
+  Result<std::vector<GroupLaneInfo>> group_info(const GroupRef& group);
+  Status commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
+  Status commit_offset_async(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, StatusCallback done);
+  Status commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
+  Status seek(const GroupRef& group, const StartPosition& start);
+
+ private:
+  DurableStore& s_;
+};
+
+/// Queue claims, acks and releases: the `inflight` table (durable_queues.cpp).
+class QueueClaims {
+ public:
+  using WriteOp = DurableStore::WriteOp;
+  using WriteCtx = DurableStore::WriteCtx;
+  using Waiter = DurableStore::Waiter;
+  explicit QueueClaims(DurableStore& s) : s_(s) {}
+  Result<std::optional<ClaimedMessage>> claim(const GroupRef& group, std::uint32_t lane, const ClaimOptions& options);
+  Result<std::vector<ClaimedMessage>> claim_batch(const GroupRef& group, std::uint32_t lane, std::uint32_t max,
+                                                  const ClaimOptions& options);
+  Status ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt);
+  Status release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
+                 std::chrono::milliseconds delay);
+  // Inside a write transaction (the writer; StoreTxn for transactional consumers).
+  Status claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
+                  const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out);
+  Status ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                std::uint32_t attempt);
+  Status release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
+                    std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt);
+
+ private:
+  DurableStore& s_;
+};
+
+/// Retention by age, bytes and count, in bounded batches (durable_retention.cpp).
+class Retention {
+ public:
+  using WriteOp = DurableStore::WriteOp;
+  using WriteCtx = DurableStore::WriteCtx;
+  using Waiter = DurableStore::Waiter;
+  explicit Retention(DurableStore& s) : s_(s) {}
+  /// One bounded step inside the writer's transaction: at most `budget`
+  /// messages deleted; *more when some are left.
+  Status apply(WriteCtx& ctx, std::uint32_t budget, bool* more);
+  /// Every step now (run_retention).
+  Status run();
+
+ private:
+  DurableStore& s_;
 };
 
 }  // namespace lanebus::detail

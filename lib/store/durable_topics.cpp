@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DurableStore: the topic catalogue, appends and id reservation.
+// TopicLog: the topic catalogue, appends and id reservation.
 #include "durable_store.hpp"
 
 #include <algorithm>
@@ -17,7 +17,7 @@ namespace lanebus::detail {
 // ======================================================================
 // topics
 
-Result<TopicRef> DurableStore::topic_by_id(std::uint32_t id) const {
+Result<TopicRef> TopicLog::topic_by_id(std::uint32_t id) const {
   MutexLock l(&topics_mutex_);
   auto it = topics_.find(id);
   if (it == topics_.end()) {
@@ -26,7 +26,7 @@ Result<TopicRef> DurableStore::topic_by_id(std::uint32_t id) const {
   return it->second;
 }
 
-int DurableStore::topic_kind(std::uint32_t id, std::uint32_t* lanes) const {
+int TopicLog::topic_kind(std::uint32_t id, std::uint32_t* lanes) const {
   MutexLock l(&topics_mutex_);
   auto it = topics_.find(id);
   if (it == topics_.end()) return 0;
@@ -34,12 +34,12 @@ int DurableStore::topic_kind(std::uint32_t id, std::uint32_t* lanes) const {
   return it->second.fence.empty() ? 1 : 2;
 }
 
-void DurableStore::remember_topic(const TopicRef& t) {
+void TopicLog::remember_topic(const TopicRef& t) {
   MutexLock l(&topics_mutex_);
   topics_[t.id] = t;
 }
 
-Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec& spec) {
+Result<TopicRef> TopicLog::open_topic(std::string_view name, const TopicSpec& spec) {
   Status s = check_name(name, "topic");
   if (!s.ok()) return s;
   if (spec.lanes == 0 || spec.lanes > kMaxLanes) {
@@ -53,9 +53,9 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
     if (Status fs = validate_topic_fence(name, spec.fence, spec.fence_per_lane, spec.lanes); !fs.ok()) return fs;
   }
   TopicRef out;
-  s = run_write(
+  s = s_.writer_->run_write(
       [&](WriteCtx& ctx) -> Status {
-        auto v = ctx.get(dbi_topics_, name);
+        auto v = ctx.get(s_.dbi_topics_, name);
         if (v.ok()) {
           TopicRef t;
           if (!decode_topic(name, *v, &t)) {
@@ -81,7 +81,7 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
           if (t.retention.max_age != spec.retention.max_age || t.retention.max_bytes != spec.retention.max_bytes ||
               t.retention.max_count != spec.retention.max_count) {
             t.retention = spec.retention;
-            Status ps = ctx.put(dbi_topics_, name, encode_topic(t, ctx.now_ns));
+            Status ps = ctx.put(s_.dbi_topics_, name, encode_topic(t, ctx.now_ns));
             if (!ps.ok()) return ps;
           }
           out = t;
@@ -99,7 +99,7 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
         t.fence = spec.fence;
         t.fence_per_lane = !spec.fence.empty() && spec.fence_per_lane;
         Status ps = ctx.put_meta_u64("next_topic_id", *next + 1);
-        if (ps.ok()) ps = ctx.put(dbi_topics_, name, encode_topic(t, ctx.now_ns));
+        if (ps.ok()) ps = ctx.put(s_.dbi_topics_, name, encode_topic(t, ctx.now_ns));
         if (!ps.ok()) return ps;
         out = t;
         return Status();
@@ -110,15 +110,15 @@ Result<TopicRef> DurableStore::open_topic(std::string_view name, const TopicSpec
   return out;
 }
 
-Result<TopicRef> DurableStore::find_topic(std::string_view name) {
+Result<TopicRef> TopicLog::find_topic(std::string_view name) {
   Status s = check_name(name, "topic");
   if (!s.ok()) return s;
-  auto view = begin_read();
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
-  auto v = txn->get(dbi_topics_, name);
+  auto v = txn->get(s_.dbi_topics_, name);
   if (!v.ok()) {
-    if (v.code() == Code::NotFound) return Status(Code::NotFound, "topic " + quoted(name) + " not found in store " + quoted(options_.directory));
+    if (v.code() == Code::NotFound) return Status(Code::NotFound, "topic " + quoted(name) + " not found in store " + quoted(s_.options_.directory));
     return v.status();
   }
   TopicRef t;
@@ -127,11 +127,11 @@ Result<TopicRef> DurableStore::find_topic(std::string_view name) {
   return t;
 }
 
-Result<std::vector<TopicRef>> DurableStore::list_topics() {
-  auto view = begin_read();
+Result<std::vector<TopicRef>> TopicLog::list_topics() {
+  auto view = s_.begin_read();
   if (!view.ok()) return view.status();
   LmdbTxn* txn = &view->txn;
-  auto c = LmdbCursor::open(*txn, dbi_topics_, options_.directory);
+  auto c = LmdbCursor::open(*txn, s_.dbi_topics_, s_.options_.directory);
   if (!c.ok()) return c.status();
   std::vector<TopicRef> out;
   auto r = c->first();
@@ -143,7 +143,7 @@ Result<std::vector<TopicRef>> DurableStore::list_topics() {
     // Names were checked when the topic was created: an invalid one in the
     // catalogue is a damaged key (LMDB does not checksum keys).
     if (Status ns = check_name(c->key(), "stored topic"); !ns.ok()) {
-      return Status(Code::Corruption, "the topic catalogue of " + quoted(options_.directory) + " is damaged: " +
+      return Status(Code::Corruption, "the topic catalogue of " + quoted(s_.options_.directory) + " is damaged: " +
                                           std::string(ns.message()));
     }
     out.push_back(t);
@@ -157,15 +157,15 @@ Result<std::vector<TopicRef>> DurableStore::list_topics() {
 // ======================================================================
 // append
 
-Status DurableStore::append_async(AppendRequest request, AppendCallback done) {
+Status TopicLog::append_async(AppendRequest request, AppendCallback done) {
   WriteOp op;
   Status s = prepare_append(std::move(request), std::move(done), &op);
   if (!s.ok()) return s;
-  return enqueue(std::move(op), true);
+  return s_.writer_->enqueue(std::move(op), true);
 }
 
-Status DurableStore::prepare_append(AppendRequest&& request, AppendCallback&& done, WriteOp* op) {
-  Status s = check_writable();
+Status TopicLog::prepare_append(AppendRequest&& request, AppendCallback&& done, WriteOp* op) {
+  Status s = s_.check_writable();
   if (!s.ok()) return s;
   std::uint32_t lanes = 0;
   if (topic_kind(request.topic_id, &lanes) == 1 && request.lane < lanes && !request.payload.empty() &&
@@ -190,14 +190,14 @@ Status DurableStore::prepare_append(AppendRequest&& request, AppendCallback&& do
     return Status(Code::PayloadTooLarge, "append to " + quoted(topic->name) +
                                              ": key and idempotency key are limited to 65535 bytes, payload to 1 GiB");
   }
-  if (!topic->fence.empty() && fences_.check_enabled()) {
+  if (!topic->fence.empty() && s_.fences_.check_enabled()) {
     if (request.header.fencing_token == 0) {
       return Status(Code::InvalidArgument, "append to " + quoted(topic->name) + ": the topic is fenced by lease " +
                                                quoted(topic->fence) + " and the message has no fencing token");
     }
     // Ask the lease table now, on the caller's thread, so the writer never
     // waits on it while holding LMDB's writer lock (lib/features/fence.cpp).
-    op->fence = fences_.preconfirm(*topic, request.lane, request.header.fencing_token);
+    op->fence = s_.fences_.preconfirm(*topic, request.lane, request.header.fencing_token);
   }
   op->is_append = true;
   op->request = std::move(request);
@@ -205,8 +205,8 @@ Status DurableStore::prepare_append(AppendRequest&& request, AppendCallback&& do
   return Status();
 }
 
-Result<AppendResult> DurableStore::append(AppendRequest request) {
-  if (std::this_thread::get_id() == writer_id_) {
+Result<AppendResult> TopicLog::append(AppendRequest request) {
+  if (s_.writer_->on_writer_thread()) {
     return Status(Code::Busy, "blocking append from a completion callback (writer thread)");
   }
   Waiter w;
@@ -236,10 +236,10 @@ struct BatchWaiter {
 };
 }  // namespace
 
-DurableStore::AppendBatchResult DurableStore::append_batch(std::span<AppendRequest> requests) {
-  AppendBatchResult out;
+DurableStore::AppendBatchResult TopicLog::append_batch(std::span<AppendRequest> requests) {
+  DurableStore::AppendBatchResult out;
   if (requests.empty()) return out;
-  if (std::this_thread::get_id() == writer_id_) {
+  if (s_.writer_->on_writer_thread()) {
     out.status = Status(Code::Busy, "blocking append from a completion callback (writer thread)");
     return out;
   }
@@ -277,7 +277,7 @@ DurableStore::AppendBatchResult DurableStore::append_batch(std::span<AppendReque
     w.left = prepared;
   }
   Status not_queued;
-  const std::size_t queued = enqueue_all(std::span<WriteOp>(ops.data(), prepared), &not_queued);
+  const std::size_t queued = s_.writer_->enqueue_all(std::span<WriteOp>(ops.data(), prepared), &not_queued);
   if (queued < prepared) {
     std::lock_guard<std::mutex> l(w.m);
     w.left -= prepared - queued;
@@ -297,10 +297,10 @@ DurableStore::AppendBatchResult DurableStore::append_batch(std::span<AppendReque
   return out;
 }
 
-Result<std::uint64_t> DurableStore::reserve_ids(std::uint64_t count) {
+Result<std::uint64_t> TopicLog::reserve_ids(std::uint64_t count) {
   if (count == 0) return Status(Code::InvalidArgument, "reserve_ids: count is 0");
   std::uint64_t first = 0;
-  Status s = run_write(
+  Status s = s_.writer_->run_write(
       [&](WriteCtx& ctx) -> Status {
         auto r = ctx.take_ids(count);
         if (!r.ok()) return r.status();
@@ -312,7 +312,7 @@ Result<std::uint64_t> DurableStore::reserve_ids(std::uint64_t count) {
   return first;
 }
 
-Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
+Status TopicLog::apply_append(WriteCtx& ctx, WriteOp& op) {
   AppendRequest& r = op.request;
   std::uint32_t lanes = 0;
   const int kind = topic_kind(r.topic_id, &lanes);
@@ -326,8 +326,8 @@ Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   if (kind == 2) {
     auto topic = topic_by_id(r.topic_id);
     if (!topic.ok()) return topic.status();
-    StoreTxn ft(this, &ctx, ctx.txn, ctx.now_ns);
-    Status fs = fences_.check(ft, *topic, r, op.fence, &fence);
+    StoreTxn ft(&s_, &ctx, ctx.txn, ctx.now_ns);
+    Status fs = s_.fences_.check(ft, *topic, r, op.fence, &fence);
     if (!fs.ok()) return fs;
     if (fence.duplicate) {
       op.result = AppendResult{fence.dup_offset, fence.dup_id, true};
@@ -344,7 +344,7 @@ Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   LaneState& s = **ls;
   std::int64_t index_ts = std::max(s.last_ts, h.created_at_ns);
   std::size_t size = record_size(r);
-  auto p = ctx.txn->reserve(dbi_log_, log_key(r.topic_id, r.lane, s.next).sv(), size);
+  auto p = ctx.txn->reserve(s_.dbi_log_, log_key(r.topic_id, r.lane, s.next).sv(), size);
   if (!p.ok()) return ctx.fail(p.status());
   encode_record(*p, size, r, h, index_ts);
   op.result = AppendResult{s.next, h.id};
@@ -354,8 +354,8 @@ Status DurableStore::apply_append(WriteCtx& ctx, WriteOp& op) {
   s.last_ts = index_ts;
   ctx.mark(r.topic_id, r.lane, true);
   if (fence.fenced) {
-    StoreTxn ft(this, &ctx, ctx.txn, ctx.now_ns);
-    return fences_.record(ft, fence, r, op.result);
+    StoreTxn ft(&s_, &ctx, ctx.txn, ctx.now_ns);
+    return s_.fences_.record(ft, fence, r, op.result);
   }
   return Status();
 }

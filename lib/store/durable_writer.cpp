@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// DurableStore: the writer thread, its queue and group commit, and sync.
+// StoreWriter: the store's write queue, the writer thread and group commit.
 #include "durable_store.hpp"
 
 #include <algorithm>
@@ -8,38 +8,59 @@
 #include <map>
 #include <utility>
 
+#include "delayed_index.hpp"
 #include "durable_store_impl.hpp"
 #include "quote.hpp"
 
 namespace lanebus::detail {
 
-Status DurableStore::enqueue(WriteOp&& op, bool may_block) {
+void StoreWriter::start() {
+  thread_ = std::thread([this] { writer_main(); });
+  thread_id_ = thread_.get_id();
+}
+
+void StoreWriter::stop() {
   {
     MutexLock l(&queue_mutex_);
-    while (!stopping_ && queue_.size() >= options_.max_pending) {
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  space_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StoreWriter::set_listener(std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> listener) {
+  MutexLock l(&queue_mutex_);  // the writer reads it after taking a batch under this mutex
+  listener_ = std::move(listener);
+}
+
+Status StoreWriter::enqueue(WriteOp&& op, bool may_block) {
+  {
+    MutexLock l(&queue_mutex_);
+    while (!stopping_ && queue_.size() >= s_.options_.max_pending) {
       if (!may_block) return Status(Code::WouldBlock);
       space_cv_.wait(queue_mutex_);
     }
-    if (stopping_) return Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closing");
+    if (stopping_) return Status(Code::ShutDown, "store " + quoted(s_.options_.directory) + " is closing");
     queue_.push_back(std::move(op));
   }
   queue_cv_.notify_one();
   return Status();
 }
 
-std::size_t DurableStore::enqueue_all(std::span<WriteOp> ops, Status* status) {
+std::size_t StoreWriter::enqueue_all(std::span<WriteOp> ops, Status* status) {
   std::size_t queued = 0;
   while (queued < ops.size()) {
     {
       MutexLock l(&queue_mutex_);
-      while (!stopping_ && queue_.size() >= options_.max_pending) space_cv_.wait(queue_mutex_);
+      while (!stopping_ && queue_.size() >= s_.options_.max_pending) space_cv_.wait(queue_mutex_);
       if (stopping_) {
-        *status = Status(Code::ShutDown, "store " + quoted(options_.directory) + " is closing");
+        *status = Status(Code::ShutDown, "store " + quoted(s_.options_.directory) + " is closing");
         return queued;
       }
       // Room first, so a chunk is queued whole or not at all (the caller
       // waits for exactly the queued ones).
-      const std::size_t n = std::min(ops.size() - queued, options_.max_pending - queue_.size());
+      const std::size_t n = std::min(ops.size() - queued, s_.options_.max_pending - queue_.size());
       try {
         queue_.reserve(queue_.size() + n);
       } catch (const std::exception&) {
@@ -53,10 +74,10 @@ std::size_t DurableStore::enqueue_all(std::span<WriteOp> ops, Status* status) {
   return queued;
 }
 
-Status DurableStore::run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping) {
-  Status s = check_writable();
+Status StoreWriter::run_write(std::function<Status(WriteCtx&)> apply, bool bookkeeping) {
+  Status s = s_.check_writable();
   if (!s.ok()) return s;
-  if (std::this_thread::get_id() == writer_id_) {
+  if (on_writer_thread()) {
     return Status(Code::Busy, "blocking store call from a completion callback (writer thread)");
   }
   Waiter w;
@@ -70,11 +91,11 @@ Status DurableStore::run_write(std::function<Status(WriteCtx&)> apply, bool book
   return w.status;
 }
 
-void DurableStore::writer_main() {
+void StoreWriter::writer_main() {
   using clock = std::chrono::steady_clock;
-  auto next_maint = clock::now() + options_.maintenance_interval;
-  auto next_flush = clock::now() + options_.async_flush_interval;
-  const bool async = options_.durability == Durability::Async;
+  auto next_maint = clock::now() + s_.options_.maintenance_interval;
+  auto next_flush = clock::now() + s_.options_.async_flush_interval;
+  const bool async = s_.options_.durability == Durability::Async;
   bool retention_more = false;
   std::vector<WriteOp> batch;
   std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)> listener;
@@ -94,17 +115,17 @@ void DurableStore::writer_main() {
       }
       // The whole queue when it fits one batch: a swap, so both vectors keep
       // their capacity and a steady stream of appends allocates nothing here.
-      if (queue_.size() <= options_.max_batch) {
+      if (queue_.size() <= s_.options_.max_batch) {
         batch.swap(queue_);
       } else {
-        const auto n = static_cast<std::ptrdiff_t>(options_.max_batch);
+        const auto n = static_cast<std::ptrdiff_t>(s_.options_.max_batch);
         batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.begin() + n));
         queue_.erase(queue_.begin(), queue_.begin() + n);
       }
       stop = stopping_ && queue_.empty();
       force = force_retention_;
       force_retention_ = false;
-      listener = append_listener_;
+      listener = listener_;
     }
     space_cv_.notify_all();
     if (!batch.empty()) process_batch(batch);
@@ -114,7 +135,7 @@ void DurableStore::writer_main() {
       for (WriteOp& op : batch) {
         if (op.is_append) {
           // Relaxed: a statistic.
-          if (!op.status.ok()) counters_.append_failures.fetch_add(1, std::memory_order_relaxed);
+          if (!op.status.ok()) s_.counters_.append_failures.fetch_add(1, std::memory_order_relaxed);
           if (op.append_done) op.append_done(op.status, op.result);
         } else if (op.done) {
           op.done(op.status);
@@ -134,20 +155,20 @@ void DurableStore::writer_main() {
     if (stop) break;
     auto now = clock::now();
     if (now >= next_maint || force) {
-      if (wake_) (void)wake_->reclaim_dead();  // wake slots of dead processes
-      auto dead = env_->reader_check();
+      if (s_.wake_) (void)s_.wake_->reclaim_dead();  // wake slots of dead processes
+      auto dead = s_.env_->reader_check();
       if (dead.ok() && *dead > 0) {
-        counters_.stale_readers_cleared.fetch_add(static_cast<std::uint64_t>(*dead), std::memory_order_relaxed);
+        s_.counters_.stale_readers_cleared.fetch_add(static_cast<std::uint64_t>(*dead), std::memory_order_relaxed);
       }
       retention_more = true;
-      next_maint = now + options_.maintenance_interval;
+      next_maint = now + s_.options_.maintenance_interval;
     }
-    if (retention_more && !env_->fatal()) {
+    if (retention_more && !s_.env_->fatal()) {
       // One bounded step; queued operations get their turn before the next.
       std::vector<WriteOp> step(1);
       bool more = false;
       step[0].apply = [this, &more](WriteCtx& ctx) {
-        return apply_retention(ctx, options_.retention_batch, &more);
+        return s_.retention_->apply(ctx, s_.options_.retention_batch, &more);
       };
       step[0].bookkeeping = true;
       process_batch(step);
@@ -156,15 +177,15 @@ void DurableStore::writer_main() {
       retention_more = false;
     }
     if (async && clock::now() >= next_flush) {
-      if (!env_->fatal()) {
-        Status ss = env_->sync();
+      if (!s_.env_->fatal()) {
+        Status ss = s_.env_->sync();
         if (ss.ok()) {
-          counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
+          s_.counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
         } else {
-          log_failure("the async flush (fsync)", ss);
+          s_.log_failure("the async flush (fsync)", ss);
         }
       }
-      next_flush = clock::now() + options_.async_flush_interval;
+      next_flush = clock::now() + s_.options_.async_flush_interval;
     }
   }
 }
@@ -172,41 +193,41 @@ void DurableStore::writer_main() {
 // After a commit, before its completions: other processes' consumers first
 // (a few atomic adds, a FUTEX_WAKE per sleeping process), so they read while
 // our completions run. Only a commit that appended wakes anyone.
-void DurableStore::wake_other_processes(const std::vector<WriteOp>& batch) noexcept {
-  if (!wake_) return;
+void StoreWriter::wake_other_processes(const std::vector<WriteOp>& batch) noexcept {
+  if (!s_.wake_) return;
   for (const WriteOp& op : batch) {
     if (op.is_append && op.status.ok() && !op.result.duplicate) {
-      wake_->notify_others();
+      s_.wake_->notify_others();
       return;
     }
   }
 }
 
-void DurableStore::process_batch(std::vector<WriteOp>& ops) {
+void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
   bool bookkeeping_only = false;  // the map is at its maximum: retry small writes alone
   for (WriteOp& op : ops) op.excluded = false;
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
-    auto txn = env_->begin_write();
+    auto txn = s_.env_->begin_write();
     auto waited = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     // Relaxed: a statistic (watchdog of the LMDB writer-lock wait).
-    std::uint64_t prev = counters_.max_write_lock_wait_ns.load(std::memory_order_relaxed);
+    std::uint64_t prev = s_.counters_.max_write_lock_wait_ns.load(std::memory_order_relaxed);
     while (waited > prev &&
-           !counters_.max_write_lock_wait_ns.compare_exchange_weak(prev, waited, std::memory_order_relaxed)) {
+           !s_.counters_.max_write_lock_wait_ns.compare_exchange_weak(prev, waited, std::memory_order_relaxed)) {
     }
     if (!txn.ok()) {
       for (WriteOp& op : ops) {
         if (!op.excluded) op.status = txn.status();
       }
-      log_failure("beginning a write transaction", txn.status());
+      s_.log_failure("beginning a write transaction", txn.status());
       break;
     }
-    WriteCtx ctx{this, &*txn, WallClock::realtime_ns(), Status(), {}, {}, false, 0, false, 0, 0, 0, 0};
+    WriteCtx ctx{&s_, &*txn, WallClock::realtime_ns(), Status(), {}, {}, false, 0, false, 0, 0, 0, 0};
     std::size_t applied = 0;
     for (WriteOp& op : ops) {
       if (op.excluded) continue;
-      op.status = op.is_append ? apply_append(ctx, op) : op.is_delayed ? apply_delayed(ctx, op) : op.apply(ctx);
+      op.status = op.is_append ? s_.log_->apply_append(ctx, op) : op.is_delayed ? apply_delayed(ctx, op) : op.apply(ctx);
       ++applied;
       if (!ctx.dead.ok()) break;
     }
@@ -219,22 +240,22 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
         if (op.is_append && !op.excluded && op.status.ok() && !op.result.duplicate) appends += 1;
       }
       // Relaxed: independent statistics.
-      counters_.appends.fetch_add(appends, std::memory_order_relaxed);
-      counters_.commits.fetch_add(1, std::memory_order_relaxed);
-      if (options_.durability == Durability::Sync) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
-      counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
-      std::uint64_t mb = counters_.max_batch.load(std::memory_order_relaxed);
-      while (applied > mb && !counters_.max_batch.compare_exchange_weak(mb, applied, std::memory_order_relaxed)) {
+      s_.counters_.appends.fetch_add(appends, std::memory_order_relaxed);
+      s_.counters_.commits.fetch_add(1, std::memory_order_relaxed);
+      if (s_.options_.durability == Durability::Sync) s_.counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
+      s_.counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
+      std::uint64_t mb = s_.counters_.max_batch.load(std::memory_order_relaxed);
+      while (applied > mb && !s_.counters_.max_batch.compare_exchange_weak(mb, applied, std::memory_order_relaxed)) {
       }
-      counters_.retention_deleted.fetch_add(ctx.retention_deleted, std::memory_order_relaxed);
-      counters_.claims.fetch_add(ctx.claims, std::memory_order_relaxed);
-      counters_.redeliveries.fetch_add(ctx.redeliveries, std::memory_order_relaxed);
-      counters_.acks.fetch_add(ctx.acks, std::memory_order_relaxed);
+      s_.counters_.retention_deleted.fetch_add(ctx.retention_deleted, std::memory_order_relaxed);
+      s_.counters_.claims.fetch_add(ctx.claims, std::memory_order_relaxed);
+      s_.counters_.redeliveries.fetch_add(ctx.redeliveries, std::memory_order_relaxed);
+      s_.counters_.acks.fetch_add(ctx.acks, std::memory_order_relaxed);
       break;
     }
     txn->abort();
-    if (batch.code() == Code::MapFull && !env_->fatal()) {
-      Status grown = env_->grow_map();
+    if (batch.code() == Code::MapFull && !s_.env_->fatal()) {
+      Status grown = s_.env_->grow_map();
       if (grown.ok()) continue;  // retry the whole batch in the bigger map
       if (!bookkeeping_only) {
         // At the maximum: fail the appends (nothing of them was committed) and
@@ -251,7 +272,7 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
           }
         }
         bookkeeping_only = true;
-        log_failure("appending (the map is at map_size_max; acks and offsets still commit)", grown);
+        s_.log_failure("appending (the map is at map_size_max; acks and offsets still commit)", grown);
         if (any) continue;
         break;
       }
@@ -260,27 +281,15 @@ void DurableStore::process_batch(std::vector<WriteOp>& ops) {
     for (WriteOp& op : ops) {
       if (!op.excluded) op.status = batch;
     }
-    log_failure("committing a batch", batch);
+    s_.log_failure("committing a batch", batch);
     break;
   }
 }
 
-void DurableStore::log_failure(const char* what, const Status& st) noexcept {
-  const Logger* log = logger_.load(std::memory_order_acquire);
-  if (log == nullptr || !log->enabled()) return;
-  log->limited(failure_log_, LogLevel::Error, "store \"%s\": %s failed: %s", options_.directory.c_str(), what,
-               st.to_string().c_str());
-}
-
-Status DurableStore::sync() {
-  std::shared_lock<std::shared_mutex> life(life_mutex_);
-  Status s = check_writable();
-  if (!s.ok()) return s;
-  if (options_.durability == Durability::Sync) return Status();
-  s = env_->sync();
-  if (s.ok()) counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistic
-  if (!s.ok()) log_failure("sync", s);
-  return s;
+Status StoreWriter::apply_delayed(WriteCtx& ctx, WriteOp& op) {
+  StoreTxn t(&s_, &ctx, ctx.txn, ctx.now_ns);
+  bool appended = false;
+  return store_delayed(t, op.request, op.delayed_tiebreak, &appended);  // may run again: `request` stays
 }
 
 }  // namespace lanebus::detail

@@ -103,83 +103,36 @@ Result<AppendResult> StoreTxn::append(AppendRequest request) {
   DurableStore::WriteOp op;
   op.is_append = true;
   op.request = std::move(request);
-  Status s = store_->apply_append(*static_cast<DurableStore::WriteCtx*>(ctx_), op);
+  Status s = store_->log_->apply_append(*static_cast<DurableStore::WriteCtx*>(ctx_), op);
   if (!s.ok()) return s;
   return op.result;
 }
 
 Status StoreTxn::commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
   if (!ctx_) return Status(Code::InvalidArgument, "commit_offset in a read transaction");
-  return store_->commit_offset_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset);
+  return store_->groups_->commit_offset_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset);
 }
 
 Status StoreTxn::ack(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
   if (!ctx_) return Status(Code::InvalidArgument, "ack in a read transaction");
-  return store_->ack_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt);
+  return store_->claims_->ack_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt);
 }
 
 Status StoreTxn::release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
                          std::int64_t delay_ns) {
   if (!ctx_) return Status(Code::InvalidArgument, "release in a read transaction");
-  return store_->release_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt,
+  return store_->claims_->release_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt,
                             now_ns_ + delay_ns, false);
 }
 
 Status StoreTxn::unclaim(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
   if (!ctx_) return Status(Code::InvalidArgument, "unclaim in a read transaction");
-  return store_->release_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt, now_ns_, true);
+  return store_->claims_->release_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt, now_ns_, true);
 }
 
 Status StoreTxn::expire_claim(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt) {
   if (!ctx_) return Status(Code::InvalidArgument, "expire_claim in a read transaction");
-  return store_->release_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt, now_ns_, false);
-}
-
-Status DurableStore::write(const std::function<Status(StoreTxn&)>& fn) {
-  return run_write(
-      [this, &fn](WriteCtx& ctx) -> Status {
-        StoreTxn t(this, &ctx, ctx.txn, ctx.now_ns);
-        return fn(t);
-      },
-      false);
-}
-
-Status DurableStore::read(const std::function<Status(StoreTxn&)>& fn) {
-  auto view = begin_read();
-  if (!view.ok()) return view.status();
-  StoreTxn t(this, nullptr, &view->txn, WallClock::realtime_ns());
-  return fn(t);
-}
-
-DurableStore::~DurableStore() { (void)close(); }
-
-Status DurableStore::write_async(std::function<Status(StoreTxn&)> fn, StatusCallback done) {
-  Status s = check_writable();
-  if (!s.ok()) return s;
-  WriteOp op;
-  op.done = std::move(done);
-  op.apply = [this, fn = std::move(fn)](WriteCtx& ctx) -> Status {
-    StoreTxn t(this, &ctx, ctx.txn, ctx.now_ns);
-    return fn(t);
-  };
-  return enqueue(std::move(op), true);
-}
-
-Status DurableStore::delayed_async(AppendRequest request, std::uint32_t tiebreak, StatusCallback done) {
-  Status s = check_writable();
-  if (!s.ok()) return s;
-  WriteOp op;
-  op.is_delayed = true;
-  op.request = std::move(request);
-  op.delayed_tiebreak = tiebreak;
-  op.done = std::move(done);
-  return enqueue(std::move(op), true);
-}
-
-Status DurableStore::apply_delayed(WriteCtx& ctx, WriteOp& op) {
-  StoreTxn t(this, &ctx, ctx.txn, ctx.now_ns);
-  bool appended = false;
-  return store_delayed(t, op.request, op.delayed_tiebreak, &appended);  // may run again: `request` stays
+  return store_->claims_->release_in(*static_cast<DurableStore::WriteCtx*>(ctx_), group, lane, offset, attempt, now_ns_, false);
 }
 
 }  // namespace lanebus::detail
