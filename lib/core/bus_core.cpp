@@ -80,7 +80,7 @@ Status BusCore::start() {
       if (e->kind == TimerEntry::Kind::Delayed) {
         // Delayed messages are due (delayed.cpp; a durable store's index: delayed_durable.cpp).
         if (TopicImpl* t = static_cast<DelayEntry*>(e)->topic) {
-          t->release_due();
+          t->timed.release_due();
         } else {
           durable_delays_.move();
         }

@@ -343,6 +343,65 @@ struct TxnState {
 struct PublisherState;
 struct PublisherLink;
 
+/// A topic's messages with a due time or an expiry (doc/delays.md): the
+/// timed publish (delayed.cpp; durable topics: delayed_durable.cpp) and, on
+/// in-memory topics, the delayed slots waiting for their due time (`queue`)
+/// and their release. Owned by its TopicImpl.
+class TopicDelays {
+ public:
+  explicit TopicDelays(TopicImpl& topic) noexcept;
+  TopicDelays(const TopicDelays&) = delete;
+  TopicDelays& operator=(const TopicDelays&) = delete;
+
+  /// A message with a due time or an expiry on an in-memory topic: the slot
+  /// gets an extension block; a delayed one waits in `queue` until due.
+  /// `pub`: the calling publisher (publish_via; nullptr: the shared path):
+  /// its magazine `mag` gives the slot, its slot's tally counts the message
+  /// in a namespace without a publish quota (count_in_slot), and it routes
+  /// delayed messages that are due (release_inline).
+  Status publish(const OutgoingMessage& m, bool may_block, std::uint64_t id, const PayloadFill* fill = nullptr,
+                 PublisherState* pub = nullptr, Magazine* mag = nullptr) noexcept;
+  /// publish_durable of a message with a due time or an expiry: sets req's
+  /// expiry; a delayed one is stored in the delayed index (*handled = true,
+  /// `done` consumed), else the caller appends `req`. Errors (refused times)
+  /// undo the namespace admission.
+  Status publish_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp, std::size_t need,
+                         PublishCallback& done, bool* handled);
+  /// The timer thread: route every delayed slot that is due, re-arm for the
+  /// next; or, when a publisher released since its last look, look again in
+  /// kTimerDeferNs (delayed.hpp, "Publishers release").
+  void release_due() noexcept;
+  /// A publisher (publish): route the delayed slots due at `now` through
+  /// `p`, unless another thread holds the delay heap.
+  void release_inline(PublisherState* p, std::int64_t now) noexcept;
+  /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
+  void discard() noexcept;
+  /// How long the timer defers to publishers that release (2 × this bounds
+  /// the lateness a publisher's stop can add).
+  static constexpr std::int64_t kTimerDeferNs = 100'000;
+  /// A publisher releases once the earliest item is this late: a call
+  /// (the heap's mutex, a solo window) then carries several messages.
+  static constexpr std::int64_t kInlineLagNs = 20'000;
+
+  /// In-memory delayed messages waiting for their due time.
+  DelayQueue queue;
+
+ private:
+  /// publish's steps: the message's due time and expiry (a plain delay
+  /// without resolve_times' checks; a refusal counted), and the filled
+  /// slot's hand-off (routed when due, else into `queue`; an error leaves
+  /// the slot to the caller).
+  Status times_of(const OutgoingMessage& m, std::int64_t now, MessageTimes* times) noexcept;
+  Status hand_off(Slot* s, std::int64_t due_ns, std::int64_t now, PublisherState* pub) noexcept;
+  /// Route `n` (at most 64) items popped from `queue` through publisher
+  /// `p` (TopicImpl::route_due), or (nullptr: the timer, the topic lent to
+  /// it) with shared appends. Each enters its lane now: its created_at
+  /// becomes its due time (the order rule; latency counts from here).
+  void route_popped(PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept;
+
+  TopicImpl& t_;
+};
+
 class TopicImpl {
  public:
   TopicImpl(BusCore* bus, std::string name, bool is_queue, const TopicOptions& options);
@@ -378,50 +437,11 @@ class TopicImpl {
   BatchPublishResult publish_batch_unchecked(std::span<const OutgoingMessage> ms, bool may_block,
                                              std::uint64_t first_id, PublisherState* p,
                                              std::size_t bad) noexcept;
-  /// Payloads larger than the slot and typed objects (large_payload.cpp):
-  /// the checks before a slot is taken, then placing the payload in the
-  /// slot or an external block (taken under the topic's backpressure).
-  /// `extra`: bytes between the keys and the payload (an extension block).
-  Status check_large(const OutgoingMessage& m, const PayloadFill* fill, std::size_t extra = 0) const noexcept;
-  Status place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
-                     bool may_block) noexcept;
+  /// A block of at least `n` bytes of the bus's payload pool under the
+  /// topic's backpressure, as acquire_slot (place_large).
+  std::uint32_t acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept;
   /// Typed topics: the schema check of publish (publish.cpp).
   Status check_schema(const OutgoingMessage& m, std::uint16_t* version) noexcept;
-  /// A message with a due time or an expiry (delayed.cpp): the slot gets an
-  /// extension block; a delayed one waits in `delays` until due. `pub`: the
-  /// calling publisher (publish_via; nullptr: the shared path): its
-  /// magazine `mag` gives the slot, its slot's tally counts the message in a
-  /// namespace without a publish quota (count_in_slot), and it routes
-  /// delayed messages that are due (release_inline).
-  Status publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
-                       const PayloadFill* fill = nullptr, PublisherState* pub = nullptr,
-                       Magazine* mag = nullptr) noexcept;
-  /// publish_durable of a message with a due time or an expiry
-  /// (delayed_durable.cpp): sets req's expiry; a delayed one is stored in
-  /// the delayed index (*handled = true, `done` consumed), else the caller
-  /// appends `req`. Errors (refused times) undo the namespace admission.
-  Status publish_timed_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp, std::size_t need,
-                               PublishCallback& done, bool* handled);
-  /// publish_timed's steps: the message's due time and expiry (a plain
-  /// delay without resolve_times' checks; a refusal counted), and the filled
-  /// slot's hand-off (routed when due, else into `delays`; an error leaves
-  /// the slot to the caller).
-  Status times_of(const OutgoingMessage& m, std::int64_t now, MessageTimes* times) noexcept;
-  Status hand_off_timed(Slot* s, std::int64_t due_ns, std::int64_t now,
-                        PublisherState* pub) noexcept;
-  /// The timer thread: route every delayed slot that is due, re-arm for the
-  /// next; or, when a publisher released since its last look, look again in
-  /// kTimerDeferNs (delayed.hpp, "Publishers release").
-  void release_due() noexcept;
-  /// A publisher (publish_timed): route the delayed slots due at `now`
-  /// through `p`, unless another thread holds the delay heap.
-  void release_inline(PublisherState* p, std::int64_t now) noexcept;
-  /// How long the timer defers to publishers that release (2 × this bounds
-  /// the lateness a publisher's stop can add).
-  static constexpr std::int64_t kTimerDeferNs = 100'000;
-  /// A publisher releases once the earliest item is this late: a call
-  /// (the heap's mutex, a solo window) then carries several messages.
-  static constexpr std::int64_t kInlineLagNs = 20'000;
   /// Open publisher `p`'s solo window on this topic ("Solo publishers"):
   /// true when `p` owns it (append solo, then leave_solo). False: the topic
   /// is shared now (made so if it was not; p == nullptr: shared).
@@ -431,13 +451,6 @@ class TopicImpl {
   /// solo while `p` may own the topic, else the shared path (p == nullptr:
   /// shared). release_due's hand-off (publish.cpp, beside open_window).
   void route_due(PublisherState* p, Slot* const* slots, std::uint32_t n) noexcept;
-  /// Route `n` (at most 64) items popped from `delays` through publisher
-  /// `p` (route_due), or (nullptr: the timer, the topic lent to it) with
-  /// shared appends. Each enters its lane now: its created_at becomes its
-  /// due time (the order rule; latency counts from here).
-  void route_popped(PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept;
-  /// Shutdown: free every delayed slot not yet due (in-memory delays end with the bus).
-  void discard_delayed() noexcept;
   /// The store append for `m` (durable topics; also the outbox of
   /// transactions), with `headers` (stored form: stored_headers, trace.hpp).
   AppendRequest append_request(const OutgoingMessage& m, std::string_view headers = {}) const;
@@ -522,12 +535,14 @@ class TopicImpl {
   /// In-memory typed topics: every payload is a constructed object, so a
   /// bytes publish is refused (a typed handler would read it as a T).
   std::atomic<bool> objects_only{false};
-  /// In-memory delayed messages waiting for their due time (delayed.hpp).
-  DelayQueue delays;
+  /// Messages with a due time or an expiry: the timed publish and the
+  /// in-memory delayed messages waiting for their due time (delayed.hpp).
+  TopicDelays timed{*this};
   /// options.default_ttl in ns (0 = none), for has_times().
   const std::int64_t default_ttl_ns;
 
  private:
+  friend class TopicDelays;  // the timed publish takes slots and routes as publish does
   Slot* acquire_slot(std::uint32_t lane, bool may_block) noexcept;
   /// The status of a publish that found no slot (publish and publish_via).
   Status no_slot(bool may_block) noexcept;
@@ -542,13 +557,22 @@ class TopicImpl {
   /// publish_via for every case (publish.cpp): its lean frame's fallback.
   Status publish_via_general(PublisherState& p, const OutgoingMessage& m, bool may_block,
                              const PayloadFill* fill) noexcept;
-  /// The topic's backpressure around `take` (backpressure.hpp).
+  /// The topic's backpressure around `take` (publish.cpp; its only callers
+  /// are acquire_slot and acquire_block there).
   template <typename Take, typename T>
   T acquire_room(std::uint32_t lane, bool may_block, Take take, T none) noexcept;
-  /// A block of at least `n` bytes under the topic's backpressure (as acquire_slot).
-  std::uint32_t acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept;
   bool drop_oldest(std::uint32_t first_lane) noexcept;
 };
+
+/// Payloads larger than the slot and typed objects on in-memory topics
+/// (large_payload.cpp): the checks before a slot is taken, then placing the
+/// payload in the slot or an external block (taken under the topic's
+/// backpressure). `extra`: bytes between the keys and the payload (an
+/// extension block).
+Status check_large(const TopicImpl& t, const OutgoingMessage& m, const PayloadFill* fill,
+                   std::size_t extra = 0) noexcept;
+Status place_large(TopicImpl& t, Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
+                   bool may_block) noexcept;
 
 /// One topic a Publisher publishes to: its slot magazine (message_pool.hpp).
 struct PublisherLink {

@@ -254,36 +254,41 @@ std::size_t DelayQueue::size() const noexcept {
 
 // ---------------------------------------------------------------- the timed publish
 
-Status TopicImpl::times_of(const OutgoingMessage& m, std::int64_t now, MessageTimes* times) noexcept {
+TopicDelays::TopicDelays(TopicImpl& topic) noexcept : t_(topic) {
+  queue.entry.topic = &topic;
+  queue.entry.kind = TimerEntry::Kind::Delayed;
+}
+
+Status TopicDelays::times_of(const OutgoingMessage& m, std::int64_t now, MessageTimes* times) noexcept {
   const std::int64_t delay = m.delay.count();
-  if (delay > 0 && delay < kLongestTtlNs && m.deliver_at == 0 && !m.ttl && options.default_ttl.count() == 0 &&
+  if (delay > 0 && delay < kLongestTtlNs && m.deliver_at == 0 && !m.ttl && t_.options.default_ttl.count() == 0 &&
       now < kLatestDueNs - kLongestTtlNs) [[likely]] {
     *times = MessageTimes{.due_ns = now + delay};  // a plain delay: resolve_times' answer without its checks
     return Status();
   }
   try {
-    Status st = resolve_times(m, options.default_ttl.count(), now, times);
-    if (!st.ok()) refused.fetch_add(1, std::memory_order_relaxed);
+    Status st = resolve_times(m, t_.options.default_ttl.count(), now, times);
+    if (!st.ok()) t_.refused.fetch_add(1, std::memory_order_relaxed);
     return st;
   } catch (const std::bad_alloc&) {
     return Status::from_literal(Code::InvalidArgument, "publish: bad delay or ttl (out of memory naming it)");
   }
 }
 
-Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::uint64_t id,
+Status TopicDelays::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
                                 const PayloadFill* fill, PublisherState* pub, Magazine* mag) noexcept {
   const std::uint32_t pub_slot = pub != nullptr ? pub->slot : kNoPublisherSlot;
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
-  if (fill == nullptr && objects_only.load(std::memory_order_relaxed))
+  if (fill == nullptr && t_.objects_only.load(std::memory_order_relaxed))
     return Status::from_literal(Code::InvalidArgument,
                                 "publish: the topic carries typed objects; publish through its TypedTopic<T>");
   const std::int64_t now = now_ns();
   MessageTimes times;
   if (Status st = times_of(m, now, &times); !st.ok()) return st;
   std::uint16_t schema_version = m.schema_version;
-  if (schema.load(std::memory_order_relaxed) != nullptr) {
-    if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  if (t_.schema.load(std::memory_order_relaxed) != nullptr) {
+    if (Status st = t_.check_schema(m, &schema_version); !st.ok()) return st;
   }
   if ((m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes)
     return Status::from_literal(Code::PayloadTooLarge,
@@ -294,47 +299,47 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   HeaderBlock headers;
   if (!m.headers.empty() || tl_trace != nullptr) {
     if (Status st = stored_headers(m, &headers); !st.ok()) {
-      refused.fetch_add(1, std::memory_order_relaxed);
+      t_.refused.fetch_add(1, std::memory_order_relaxed);
       return st;
     }
   }
   const std::size_t ext = kExtensionBytes + headers.bytes().size();
   const std::size_t keys = m.key.size() + m.idempotency_key.size();
   const std::size_t need = keys + (fill ? fill->size : m.payload.size());
-  const bool large = need + ext > options.slot_bytes || fill != nullptr;
+  const bool large = need + ext > t_.options.slot_bytes || fill != nullptr;
   if (large) {
-    if (keys + ext > options.slot_bytes) {
-      refused.fetch_add(1, std::memory_order_relaxed);
+    if (keys + ext > t_.options.slot_bytes) {
+      t_.refused.fetch_add(1, std::memory_order_relaxed);
       return Status::from_literal(Code::PayloadTooLarge,
                                   "publish: key + idempotency key + the headers (and trace context) exceed the "
                                   "topic's slot_bytes (raise TopicOptions::slot_bytes; doc/tracing.md)");
     }
-    if (Status st = check_large(m, fill, ext); !st.ok()) return st;
+    if (Status st = check_large(t_, m, fill, ext); !st.ok()) return st;
   }
-  if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
-  NamespaceState* const nsp = ns.load(std::memory_order_acquire);
+  if (t_.bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+  NamespaceState* const nsp = t_.ns.load(std::memory_order_acquire);
   // A slotted publisher in a namespace without a publish quota counts the
   // message in its own tally once it is taken (count_in_slot, as publish_via
   // does: no locked instruction); anything else is admitted here, and a
   // refusal below undoes it (unadmit).
   const bool tally = pub_slot != kNoPublisherSlot && !nsp->pub_limited.load(std::memory_order_relaxed);
   if (!tally) {
-    if (Status q = nsp->admit_publish(need, may_block && options.backpressure == Backpressure::Block,
-                                      options.block_timeout);
+    if (Status q = nsp->admit_publish(need, may_block && t_.options.backpressure == Backpressure::Block,
+                                      t_.options.block_timeout);
         !q.ok())
       return q;
   }
   auto unadmit = [&] {
     if (!tally) nsp->unadmit_publish(need);
   };
-  const std::uint32_t lane = lane_of(m.key);
+  const std::uint32_t lane = t_.lane_of(m.key);
   // A publisher's magazine (publish_via) takes a slot with plain loads and
   // stores; the shared path with try_alloc's locked instruction.
-  Slot* s = mag != nullptr ? pool.take(*mag) : pool.try_alloc();
-  if (s == nullptr) s = acquire_slot(lane, may_block);
+  Slot* s = mag != nullptr ? t_.pool.take(*mag) : t_.pool.try_alloc();
+  if (s == nullptr) s = t_.acquire_slot(lane, may_block);
   if (s == nullptr) {
     unadmit();
-    return no_slot(may_block);
+    return t_.no_slot(may_block);
   }
   if (mag != nullptr) {
     // The slot counts in in_use; then read closing (shutdown's Dekker, as in
@@ -345,8 +350,8 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
       std::atomic_thread_fence(std::memory_order_seq_cst);
     }
   }
-  if (bus->closing()) {  // shutdown's Dekker, as in publish
-    pool.free(s);
+  if (t_.bus->closing()) {  // shutdown's Dekker, as in publish
+    t_.pool.free(s);
     unadmit();
     return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   }
@@ -354,14 +359,14 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   fill_slot(s, m, lane, id, now, schema_version, !large, kExtensionBytes + headers.bytes().size());
   write_extension(s->data() + keys, times, headers.bytes());
   if (large) {
-    if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
-      pool.free(s);
+    if (Status st = place_large(t_, s, m, fill, lane, may_block); !st.ok()) {
+      t_.pool.free(s);
       unadmit();
       return st;
     }
   }
-  if (Status st = hand_off_timed(s, times.due_ns, now, pub); !st.ok()) {
-    pool.free(s);
+  if (Status st = hand_off(s, times.due_ns, now, pub); !st.ok()) {
+    t_.pool.free(s);
     unadmit();
     return st;
   }
@@ -369,29 +374,29 @@ Status TopicImpl::publish_timed(const OutgoingMessage& m, bool may_block, std::u
   return Status();
 }
 
-Status TopicImpl::hand_off_timed(Slot* s, std::int64_t due_ns, std::int64_t now,
+Status TopicDelays::hand_off(Slot* s, std::int64_t due_ns, std::int64_t now,
                                  PublisherState* pub) noexcept {
   if (due_ns <= now) {
     // Not delayed (only an expiry), or due already: routed now, solo when
     // the publisher owns the topic.
-    route_due(pub, &s, 1);
+    t_.route_due(pub, &s, 1);
     return Status();
   }
   // The staging ring takes solo appends from the topic's solo publisher
   // (delayed.hpp, "Solo publishers"); any other append makes the topic shared first.
-  const bool solo = enter_solo(pub);
+  const bool solo = t_.enter_solo(pub);
   bool earliest;
   try {
-    const std::uint32_t index = pool.index_of(s);
-    earliest = solo ? delays.push_solo(index, due_ns, pool.capacity()) : delays.push(index, due_ns, pool.capacity());
+    const std::uint32_t index = t_.pool.index_of(s);
+    earliest = solo ? queue.push_solo(index, due_ns, t_.pool.capacity()) : queue.push(index, due_ns, t_.pool.capacity());
   } catch (const std::bad_alloc&) {  // the heap's one-time reservation (before any append)
-    if (solo) leave_solo(pub);
+    if (solo) t_.leave_solo(pub);
     return Status::from_literal(Code::Internal, "publish: out of memory reserving the topic's delay heap");
   }
-  if (solo) leave_solo(pub);
+  if (solo) t_.leave_solo(pub);
   if (earliest) {
-    bus->arm_delayed(&delays.entry, due_ns);
-  } else if (pub != nullptr && delays.due_by(now - kInlineLagNs)) {
+    t_.bus->arm_delayed(&queue.entry, due_ns);
+  } else if (pub != nullptr && queue.due_by(now - kInlineLagNs)) {
     release_inline(pub, now);  // earlier messages are due: route them here (design notes)
   }
   return Status();
@@ -401,39 +406,39 @@ namespace {
 constexpr std::uint32_t kReleaseChunk = 64;  // route_popped's most
 }  // namespace
 
-void TopicImpl::route_popped(PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept {
+void TopicDelays::route_popped(PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept {
   Slot* slots[kReleaseChunk];
   for (std::uint32_t i = 0; i < n; ++i) {
-    Slot* s = pool.at(items[i].index);
+    Slot* s = t_.pool.at(items[i].index);
     s->header.created_at_ns = items[i].due_ns;
     slots[i] = s;
   }
   if (p != nullptr) {
-    route_due(p, slots, n);
+    t_.route_due(p, slots, n);
   } else {
-    for (std::uint32_t i = 0; i < n; ++i) route(slots[i], slots[i]->lane, false);
+    for (std::uint32_t i = 0; i < n; ++i) t_.route(slots[i], slots[i]->lane, false);
   }
 }
 
-void TopicImpl::release_inline(PublisherState* p, std::int64_t now) noexcept {
+void TopicDelays::release_inline(PublisherState* p, std::int64_t now) noexcept {
   DelayQueue::Item items[kReleaseChunk];
   std::int64_t next = 0;
-  std::unique_lock releasing(delays.releasing, std::try_to_lock);
+  std::unique_lock releasing(queue.releasing, std::try_to_lock);
   if (!releasing.owns_lock()) return;  // the timer or another publisher releases now
-  const std::uint32_t n = delays.try_pop_due(now, items, kReleaseChunk, &next);
+  const std::uint32_t n = queue.try_pop_due(now, items, kReleaseChunk, &next);
   if (n == 0) return;
   route_popped(p, items, n);
   // No arming: the timer stays armed at or before the next due time
   // (armed_ only grew), and defers once it sees this (design notes).
-  delays.note_publisher_release();
+  queue.note_publisher_release();
 }
 
-void TopicImpl::release_due() noexcept {
+void TopicDelays::release_due() noexcept {
   DelayQueue::Item items[kReleaseChunk];
-  if (delays.take_publisher_release()) {
+  if (queue.take_publisher_release()) {
     // A publisher releases due items as it publishes: leave them to it and
     // look again in kTimerDeferNs (design notes, "Publishers release").
-    bus->arm_delayed(&delays.entry, now_ns() + kTimerDeferNs);
+    t_.bus->arm_delayed(&queue.entry, now_ns() + kTimerDeferNs);
     return;
   }
   // The timer routes with shared appends, the topic lent to it
@@ -442,25 +447,25 @@ void TopicImpl::release_due() noexcept {
   // Lent a chunk at a time: the topic's publisher waits for one chunk's
   // routes at most, not for a whole backlog's.
   std::int64_t next = 0;
-  std::unique_lock releasing(delays.releasing);  // after a publisher's routing of earlier items
+  std::unique_lock releasing(queue.releasing);  // after a publisher's routing of earlier items
   for (;;) {
-    const std::uint32_t n = delays.pop_due(now_ns(), items, kReleaseChunk, &next, ever_solo);
+    const std::uint32_t n = queue.pop_due(now_ns(), items, kReleaseChunk, &next, t_.ever_solo);
     if (n > 0) {
-      const std::uintptr_t lent = lend_to_timer();
+      const std::uintptr_t lent = t_.lend_to_timer();
       route_popped(nullptr, items, n);
-      give_back(lent);
+      t_.give_back(lent);
     }
     if (n < kReleaseChunk) break;
   }
-  if (next != 0) bus->arm_delayed(&delays.entry, next);
+  if (next != 0) t_.bus->arm_delayed(&queue.entry, next);
 }
 
-void TopicImpl::discard_delayed() noexcept {
+void TopicDelays::discard() noexcept {
   constexpr std::uint32_t kChunk = 64;
   DelayQueue::Item items[kChunk];
   for (;;) {
-    const std::uint32_t n = delays.pop_any(items, kChunk);
-    for (std::uint32_t i = 0; i < n; ++i) pool.free(pool.at(items[i].index));
+    const std::uint32_t n = queue.pop_any(items, kChunk);
+    for (std::uint32_t i = 0; i < n; ++i) t_.pool.free(t_.pool.at(items[i].index));
     if (n < kChunk) return;
   }
 }

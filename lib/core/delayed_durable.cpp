@@ -26,18 +26,18 @@ constexpr std::int64_t kMoveRetryNs = 100'000'000;
 constexpr std::uint32_t kMoveBatch = 4096;
 }  // namespace
 
-Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp,
+Status TopicDelays::publish_durable(const OutgoingMessage& m, AppendRequest& req, NamespaceState* nsp,
                                         std::size_t need, PublishCallback& done, bool* handled) {
   *handled = false;
   MessageTimes times;
-  Status st = resolve_times(m, default_ttl_ns, req.header.created_at_ns, &times);
-  if (st.ok() && times.due_ns > req.header.created_at_ns && !options.fence.empty())
+  Status st = resolve_times(m, t_.default_ttl_ns, req.header.created_at_ns, &times);
+  if (st.ok() && times.due_ns > req.header.created_at_ns && !t_.options.fence.empty())
     st = Status::from_literal(Code::InvalidArgument,
                               "publish: delayed delivery is not available on fenced topics (the lease generation "
                               "may change before the message is due)");
   if (!st.ok()) {
     nsp->unadmit_publish(need);
-    refused.fetch_add(1, std::memory_order_relaxed);
+    t_.refused.fetch_add(1, std::memory_order_relaxed);
     return st;
   }
   req.expires_ns = times.expires_ns;
@@ -57,30 +57,30 @@ Status TopicImpl::publish_timed_durable(const OutgoingMessage& m, AppendRequest&
       bool appended = false;
       return store_delayed(t, req, tiebreak, &appended);
     };
-    Status ws = bus->store()->write(put);
+    Status ws = t_.bus->store()->write(put);
     if (!ws.ok()) {
       nsp->unadmit_publish(need);
-      refused.fetch_add(1, std::memory_order_relaxed);
+      t_.refused.fetch_add(1, std::memory_order_relaxed);
       return ws;
     }
-    lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
-    bus->durable_delays().arm(due);
+    t_.lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+    t_.bus->durable_delays().arm(due);
     return Status();
   }
-  Status ws = bus->store()->delayed_async(
+  Status ws = t_.bus->store()->delayed_async(
       std::move(req), tiebreak, [this, lane, nsp, need, due, done = std::move(done)](const Status& s) {
         if (s.ok()) {
-          lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
-          bus->durable_delays().arm(due);
+          t_.lane_load[lane].published.fetch_add(1, std::memory_order_relaxed);
+          t_.bus->durable_delays().arm(due);
         } else {
           nsp->unadmit_publish(need);
-          refused.fetch_add(1, std::memory_order_relaxed);
+          t_.refused.fetch_add(1, std::memory_order_relaxed);
         }
         done(s, 0);  // no offset yet: the message enters its lane when due
       });
   if (!ws.ok()) {
     nsp->unadmit_publish(need);
-    refused.fetch_add(1, std::memory_order_relaxed);
+    t_.refused.fetch_add(1, std::memory_order_relaxed);
   }
   return ws;
 }

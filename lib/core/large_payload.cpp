@@ -2,46 +2,40 @@
 // Payloads larger than a slot and typed objects on in-memory topics: the
 // checks before publish takes a slot, the block taken under the topic's
 // backpressure, and placing the payload (payload_pool.hpp has the layout).
-#include "backpressure.hpp"
 #include "bus_impl.hpp"
 
 namespace lanebus::detail {
 
 // Hot-path refusals carry literal messages only: they allocate nothing.
-Status TopicImpl::check_large(const OutgoingMessage& m, const PayloadFill* fill, std::size_t extra) const noexcept {
+Status check_large(const TopicImpl& t, const OutgoingMessage& m, const PayloadFill* fill, std::size_t extra) noexcept {
   const std::size_t keys = m.key.size() + m.idempotency_key.size() + extra;
-  if (fill != nullptr && inline_object_offset(keys, *fill, options.slot_bytes) != 0) return Status();
+  if (fill != nullptr && inline_object_offset(keys, *fill, t.options.slot_bytes) != 0) return Status();
   const std::size_t size = fill ? fill->size : m.payload.size();
-  if (size > options.max_payload)
+  if (size > t.options.max_payload)
     return Status::from_literal(Code::PayloadTooLarge,
                                 "publish: the payload exceeds the topic's max_payload (raise "
                                 "TopicOptions::max_payload; in-memory payloads up to 16 MiB)");
-  if (keys + (fill ? kObjectRef : kExternalRef) > options.slot_bytes)
+  if (keys + (fill ? kObjectRef : kExternalRef) > t.options.slot_bytes)
     return Status::from_literal(Code::PayloadTooLarge,
                                 "publish: key + idempotency key + the payload's block reference (12 bytes; 20 for a "
                                 "typed object) exceed the topic's slot_bytes (raise TopicOptions::slot_bytes)");
-  if (size > bus->payloads()->largest())
+  if (size > t.bus->payloads()->largest())
     return Status::from_literal(Code::PayloadTooLarge,
                                 "publish: the payload is larger than the largest block of the bus's payload pool "
                                 "(raise BusOptions::memory_budget; doc/topics.md \"Payload sizes\")");
   return Status();
 }
 
-std::uint32_t TopicImpl::acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept {
-  PayloadPool& blocks = *bus->payloads();
-  return acquire_room(lane, may_block, [&blocks, n] { return blocks.try_alloc(n); }, PayloadPool::kNil);
-}
-
-Status TopicImpl::place_large(Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
-                              bool may_block) noexcept {
+Status place_large(TopicImpl& t, Slot* s, const OutgoingMessage& m, const PayloadFill* fill, std::uint32_t lane,
+                   bool may_block) noexcept {
   std::uint32_t block = PayloadPool::kNil;
   const std::size_t keys = s->payload_offset();  // the keys and an extension block (delayed.hpp)
-  if (fill == nullptr || inline_object_offset(keys, *fill, options.slot_bytes) == 0) {
-    block = acquire_block(fill ? fill->size : m.payload.size(), lane, may_block);
+  if (fill == nullptr || inline_object_offset(keys, *fill, t.options.slot_bytes) == 0) {
+    block = t.acquire_block(fill ? fill->size : m.payload.size(), lane, may_block);
     if (block == PayloadPool::kNil) {
-      if (bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
-      refused.fetch_add(1, std::memory_order_relaxed);
-      if (may_block && options.backpressure != Backpressure::FailFast)
+      if (t.bus->closing()) return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
+      t.refused.fetch_add(1, std::memory_order_relaxed);
+      if (may_block && t.options.backpressure != Backpressure::FailFast)
         return Status::from_literal(Code::TimedOut,
                                     "publish: no payload block of the bus's memory_budget came free within "
                                     "block_timeout");
@@ -49,8 +43,8 @@ Status TopicImpl::place_large(Slot* s, const OutgoingMessage& m, const PayloadFi
                                   "publish: every payload block that fits is in use (BusOptions::memory_budget)");
     }
   }
-  if (!place_payload(s, bus->payloads(), block, m.payload, fill, options.slot_bytes)) {
-    if (block != PayloadPool::kNil) bus->payloads()->free(block);
+  if (!place_payload(s, t.bus->payloads(), block, m.payload, fill, t.options.slot_bytes)) {
+    if (block != PayloadPool::kNil) t.bus->payloads()->free(block);
     return Status::from_literal(Code::InvalidArgument,
                                 "publish: constructing the typed object in the slot threw (nothing published)");
   }

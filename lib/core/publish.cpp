@@ -3,20 +3,23 @@
 // topics: publish_durable.cpp).
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cassert>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "backpressure.hpp"
 #include "bus_impl.hpp"
 #include "hash.hpp"
 
 namespace lanebus::detail {
 
 namespace {
+// A topic's slot capacity: a power of two, at least 2.
+std::uint32_t round_pow2(std::uint32_t v) { return std::bit_ceil(std::max<std::uint32_t>(v, 2)); }
 // The slot's key_len and idem_len are 16 bits (message_pool.hpp).
 Status key_too_long() noexcept {
   return Status::from_literal(Code::PayloadTooLarge,
@@ -29,6 +32,79 @@ Status bytes_to_typed() noexcept {
                               "publish: the topic carries typed objects; publish through its TypedTopic<T>");
 }
 }  // namespace
+
+TopicImpl::TopicImpl(BusCore* b, std::string n, bool queue, const TopicOptions& o)
+    : bus(b),
+      name(std::move(n)),
+      is_queue(queue),
+      options(o),
+      durable(o.durable),
+      // Durable topics keep messages in the store, not in slots.
+      capacity(o.durable ? 2 : round_pow2(o.capacity)),
+      pool(capacity, o.durable ? 1 : o.slot_bytes),
+      groups(new std::atomic<GroupImpl*>[o.max_groups]),
+      lane_load(new LaneLoad[o.lanes]),
+      default_ttl_ns(o.default_ttl.count()) {
+  for (std::uint32_t i = 0; i < o.max_groups; ++i) groups[i].store(nullptr, std::memory_order_relaxed);
+  pool.attach_payloads(b->payloads());
+}
+
+// ---------------------------------------------------------------- backpressure
+
+// The topic's backpressure (Block / FailFast / DropOldest) around any
+// resource publish needs: a message slot (acquire_slot) or a payload block
+// (acquire_block, large_payload.cpp's payloads).
+/// `take()` returns the resource or `none`; DropOldest drops queued messages
+/// (freeing their slots and blocks) and takes again.
+template <typename Take, typename T>
+T TopicImpl::acquire_room(std::uint32_t lane, bool may_block, Take take, T none) noexcept {
+  T s = take();
+  if (s != none) return s;
+  switch (options.backpressure) {
+    case Backpressure::FailFast:
+      return none;
+    case Backpressure::DropOldest: {
+      // A drop frees a slot (and its block) unless another group or a worker still holds the
+      // message; keep dropping (bounded by the pool size) until one is free.
+      for (std::uint32_t tries = 0; tries <= capacity; ++tries) {
+        if (!drop_oldest(lane)) break;
+        if ((s = take()) != none) return s;
+      }
+      if ((s = take()) != none) return s;
+      if (!may_block) return none;
+      [[fallthrough]];
+    }
+    case Backpressure::Block: {
+      if (!may_block) return none;
+      // Workers free slots in batches within microseconds: spin, then yield,
+      // then sleep in short steps until the deadline. The deadline is taken
+      // when the spinning ends, not on entry: a clock read costs 80-100 ns on
+      // a VM (perf: a third of a blocked publisher's time), more than the
+      // spin usually lasts; block_timeout is then late by the spin (< 50 µs).
+      std::chrono::steady_clock::time_point deadline{};
+      for (std::uint32_t spin = 0;; ++spin) {
+        if ((s = take()) != none) return s;
+        if (bus->closing()) return none;
+        if (spin < 256) {
+          cpu_relax();
+        } else if (spin < 2048) {
+          if (spin == 256) deadline = std::chrono::steady_clock::now() + options.block_timeout;
+          std::this_thread::yield();
+        } else {
+          if (std::chrono::steady_clock::now() >= deadline) return none;
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+      }
+    }
+  }
+  return none;
+}
+
+
+std::uint32_t TopicImpl::acquire_block(std::size_t n, std::uint32_t lane, bool may_block) noexcept {
+  PayloadPool& blocks = *bus->payloads();
+  return acquire_room(lane, may_block, [&blocks, n] { return blocks.try_alloc(n); }, PayloadPool::kNil);
+}
 
 bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
   bool dropped_any = false;
@@ -52,7 +128,7 @@ bool TopicImpl::drop_oldest(std::uint32_t first_lane) noexcept {
 }
 
 Slot* TopicImpl::acquire_slot(std::uint32_t lane, bool may_block) noexcept {
-  // The waiting itself is shared with the payload blocks (backpressure.hpp).
+  // The waiting itself is shared with the payload blocks (acquire_room, above).
   return acquire_room(lane, may_block, [this] { return pool.try_alloc(); }, static_cast<Slot*>(nullptr));
 }
 
@@ -316,7 +392,7 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
 Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_t id,
                           const PayloadFill* fill) noexcept {
   // A due time or an expiry: the slot carries an extension block (delayed.cpp).
-  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill);
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, id, fill);
   share();
   if (m.payload.empty() && fill == nullptr)
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
@@ -333,7 +409,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   // Beyond the slot, or a typed object: large_payload.cpp.
   const bool large = need > options.slot_bytes || fill != nullptr;
   if (large) {
-    if (Status st = check_large(m, fill); !st.ok()) return st;
+    if (Status st = check_large(*this, m, fill); !st.ok()) return st;
   }
   if (bus->closing()) return shut_down();
 
@@ -360,7 +436,7 @@ Status TopicImpl::publish(const OutgoingMessage& m, bool may_block, std::uint64_
   }
   fill_slot(s, m, lane, id, now_ns(), schema_version, !large);
   if (large) {
-    if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
+    if (Status st = place_large(*this, s, m, fill, lane, may_block); !st.ok()) {
       pool.free(s);
       nsp->unadmit_publish(need);
       return st;
@@ -408,7 +484,7 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
     return publish_via_general(p, m, may_block, fill);
   // A due time or an expiry (delayed.cpp), with this link's magazine: as
   // publish_via_general would, without its link search.
-  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, p.take_id(), nullptr, &p, &lp->mag);
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, p.take_id(), nullptr, &p, &lp->mag);
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   if (nsp->pub_limited.load(std::memory_order_relaxed)) [[unlikely]] return publish_via_general(p, m, may_block, fill);
   // Shutdown: read once, after the slot is taken (the Dekker below); a slot
@@ -450,7 +526,7 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the shared
   // path refuses it.)
   // A due time or an expiry: delayed.cpp, with this publisher's magazine.
-  if (has_times(m, default_ttl_ns)) [[unlikely]] return publish_timed(m, may_block, id, fill, &p, &link.mag);
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, id, fill, &p, &link.mag);
   if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
       nsp->pub_limited.load(std::memory_order_relaxed) ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
@@ -478,7 +554,7 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   }
   fill_slot(s, m, lane, id, now_ns(), m.schema_version, fill == nullptr);
   if (fill != nullptr) {
-    if (Status st = place_large(s, m, fill, lane, may_block); !st.ok()) {
+    if (Status st = place_large(*this, s, m, fill, lane, may_block); !st.ok()) {
       pool.free(s);
       return st;
     }
@@ -552,7 +628,7 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
         return r;
       }
       if (m.key.size() + m.idempotency_key.size() + m.payload.size() > options.slot_bytes) {
-        if (Status st = check_large(m, nullptr); !st.ok()) {
+        if (Status st = check_large(*this, m, nullptr); !st.ok()) {
           r.status = st;
           return r;
         }

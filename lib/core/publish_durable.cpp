@@ -61,7 +61,7 @@ Status TopicImpl::publish_durable(const OutgoingMessage& m, PublishCallback done
   if (has_times(m, default_ttl_ns)) [[unlikely]] {
     // A due time or an expiry (delayed_durable.cpp): a delayed message waits in the store's delayed index.
     bool handled = false;
-    Status st = publish_timed_durable(m, req, a.nsp, a.need, done, &handled);
+    Status st = timed.publish_durable(m, req, a.nsp, a.need, done, &handled);
     if (!st.ok() || handled) return st;
   }
   if (!done) {

@@ -4,7 +4,6 @@
 // (counter snapshots of every topic, group and lane), the usage taps, the
 // user tables' get. Lock order is in bus_impl.hpp.
 #include <algorithm>
-#include <bit>
 #include <cassert>
 #include <exception>
 #include <string>
@@ -17,8 +16,6 @@
 namespace lanebus::detail {
 
 namespace {
-
-std::uint32_t round_pow2(std::uint32_t v) { return std::bit_ceil(std::max<std::uint32_t>(v, 2)); }
 
 Status check_topic_options(std::string_view name, const TopicOptions& o) {
   auto bad = [&](const std::string& why) {
@@ -59,24 +56,6 @@ GroupImpl::GroupImpl(TopicImpl* t, std::string n, const GroupOptions& o, std::ui
 }
 
 // ---------------------------------------------------------------- topics
-
-TopicImpl::TopicImpl(BusCore* b, std::string n, bool queue, const TopicOptions& o)
-    : bus(b),
-      name(std::move(n)),
-      is_queue(queue),
-      options(o),
-      durable(o.durable),
-      // Durable topics keep messages in the store, not in slots.
-      capacity(o.durable ? 2 : round_pow2(o.capacity)),
-      pool(capacity, o.durable ? 1 : o.slot_bytes),
-      groups(new std::atomic<GroupImpl*>[o.max_groups]),
-      lane_load(new LaneLoad[o.lanes]),
-      default_ttl_ns(o.default_ttl.count()) {
-  for (std::uint32_t i = 0; i < o.max_groups; ++i) groups[i].store(nullptr, std::memory_order_relaxed);
-  delays.entry.topic = this;
-  delays.entry.kind = TimerEntry::Kind::Delayed;
-  pool.attach_payloads(b->payloads());
-}
 
 // Discard the oldest queued message of each active group, lane by lane from
 
@@ -562,7 +541,7 @@ Result<std::string> BusCore::table_get(std::string_view table, std::string_view 
 void BusCore::discard_delayed() noexcept {
   MutexLock l(&mu_);
   for (auto& [name, t] : topics_)
-    if (!t->durable) t->discard_delayed();
+    if (!t->durable) t->timed.discard();
 }
 
 }  // namespace lanebus::detail
