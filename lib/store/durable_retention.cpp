@@ -1,5 +1,5 @@
 // lanebus — MIT License.
-// Retention: retention by age, bytes and count, in bounded batches.
+// LogRetention: retention by age, bytes and count, in bounded batches.
 #include "durable_store.hpp"
 
 #include <algorithm>
@@ -14,7 +14,7 @@ namespace lanebus::detail {
 // ======================================================================
 // retention and maintenance
 
-Status Retention::apply(WriteCtx& ctx, std::uint32_t budget, bool* more) {
+Status LogRetention::apply(WriteCtx& ctx, std::uint32_t budget, bool* more) {
   *more = false;
   std::vector<TopicRef> topics;
   {
@@ -76,7 +76,7 @@ Status Retention::apply(WriteCtx& ctx, std::uint32_t budget, bool* more) {
   return Status();
 }
 
-Status Retention::run() {
+Status LogRetention::run() {
   for (;;) {
     bool more = false;
     Status s = s_.writer_->run_write([&](WriteCtx& ctx) { return apply(ctx, s_.options_.retention_batch, &more); }, true);

@@ -24,7 +24,7 @@ DurableStore::DurableStore(const StoreOptions& options)
       log_(std::make_unique<TopicLog>(*this)),
       groups_(std::make_unique<GroupOffsets>(*this)),
       claims_(std::make_unique<QueueClaims>(*this)),
-      retention_(std::make_unique<Retention>(*this)) {}
+      retention_(std::make_unique<LogRetention>(*this)) {}
 
 DurableStore::~DurableStore() { (void)close(); }
 

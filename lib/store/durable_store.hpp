@@ -241,7 +241,7 @@ class StoreWriter;
 class TopicLog;
 class GroupOffsets;
 class QueueClaims;
-class Retention;
+class LogRetention;
 
 /// A transaction handed to extension code by DurableStore::write (a write
 /// transaction, on the store's writer thread, batched with other operations)
@@ -604,7 +604,7 @@ class DurableStore {
   friend class TopicLog;
   friend class GroupOffsets;
   friend class QueueClaims;
-  friend class Retention;
+  friend class LogRetention;
   explicit DurableStore(const StoreOptions& options);
   Status init_layout();
   Status open_extension_tables(LmdbTxn& txn);
@@ -652,7 +652,7 @@ class DurableStore {
   std::unique_ptr<TopicLog> log_;            // durable_topics.cpp, durable_reads.cpp: topics, appends, reads
   std::unique_ptr<GroupOffsets> groups_;     // durable_groups.cpp: groups and committed offsets
   std::unique_ptr<QueueClaims> claims_;      // durable_queues.cpp: claims, acks, releases
-  std::unique_ptr<Retention> retention_;     // durable_retention.cpp: retention in bounded batches
+  std::unique_ptr<LogRetention> retention_;     // durable_retention.cpp: retention in bounded batches
 };
 
 }  // namespace lanebus::detail

@@ -46,7 +46,7 @@
 //   durable_reads.cpp      TopicLog: reads, lane bounds, seek by time
 //   durable_groups.cpp     GroupOffsets: consumer groups and their offsets
 //   durable_queues.cpp     QueueClaims: queue claims, acks and releases
-//   durable_retention.cpp  Retention: retention in bounded batches
+//   durable_retention.cpp  LogRetention: retention in bounded batches
 //   store_codec.cpp        the record codecs (doc/storage-format.md)
 //   store_txn.cpp          StoreTxn
 
@@ -458,12 +458,12 @@ class QueueClaims {
 };
 
 /// Retention by age, bytes and count, in bounded batches (durable_retention.cpp).
-class Retention {
+class LogRetention {
  public:
   using WriteOp = DurableStore::WriteOp;
   using WriteCtx = DurableStore::WriteCtx;
   using Waiter = DurableStore::Waiter;
-  explicit Retention(DurableStore& s) : s_(s) {}
+  explicit LogRetention(DurableStore& s) : s_(s) {}
   /// One bounded step inside the writer's transaction: at most `budget`
   /// messages deleted; *more when some are left.
   Status apply(WriteCtx& ctx, std::uint32_t budget, bool* more);
