@@ -13,9 +13,11 @@ gen=$(mktemp -d)
 trap 'rm -rf "$gen"' EXIT
 mkdir -p "$gen/lanebus"
 sed -e 's/@MAJOR@/0/;s/@MINOR@/0/;s/@PATCH@/0/;s/@VERSION@/0.0.0/' include/lanebus/version.hpp.in >"$gen/lanebus/version.hpp"
+# So is the dashboard page metrics_server.cpp embeds (lib/meson.build).
+python3 lib/ops/embed_text.py lib/ops/dashboard.html "$gen/dashboard_html.hpp" kDashboardHtml
 status=0
 for f in lib/*/*.cpp; do
-  if ! "$CXX" -std=c++20 -fsyntax-only -Wthread-safety -Werror -Iinclude -I"$gen" -Ilib -Ilib/util -Ilib/store -Ilib/features -Ilib/core -Ilib/ops -Ilib/bridge "$f"; then
+  if ! "$CXX" -std=c++20 -fsyntax-only -Wthread-safety -Werror -Wno-unknown-warning-option -Iinclude -I"$gen" -Ilib -Ilib/util -Ilib/store -Ilib/features -Ilib/core -Ilib/ops -Ilib/bridge "$f"; then
     status=1
   fi
 done
