@@ -237,6 +237,7 @@ enum class StoreTable : std::uint8_t {
 inline constexpr int kStoreTables = 9;
 
 class DurableStore;
+class StorePart;
 class StoreWriter;
 class TopicLog;
 class GroupOffsets;
@@ -600,6 +601,7 @@ class DurableStore {
   // The store's parts (durable_store_impl.hpp): each owns its own state and
   // has its definitions in one file; the public methods above forward to them.
   friend class StoreTxn;
+  friend class StorePart;
   friend class StoreWriter;
   friend class TopicLog;
   friend class GroupOffsets;

@@ -332,13 +332,26 @@ struct DurableStore::Waiter {
 // tables, the counters, the fences) and owns the state of its own concern;
 // DurableStore's public methods forward to them.
 
-/// The write queue, the writer thread and group commit (durable_writer.cpp).
-class StoreWriter {
+/// What every part holds: the store, and the names of its write operation,
+/// write transaction and blocking-call waiter.
+class StorePart {
  public:
   using WriteOp = DurableStore::WriteOp;
   using WriteCtx = DurableStore::WriteCtx;
   using Waiter = DurableStore::Waiter;
-  explicit StoreWriter(DurableStore& s) : s_(s) {}
+  StorePart(const StorePart&) = delete;
+  StorePart& operator=(const StorePart&) = delete;
+
+ protected:
+  explicit StorePart(DurableStore& s) noexcept : s_(s) {}
+  ~StorePart() = default;
+  DurableStore& s_;
+};
+
+/// The write queue, the writer thread and group commit (durable_writer.cpp).
+class StoreWriter : public StorePart {
+ public:
+  explicit StoreWriter(DurableStore& s) : StorePart(s) {}
   void start();  // the writer thread (not for a read-only store)
   /// Refuse new operations, let the writer commit what is queued and run its
   /// completions, and join it. Idempotent.
@@ -360,7 +373,6 @@ class StoreWriter {
   void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
   Status apply_delayed(WriteCtx& ctx, WriteOp& op);
 
-  DurableStore& s_;
   Mutex queue_mutex_;
   std::condition_variable_any queue_cv_;  // writer waits for work
   std::condition_variable_any space_cv_;  // producers wait for room
@@ -374,12 +386,9 @@ class StoreWriter {
 
 /// The topic catalogue, appends and id reservation (durable_topics.cpp) and
 /// the reads of the log (durable_reads.cpp).
-class TopicLog {
+class TopicLog : public StorePart {
  public:
-  using WriteOp = DurableStore::WriteOp;
-  using WriteCtx = DurableStore::WriteCtx;
-  using Waiter = DurableStore::Waiter;
-  explicit TopicLog(DurableStore& s) : s_(s) {}
+  explicit TopicLog(DurableStore& s) : StorePart(s) {}
   Result<TopicRef> open_topic(std::string_view name, const TopicSpec& spec);
   Result<TopicRef> find_topic(std::string_view name);
   Result<std::vector<TopicRef>> list_topics();
@@ -407,18 +416,14 @@ class TopicLog {
   int topic_kind(std::uint32_t id, std::uint32_t* lanes) const EXCLUDES(topics_mutex_);
   void remember_topic(const TopicRef& t) EXCLUDES(topics_mutex_);
 
-  DurableStore& s_;
   mutable Mutex topics_mutex_;
   std::unordered_map<std::uint32_t, TopicRef> topics_ GUARDED_BY(topics_mutex_);  // opened or found here
 };
 
 /// Consumer groups and their committed offsets (durable_groups.cpp).
-class GroupOffsets {
+class GroupOffsets : public StorePart {
  public:
-  using WriteOp = DurableStore::WriteOp;
-  using WriteCtx = DurableStore::WriteCtx;
-  using Waiter = DurableStore::Waiter;
-  explicit GroupOffsets(DurableStore& s) : s_(s) {}
+  explicit GroupOffsets(DurableStore& s) : StorePart(s) {}
   Result<GroupRef> open_group(const TopicRef& topic, std::string_view name, StartPosition start);
   Result<GroupRef> find_group(const TopicRef& topic, std::string_view name);
   Result<std::vector<GroupRef>> list_groups(const TopicRef& topic);
@@ -428,17 +433,12 @@ class GroupOffsets {
   Status commit_offset_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
   Status seek(const GroupRef& group, const StartPosition& start);
 
- private:
-  DurableStore& s_;
 };
 
 /// Queue claims, acks and releases: the `inflight` table (durable_queues.cpp).
-class QueueClaims {
+class QueueClaims : public StorePart {
  public:
-  using WriteOp = DurableStore::WriteOp;
-  using WriteCtx = DurableStore::WriteCtx;
-  using Waiter = DurableStore::Waiter;
-  explicit QueueClaims(DurableStore& s) : s_(s) {}
+  explicit QueueClaims(DurableStore& s) : StorePart(s) {}
   Result<std::optional<ClaimedMessage>> claim(const GroupRef& group, std::uint32_t lane, const ClaimOptions& options);
   Result<std::vector<ClaimedMessage>> claim_batch(const GroupRef& group, std::uint32_t lane, std::uint32_t max,
                                                   const ClaimOptions& options);
@@ -453,25 +453,18 @@ class QueueClaims {
   Status release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                     std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt);
 
- private:
-  DurableStore& s_;
 };
 
 /// Retention by age, bytes and count, in bounded batches (durable_retention.cpp).
-class LogRetention {
+class LogRetention : public StorePart {
  public:
-  using WriteOp = DurableStore::WriteOp;
-  using WriteCtx = DurableStore::WriteCtx;
-  using Waiter = DurableStore::Waiter;
-  explicit LogRetention(DurableStore& s) : s_(s) {}
+  explicit LogRetention(DurableStore& s) : StorePart(s) {}
   /// One bounded step inside the writer's transaction: at most `budget`
   /// messages deleted; *more when some are left.
   Status apply(WriteCtx& ctx, std::uint32_t budget, bool* more);
   /// Every step now (run_retention).
   Status run();
 
- private:
-  DurableStore& s_;
 };
 
 }  // namespace lanebus::detail
