@@ -85,6 +85,12 @@ inline void do_not_optimize(const T& v) noexcept {
   asm volatile("" : : "r,m"(v) : "memory");
 }
 
+// Where the run is (the case, then the step of a lanebus run), for the
+// smoke's hang report: set by the main thread, read by the watchdog.
+std::atomic<const char*> g_case{"start"};
+std::atomic<const char*> g_step{""};
+void step(const char* what) noexcept { g_step.store(what, std::memory_order_relaxed); }
+
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench=inproc ERROR: %s\n", what.c_str());
   std::fflush(stdout);
@@ -218,13 +224,18 @@ double lanebus_throughput(int producers, int groups, int workers, std::uint64_t 
       }
     });
   }
+  step("lanebus: publish and deliver");
   std::int64_t t0 = gate.open_when(producers);
   std::int64_t end = wait_all(done, cfg, "lanebus");
+  step("lanebus: join the producers");
   for (auto& t : threads) t.join();
   for (auto& d : done)
     if (d->count.load() != n) die("lanebus: a group handled " + std::to_string(d->count.load()) + " of " + std::to_string(n));
+  step("lanebus: unsubscribe");
   subs.clear();
+  step("lanebus: shutdown(Drain)");
   (void)bus->shutdown(lanebus::ShutdownMode::Drain);
+  step("lanebus: destroy the topic handle and the bus, or the next run");
   return rate(n, end - t0);
 }
 
@@ -1483,9 +1494,23 @@ int main(int argc, char** argv) {
   }
 
   print_header();
+  if (cfg.smoke) {
+    // A smoke run takes seconds; one still running after 100 s is stuck.
+    // Say where, and fail, before meson's 120 s timeout kills it silently
+    // (a CI run's TSan stage once timed out in case 2to2 with no clue).
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(100));
+      std::fprintf(stderr, "bench=inproc ERROR: the smoke run is stuck after 100 s in case %s, step \"%s\"\n",
+                   g_case.load(std::memory_order_relaxed), g_step.load(std::memory_order_relaxed));
+      std::fflush(stdout);
+      std::_Exit(1);
+    }).detach();
+  }
   for (const auto& s : kScenarios) {
     if (!cfg.run.empty() && cfg.run != s.name) continue;
     std::printf("# case=%s: %s\n", s.name, s.description);
+    g_case.store(s.name, std::memory_order_relaxed);
+    step("");
     s.run(cfg);
   }
   return 0;
