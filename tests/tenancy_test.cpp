@@ -90,7 +90,7 @@ TEST_CASE("a name lives in its first segment or in the longest declared namespac
 }
 
 TEST_CASE("delayed and expiring publishes count in their namespace's usage on every publish path") {
-  // publish_timed counts a slotted publisher's message in its tally
+  // TopicDelays::publish (the timed publish) counts a slotted publisher's message in its tally
   // (count_in_slot) and anything else through admit_publish: both must show.
   lanebus::test::TempDir dir;
   auto bus = open_bus(dir.file("store"), false);

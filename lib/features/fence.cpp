@@ -1,6 +1,6 @@
 // lanebus — MIT License.
 // Fenced sinks (doc/leases.md): fenced durable lanes (LaneFences, used by
-// DurableStore::apply_append) and FencedResource, both keeping their
+// TopicLog::apply_append) and FencedResource, both keeping their
 // high-water marks in the store's `fence` table.
 #include "lanebus/fence.hpp"
 

@@ -274,7 +274,6 @@ Status DurableStore::sync() {
   return s;
 }
 
-
 // ======================================================================
 // extensions: StoreTxn over the writer's transaction, or a read transaction
 
