@@ -548,7 +548,10 @@ class TopicImpl {
   Status no_slot(bool may_block) noexcept;
   /// Route a filled slot to every active group's ring of its lane; `solo`:
   /// the owner's plain appends. Returns false when no group took it (freed).
-  bool route(Slot* s, std::uint32_t lane, bool solo) noexcept;
+  /// `refs_set`: the reference count the slot already holds (the timed
+  /// publish sets 1 while the slot is hot): when it is the count route
+  /// needs, the slot is not written (a delayed release would miss on it).
+  bool route(Slot* s, std::uint32_t lane, bool solo, std::uint32_t refs_set = 0) noexcept;
   /// route for a topic with one active group, inline in publish_via (else route).
   bool route_one(Slot* s, std::uint32_t lane, bool solo) noexcept;
   /// Scheduler::schedule, with its first check (the lane already scheduled,

@@ -81,31 +81,27 @@ void DelayQueue::init(std::uint32_t capacity) {
   std::lock_guard l(mu_);
   if (ready_.load(std::memory_order_relaxed)) return;
   // The pool's capacity is a power of two (the ring needs one).
-  auto ring = std::make_unique<LaneRing>(capacity);
-  auto due = std::make_unique<std::int64_t[]>(capacity);
+  auto ring = std::make_unique<BasicLaneRing<Staged>>(capacity);
   auto run = std::make_unique<Item[]>(capacity);
   heap_.reserve(capacity);  // once per topic (design notes)
   ring_ = std::move(ring);
-  due_ = std::move(due);
   run_ = std::move(run);
   run_mask_ = capacity - 1;
   ready_.store(true, std::memory_order_release);  // pairs with push's and pop_due's acquire
 }
 
-bool DelayQueue::push(std::uint32_t index, std::int64_t due_ns, std::uint32_t capacity) {
+bool DelayQueue::push(std::uint32_t index, std::uint32_t lane, std::int64_t due_ns, std::uint32_t capacity) {
   if (!ready_.load(std::memory_order_acquire)) init(capacity);
-  due_[index] = due_ns;  // published to the timer thread by the ring's store below
   // Never full: every entry pins one of the pool's `capacity` slots; a failed
   // try only means the cell's previous reader has not finished its store.
-  while (!ring_->try_enqueue(index)) std::this_thread::yield();
+  while (!ring_->try_enqueue(Staged{due_ns, index, lane})) std::this_thread::yield();
   // seq_cst, after the ring's seq_cst store: the Dekker pair with pop_due.
   return lower_armed(due_ns);
 }
 
-bool DelayQueue::push_solo(std::uint32_t index, std::int64_t due_ns, std::uint32_t capacity) {
+bool DelayQueue::push_solo(std::uint32_t index, std::uint32_t lane, std::int64_t due_ns, std::uint32_t capacity) {
   if (!ready_.load(std::memory_order_acquire)) init(capacity);
-  due_[index] = due_ns;  // published to the timer thread by the ring's release store
-  ring_->push_solo(index);  // never full (push)
+  ring_->push_solo(Staged{due_ns, index, lane});  // never full (push)
   AsymmetricFence::light();  // the entry, then armed_: pop_due's heavy fence is the other half
   if (lower_armed(due_ns)) return true;
   note_publisher_release();  // a stream: the timer defers to this publisher (design notes)
@@ -132,16 +128,26 @@ void DelayQueue::push_heap(const Item& it) noexcept {
 }
 
 void DelayQueue::take_staged() noexcept {
-  std::uint32_t index;
-  while (ring_->try_dequeue_single(index)) {  // one dequeuer: mu_ is held
-    const Item it{due_[index], seq_++, index};
-    // Not before the run's last item (a steady delay: always): the run's
-    // tail, O(1); else the heap. Both stay sorted by (due time, sequence).
-    if (run_tail_ == run_head_ || !before(it, run_[(run_tail_ - 1) & run_mask_])) {
-      run_[run_tail_++ & run_mask_] = it;
-    } else {
-      push_heap(it);
-    }
+  constexpr std::uint32_t kTakeChunk = 256;
+  // One dequeuer (mu_ is held): read what is there, then free the cells at
+  // once (one release store of the ring's bound, not one per item).
+  for (;;) {
+    const std::uint64_t first = ring_->head_position();
+    const std::uint32_t n = ring_->peek_each(first, kTakeChunk, [this](std::uint32_t, const Staged& st) {
+      const Item it{st.due_ns, seq_++, st.index, st.lane};
+      // Not before the run's last item (a steady delay: always): the run's
+      // tail, O(1); else the heap. Both stay sorted by (due time, sequence).
+      if (run_tail_ == run_head_ || !before(it, run_[(run_tail_ - 1) & run_mask_])) {
+        run_[run_tail_++ & run_mask_] = it;
+      } else {
+        push_heap(it);
+      }
+      return true;
+    });
+    if (n == 0) return;
+    ring_->take_to(first + n);
+    ring_->free_taken(first, first + n);
+    if (n < kTakeChunk) return;
   }
 }
 
@@ -355,8 +361,11 @@ Status TopicDelays::publish(const OutgoingMessage& m, bool may_block, std::uint6
     unadmit();
     return Status::from_literal(Code::ShutDown, "publish: the bus is shut down");
   }
+  if (mag != nullptr) mag->note_lines(large ? keys + ext + sizeof(void*) : need + ext);
   s->kind = Slot::kExtension;  // a free slot is kInline (MessagePool::recycle)
-  fill_slot(s, m, lane, id, now, schema_version, !large, kExtensionBytes + headers.bytes().size());
+  // The release touches no slot (delayed.hpp, "The release"): the count for one group, the due time.
+  s->refs.store(1, std::memory_order_relaxed);
+  fill_slot(s, m, lane, id, std::max(times.due_ns, now), schema_version, !large, ext);
   write_extension(s->data() + keys, times, headers.bytes());
   if (large) {
     if (Status st = place_large(t_, s, m, fill, lane, may_block); !st.ok()) {
@@ -388,7 +397,8 @@ Status TopicDelays::hand_off(Slot* s, std::int64_t due_ns, std::int64_t now,
   bool earliest;
   try {
     const std::uint32_t index = t_.pool.index_of(s);
-    earliest = solo ? queue.push_solo(index, due_ns, t_.pool.capacity()) : queue.push(index, due_ns, t_.pool.capacity());
+    earliest = solo ? queue.push_solo(index, s->lane, due_ns, t_.pool.capacity())
+                     : queue.push(index, s->lane, due_ns, t_.pool.capacity());
   } catch (const std::bad_alloc&) {  // the heap's one-time reservation (before any append)
     if (solo) t_.leave_solo(pub);
     return Status::from_literal(Code::Internal, "publish: out of memory reserving the topic's delay heap");
@@ -407,17 +417,10 @@ constexpr std::uint32_t kReleaseChunk = 64;  // route_popped's most
 }  // namespace
 
 void TopicDelays::route_popped(PublisherState* p, const DelayQueue::Item* items, std::uint32_t n) noexcept {
-  Slot* slots[kReleaseChunk];
-  for (std::uint32_t i = 0; i < n; ++i) {
-    Slot* s = t_.pool.at(items[i].index);
-    s->header.created_at_ns = items[i].due_ns;
-    slots[i] = s;
-  }
-  if (p != nullptr) {
-    t_.route_due(p, slots, n);
-  } else {
-    for (std::uint32_t i = 0; i < n; ++i) t_.route(slots[i], slots[i]->lane, false);
-  }
+  // Nothing of the slots is read or written here (delayed.hpp, "The release").
+  const bool solo = p != nullptr && t_.enter_solo(p);
+  for (std::uint32_t i = 0; i < n; ++i) t_.route(t_.pool.at(items[i].index), items[i].lane, solo, 1);
+  if (solo) t_.leave_solo(p);
 }
 
 void TopicDelays::release_inline(PublisherState* p, std::int64_t now) noexcept {

@@ -33,20 +33,24 @@
 #include <memory>
 #include <new>
 #include <thread>
+#include <type_traits>
 
 #include "prefetch.hpp"
 
 namespace lanebus::detail {
 
-class LaneRing {
+/// `Value`: what a cell carries (a slot index for a lane; DelayQueue's
+/// staging ring carries the due time beside it). Trivially copyable.
+template <class Value>
+class BasicLaneRing {
  public:
-  explicit LaneRing(std::uint32_t capacity_pow2)
+  explicit BasicLaneRing(std::uint32_t capacity_pow2)
       : mask_(capacity_pow2 - 1), cells_(new_cells(capacity_pow2)) {
     for (std::uint64_t i = 0; i < capacity_pow2; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
   }
 
   /// False when full. Never allocates.
-  bool try_enqueue(std::uint32_t value) noexcept {
+  bool try_enqueue(const Value& value) noexcept {
     std::uint64_t pos = tail_.load(std::memory_order_relaxed);
     Cell* cell;
     for (;;) {
@@ -74,7 +78,7 @@ class LaneRing {
   /// try_enqueue for the topic's solo publisher (invariant 5): plain loads
   /// and stores, no locked instruction. Spins while the cell's previous
   /// dequeuer finishes its store (the ring cannot be full: see enqueue_bulk).
-  void push_solo(std::uint32_t value) noexcept {
+  void push_solo(const Value& value) noexcept {
     const std::uint64_t pos = tail_.load(std::memory_order_relaxed);
     Cell* cell = &cells_[pos & mask_];
     wait_free(pos, cell);
@@ -87,7 +91,7 @@ class LaneRing {
 
   /// enqueue_bulk for the topic's solo publisher (invariant 5), without the
   /// closing fence (the caller fences before it reads the flag).
-  void enqueue_bulk_solo(const std::uint32_t* values, std::uint32_t count) noexcept {
+  void enqueue_bulk_solo(const Value* values, std::uint32_t count) noexcept {
     const std::uint64_t pos = tail_.load(std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < count; ++i) {
       Cell* cell = &cells_[(pos + i) & mask_];
@@ -107,7 +111,7 @@ class LaneRing {
   /// flag, and every cell store must be visible before that load (the Dekker
   /// hand-off of bus_impl.hpp; one fence for the run instead of a seq_cst
   /// store per cell).
-  void enqueue_bulk(const std::uint32_t* values, std::uint32_t count) noexcept {
+  void enqueue_bulk(const Value* values, std::uint32_t count) noexcept {
     const std::uint64_t pos = tail_.fetch_add(count, std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < count; ++i) {
       Cell* cell = &cells_[(pos + i) & mask_];
@@ -120,7 +124,7 @@ class LaneRing {
   }
 
   /// False when empty (or when the oldest position is claimed but not yet written).
-  bool try_dequeue(std::uint32_t& value) noexcept {
+  bool try_dequeue(Value& value) noexcept {
     std::uint64_t pos = head_.load(std::memory_order_relaxed);
     Cell* cell;
     for (;;) {
@@ -143,7 +147,7 @@ class LaneRing {
 
   /// try_dequeue for a ring with one dequeuer at a time (the lane's owner;
   /// no DropOldest publisher): no CAS on head_.
-  bool try_dequeue_single(std::uint32_t& value) noexcept {
+  bool try_dequeue_single(Value& value) noexcept {
     std::uint64_t pos = head_.load(std::memory_order_relaxed);
     Cell* cell = &cells_[pos & mask_];
     if (cell->seq.load(std::memory_order_acquire) != pos + 1) return false;
@@ -165,7 +169,7 @@ class LaneRing {
   /// REQUIRES (the caller's rules, ephemeral_lane.cpp run_plain): call
   /// release_taken before the run ends and before a taken entry's slot can
   /// go back to the pool; only for an entry whose slot no other group holds.
-  bool take_deferred(std::uint32_t& value) noexcept {
+  bool take_deferred(Value& value) noexcept {
     const std::uint64_t pos = head_.load(std::memory_order_relaxed);
     Cell* cell = &cells_[pos & mask_];
     if (cell->seq.load(std::memory_order_acquire) != pos + 1) return false;
@@ -187,7 +191,7 @@ class LaneRing {
 
   /// The value `i` positions past the oldest, if it is there (a ring with one
   /// dequeuer, as try_dequeue_single): a batch is looked at before it is taken.
-  bool peek_single(std::uint32_t i, std::uint32_t& value) const noexcept {
+  bool peek_single(std::uint32_t i, Value& value) const noexcept {
     const std::uint64_t pos = head_.load(std::memory_order_relaxed) + i;
     const Cell& cell = cells_[pos & mask_];
     if (cell.seq.load(std::memory_order_acquire) != pos + 1) return false;
@@ -198,7 +202,7 @@ class LaneRing {
   /// The value at position `pos` (at or past the oldest), if it is there: a
   /// ring with one dequeuer, as peek_single, for a run that knows its
   /// position (ephemeral_lane.cpp run_plain: head_ is not read again).
-  bool peek_at(std::uint64_t pos, std::uint32_t& value) const noexcept {
+  bool peek_at(std::uint64_t pos, Value& value) const noexcept {
     const Cell& cell = cells_[pos & mask_];
     if (cell.seq.load(std::memory_order_acquire) != pos + 1) return false;
     value = cell.value;
@@ -275,10 +279,12 @@ class LaneRing {
   std::uint32_t capacity() const noexcept { return mask_ + 1; }
 
  private:
-  // 16 bytes: four cells to a line; the array starts on a line.
-  struct alignas(16) Cell {
+  // A lane's cell is 16 bytes, four to a line; a 16-byte value makes it
+  // 32, two to a line. The array starts on a line.
+  static_assert(std::is_trivially_copyable_v<Value> && sizeof(Value) <= 24);
+  struct alignas(sizeof(Value) <= 8 ? 16 : 32) Cell {
     std::atomic<std::uint64_t> seq{0};
-    std::uint32_t value = 0;
+    Value value{};
   };
   static constexpr std::uint64_t kCellsPerLine = 64 / sizeof(Cell);
   struct CellsDelete {
@@ -321,5 +327,8 @@ class LaneRing {
   std::atomic<std::uint64_t> released_{0};
   [[maybe_unused]] char pad_[64 - 3 * sizeof(std::uint64_t)];
 };
+
+/// A lane's ring: slot indices.
+using LaneRing = BasicLaneRing<std::uint32_t>;
 
 }  // namespace lanebus::detail

@@ -194,6 +194,13 @@ struct Magazine {
   Slot* slots[kMax];
   std::uint32_t count = 0;              // owner-only
   std::atomic<std::uint32_t> held{0};   // == count, for in_use()
+  // Owner-only: the lines (2..4) the owner's last message filled, set by
+  // the paths whose messages may pass two lines (note_lines); the slots
+  // taken ahead are prefetched that far.
+  std::uint32_t lines = 2;
+  void note_lines(std::size_t data_bytes) noexcept {
+    lines = static_cast<std::uint32_t>(std::min<std::size_t>((sizeof(Slot) + data_bytes + 63) / 64, 4));
+  }
   Magazine* next = nullptr;             // the pool's list (MessagePool::mags_mu_)
   Magazine* prev = nullptr;
 };
@@ -363,7 +370,9 @@ class MessagePool {
     return got;
   }
 
-  /// Return a slot to the free list. REQUIRES: refs == 0, not already free.
+  /// Return a slot to the free list. REQUIRES: no group holds it (refs is
+  /// 0, or the count a timed publish set before routing it), not already
+  /// free. A free slot's refs are not read: route sets them.
   void free(Slot* s) noexcept {
     recycle(s);
     free_chain(s, s, 1);
@@ -431,6 +440,13 @@ class MessagePool {
     prefetch_for_write(s);
     prefetch_for_write(reinterpret_cast<const char*>(s) + 64);
   }
+  /// prefetch_slot, and the lines past the second that the magazine's last
+  /// message filled (Magazine::lines: a 64-byte payload behind a due time
+  /// reaches a third line, which was written cold).
+  static void prefetch_slot(const Slot* s, const Magazine& m) noexcept {
+    prefetch_slot(s);
+    for (std::uint32_t l = 2; l < m.lines; ++l) prefetch_for_write(reinterpret_cast<const char*>(s) + 64 * l);
+  }
   /// Refill an empty magazine; false when the pool has no free slot.
   /// Out of line: the publish that inlines take() keeps its registers.
   [[gnu::noinline]] bool refill(Magazine& m) noexcept {
@@ -449,7 +465,7 @@ class MessagePool {
     m.held.store(got, std::memory_order_release);
     // The slots of the next kWriteAhead publishes (this one's is asked for
     // too late to help, but costs nothing to ask).
-    for (std::uint32_t i = 1; i <= kWriteAhead && i <= got; ++i) prefetch_slot(m.slots[got - i]);
+    for (std::uint32_t i = 1; i <= kWriteAhead && i <= got; ++i) prefetch_slot(m.slots[got - i], m);
     return true;
   }
   Slot* take(Magazine& m) noexcept {
@@ -460,7 +476,7 @@ class MessagePool {
     // were last read by a worker, so taking them back costs a round trip
     // between the cores, longer than one publish where the cores sit far
     // apart. (The ones in between were asked for by the publishes before.)
-    if (m.count >= kWriteAhead) prefetch_slot(m.slots[m.count - kWriteAhead]);
+    if (m.count >= kWriteAhead) prefetch_slot(m.slots[m.count - kWriteAhead], m);
     return m.slots[m.count];
   }
   std::uint32_t magazine_size() const noexcept { return magazine_size_; }

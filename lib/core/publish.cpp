@@ -326,7 +326,7 @@ inline bool TopicImpl::route_one(Slot* s, std::uint32_t lane, bool solo) noexcep
   return true;
 }
 
-bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
+bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo, std::uint32_t refs_set) noexcept {
   // Route to every active group. The slot's reference count must be final
   // before the first ring push makes it visible, so collect the targets first
   // (a group deactivated meanwhile still drains its rings, so a stale target
@@ -373,8 +373,10 @@ bool TopicImpl::route(Slot* s, std::uint32_t lane, bool solo) noexcept {
     schedule(gl);
   };
   if (!overflow) {
-    // relaxed: the ring push below (release) publishes the count with the slot.
-    s->refs.store(n, std::memory_order_relaxed);
+    // relaxed: the ring push below (release) publishes the count with the
+    // slot (a count set by the publish reaches this thread through the
+    // delay queue's ring: release, then acquire).
+    if (n != refs_set) s->refs.store(n, std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < n; ++i) push(targets[i]);
     return true;
   }
@@ -498,6 +500,7 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
     pool.free(s);
     return shut_down();
   }
+  lp->mag.note_lines(need);
   const std::uint32_t lane = lane_of(m.key);
   fill_slot(s, m, lane, p.take_id(), now_ns(), m.schema_version);
   const bool solo = open_window(*this, p.slot);  // "Solo publishers", bus_impl.hpp
