@@ -1170,6 +1170,78 @@ TEST_CASE("LmdbEnv: a read beyond the reserved slots waits for one; a nested rea
 
 // ---------------------------------------------------------------- the delayed index
 
+TEST_CASE("delayed index: the mover takes due entries of open topics in due order, in bounded moves, and leaves the rest") {
+  // move_due_delayed sweeps the table with one cursor, appending and deleting
+  // each due entry under it. Entries of a topic this process does not have
+  // open sit between them and must stay; a corrupt entry is dropped; a move
+  // stops at `max` and says to move again; entries not yet due stay.
+  TempDir dir;
+  auto store = must_open(options_for(dir.path()));
+  auto mine = store->open_topic("mine", TopicSpec{1, false, {}});
+  auto theirs = store->open_topic("theirs", TopicSpec{1, false, {}});
+  REQUIRE(mine.ok());
+  REQUIRE(theirs.ok());
+  const std::int64_t past = 1'000'000'000'000'000'000LL;    // 2001: due
+  const std::int64_t future = 4'000'000'000'000'000'000LL;  // 2096: not due
+  constexpr int kDue = 300;
+  REQUIRE(store->write([&](lanebus::detail::StoreTxn& txn) -> lanebus::Status {
+    for (int i = 0; i < kDue; ++i) {
+      // Every third entry is the other topic's, interleaved in due order.
+      const TopicRef& t = i % 3 == 1 ? *theirs : *mine;
+      AppendRequest r = request(t, "k", "due-" + std::to_string(i));
+      r.due_ns = past + i;
+      r.header.created_at_ns = r.due_ns;
+      if (auto s = lanebus::detail::put_delayed(txn, r, 1); !s.ok()) return s;
+    }
+    AppendRequest later = request(*mine, "k", "later");
+    later.due_ns = future;
+    later.header.created_at_ns = future;
+    if (auto s = lanebus::detail::put_delayed(txn, later, 1); !s.ok()) return s;
+    // A corrupt entry, due: a value that is not an encoded request.
+    char key[lanebus::detail::kDelayedKeyBytes] = {};
+    const std::uint64_t due_be = __builtin_bswap64(static_cast<std::uint64_t>(past + kDue));
+    std::memcpy(key, &due_be, 8);
+    const std::uint32_t topic_be = __builtin_bswap32(mine->id);
+    std::memcpy(key + 16, &topic_be, 4);
+    return txn.put(lanebus::detail::StoreTable::Delayed, std::string_view(key, sizeof key), "not a delayed entry");
+  }).ok());
+  const std::uint32_t their_id = theirs->id;
+  auto open = [&](std::uint32_t id) { return id != their_id; };
+  std::uint32_t moved = 0, dropped = 0, moves = 0;
+  for (;;) {
+    lanebus::detail::MoveResult result;
+    REQUIRE(store->write([&](lanebus::detail::StoreTxn& txn) -> lanebus::Status {
+      return lanebus::detail::move_due_delayed(txn, 64, open, &result);
+    }).ok());
+    ++moves;
+    CHECK(result.moved <= 64);
+    moved += result.moved;
+    dropped += result.dropped;
+    if (result.next_due == future) break;  // only the entry not yet due is left of mine
+    REQUIRE(moves < 100);
+  }
+  const int their_count = kDue / 3;
+  CHECK(moved == kDue - their_count);
+  CHECK(dropped == 1);
+  CHECK(moves >= (kDue - their_count) / 64);
+  auto left_theirs = lanebus::detail::count_delayed(*store, their_id);
+  REQUIRE(left_theirs.ok());
+  CHECK(*left_theirs == static_cast<std::uint64_t>(their_count));
+  auto left_mine = lanebus::detail::count_delayed(*store, mine->id);
+  REQUIRE(left_mine.ok());
+  CHECK(*left_mine == 1);  // "later"
+  // Mine are in the log in due order, each once.
+  const auto log = read_all(*store, *mine, 0);
+  REQUIRE(log.size() == static_cast<std::size_t>(kDue - their_count));
+  int expect = 0;
+  for (const auto& m : log) {
+    while (expect % 3 == 1) ++expect;
+    CHECK(m.payload == "due-" + std::to_string(expect));
+    ++expect;
+  }
+  CHECK(read_all(*store, *theirs, 0).empty());
+}
+
 TEST_CASE("delayed index: entries keep due-time order whether appended, inserted or given a new tie-break") {
   // put_delayed writes in place under a new key: MDB_APPEND when the key sorts
   // last (a steady delay), an insert when it does not, and a bumped tie-break

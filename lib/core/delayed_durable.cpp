@@ -86,7 +86,14 @@ Status TopicDelays::publish_durable(const OutgoingMessage& m, AppendRequest& req
 }
 
 void DurableDelays::arm(std::int64_t due_wall_ns) noexcept {
-  if (due_wall_ns != 0) bus_.arm_delayed(&entry_, due_wall_ns);
+  if (due_wall_ns == 0) return;
+  std::int64_t armed = armed_.load(std::memory_order_seq_cst);
+  while (due_wall_ns < armed) {
+    if (armed_.compare_exchange_weak(armed, due_wall_ns, std::memory_order_seq_cst)) {
+      bus_.arm_delayed(&entry_, due_wall_ns);
+      return;
+    }
+  }
 }
 
 void DurableDelays::refresh() noexcept {
@@ -96,8 +103,15 @@ void DurableDelays::refresh() noexcept {
 }
 
 void DurableDelays::move() noexcept {
+  // The timer fired (and unlinked the entry): the next arm goes through.
+  armed_.store(INT64_MAX, std::memory_order_seq_cst);
   if (!bus_.store_ || bus_.store_->read_only() || bus_.closing()) return;
-  if (moving_.exchange(true, std::memory_order_acq_rel)) return;  // one move at a time; it re-arms
+  // One move at a time. again_ before moving_ (seq_cst both, as the
+  // completion's store and load): either this call moves, or the running
+  // move's completion sees again_ and moves again.
+  again_.store(true, std::memory_order_seq_cst);
+  if (moving_.exchange(true, std::memory_order_seq_cst)) return;
+  again_.store(false, std::memory_order_relaxed);
   try {
     auto result = std::make_shared<MoveResult>();
     Status s = bus_.store_->write_async(
@@ -111,7 +125,8 @@ void DurableDelays::move() noexcept {
               result.get());
         },
         [this, result](const Status& st) {
-          moving_.store(false, std::memory_order_release);
+          moving_.store(false, std::memory_order_seq_cst);
+          if (again_.load(std::memory_order_seq_cst)) arm(now_ns());
           if (!st.ok()) {
             arm(now_ns() + kMoveRetryNs);
             return;

@@ -155,64 +155,59 @@ Status move_due_delayed(StoreTxn& t, std::uint32_t max, const std::function<bool
                         MoveResult* out) {
   *out = MoveResult{};
   const std::int64_t now = t.now_ns();
-  // Decoded in the scan (decode copies out of LMDB's pages, so the appends
-  // below may write); only the 24-byte keys are kept for the deletes.
-  struct Due {
-    char key[kDelayedKeyBytes];
-    bool ok;          // decoded (else corrupt: deleted, counted as dropped)
-    std::string odd;  // a malformed key (not 24 bytes), whole
-  };
-  std::vector<Due> due;
-  std::vector<AppendRequest> reqs;
-  due.reserve(std::min<std::uint32_t>(max, 1024));
-  std::uint32_t looked = 0;
-  Status s = t.scan(StoreTable::Delayed, {}, {}, [&](std::string_view k, std::string_view v) {
+  // One pass of a cursor over the table's first keys: each due entry is
+  // decoded (a copy: the append below writes to the log's pages), appended
+  // and deleted under the cursor (no search per key). The request is the
+  // writer thread's own and keeps its strings' capacity: no allocation per
+  // message once they have grown to the largest one.
+  thread_local AppendRequest r;
+  std::uint32_t taken = 0, looked = 0;
+  std::uint32_t last_topic = 0;  // open() of the last topic id asked (entries come in runs of a topic)
+  bool last_open = false, asked = false;
+  Status failed;
+  Status s = t.sweep(StoreTable::Delayed, [&](std::string_view k, std::string_view v) -> StoreTxn::Sweep {
     const std::int64_t at = k.size() >= 8 ? static_cast<std::int64_t>(get_be64(k.data())) : 0;
     if (at > now) {
       out->next_due = at;
-      return false;
+      return StoreTxn::Sweep::Stop;
     }
-    if (due.size() >= max || ++looked > 4 * max) {
-      if (!due.empty()) out->next_due = now;  // more may be due: move again
-      return false;
+    if (taken >= max || ++looked > 4 * max) {
+      if (taken > 0) out->next_due = now;  // more may be due: move again
+      return StoreTxn::Sweep::Stop;
     }
     // A malformed key is taken (and dropped below); another process's topic waits.
-    if (k.size() == kDelayedKeyBytes && !open(get_be32(k.data() + 16))) return true;
-    Due d{};
     if (k.size() == kDelayedKeyBytes) {
-      std::memcpy(d.key, k.data(), kDelayedKeyBytes);
-    } else {
-      d.odd.assign(k);
-    }
-    AppendRequest r;
-    d.ok = decode_delayed(k, v, &r).ok();
-    if (d.ok) reqs.push_back(std::move(r));
-    due.push_back(std::move(d));
-    return true;
-  });
-  if (!s.ok()) return s;
-  std::size_t next_req = 0;
-  for (const Due& d : due) {
-    if (d.ok) {
-      // The log record keeps the expiry (and the due time it waited for).
-      auto a = t.append(std::move(reqs[next_req++]));
-      if (a.ok()) {
-        ++out->moved;
-      } else {
-        const Code c = a.code();
-        // Its topic refuses it (gone, a lane it no longer has, a fence): nothing was written for it.
-        if (c != Code::InvalidArgument && c != Code::NotFound && c != Code::StaleToken &&
-            c != Code::FenceViolation && c != Code::PayloadTooLarge)
-          return a.status();
-        ++out->dropped;
+      const std::uint32_t topic = get_be32(k.data() + 16);
+      if (!asked || topic != last_topic) {
+        last_open = open(topic);
+        last_topic = topic;
+        asked = true;
       }
-    } else {
-      ++out->dropped;  // corrupt: it could never be delivered
+      if (!last_open) return StoreTxn::Sweep::Next;
     }
-    const std::string_view key = d.odd.empty() ? std::string_view(d.key, kDelayedKeyBytes) : std::string_view(d.odd);
-    if (Status del = t.del(StoreTable::Delayed, key); !del.ok()) return del;
-  }
-  return Status();
+    ++taken;
+    if (!decode_delayed(k, v, &r).ok()) {
+      ++out->dropped;  // corrupt: it could never be delivered
+      return StoreTxn::Sweep::Delete;
+    }
+    // The log record keeps the expiry (and the due time it waited for).
+    auto a = t.append_borrowed(r);
+    if (a.ok()) {
+      ++out->moved;
+      return StoreTxn::Sweep::Delete;
+    }
+    const Code c = a.code();
+    // Its topic refuses it (gone, a lane it no longer has, a fence): nothing was written for it.
+    if (c != Code::InvalidArgument && c != Code::NotFound && c != Code::StaleToken && c != Code::FenceViolation &&
+        c != Code::PayloadTooLarge) {
+      failed = a.status();
+      return StoreTxn::Sweep::Stop;
+    }
+    ++out->dropped;
+    return StoreTxn::Sweep::Delete;
+  });
+  if (!failed.ok()) return failed;
+  return s;
 }
 
 Result<std::int64_t> earliest_delayed(DurableStore& store) {

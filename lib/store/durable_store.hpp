@@ -272,6 +272,13 @@ class StoreTxn {
   /// `visit` returns false. Do not write to `table` from inside `visit`.
   Status scan(StoreTable table, std::string_view from, std::string_view prefix,
               const std::function<bool(std::string_view key, std::string_view value)>& visit);
+  /// What sweep's `visit` asks for the entry it was shown.
+  enum class Sweep : std::uint8_t { Next, Delete, Stop };
+  /// Visit `table` in key order from its first key, deleting each entry
+  /// `visit` answers Delete for (LMDB's cursor delete: no search per key),
+  /// until it answers Stop. Write transactions only (InvalidArgument in a
+  /// read one). `visit` may write to other tables, never to `table`.
+  Status sweep(StoreTable table, const std::function<Sweep(std::string_view key, std::string_view value)>& visit);
   /// The core tables (doc/storage-format.md), for the offline namespace move
   /// (lib/features/namespace_move.hpp) only: raw keys and values, bypassing the topic
   /// cache and the writer's lane state, so never use them on a store a bus
@@ -293,6 +300,9 @@ class StoreTxn {
   // Built-in operations inside the same transaction (write only):
   /// Append a message (an outbox publish); listeners run after the commit.
   Result<AppendResult> append(AppendRequest request);
+  /// append, borrowing `request`: it is given back unchanged, its strings
+  /// with their capacity (a caller that decodes into one request reuses it).
+  Result<AppendResult> append_borrowed(AppendRequest& request);
   /// As DurableStore::commit_offset.
   Status commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset);
   /// As DurableStore::ack (same errors).

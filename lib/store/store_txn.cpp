@@ -98,6 +98,46 @@ Status StoreTxn::scan_dbi(LmdbDbi dbi, std::string_view from, std::string_view p
   return result;
 }
 
+Status StoreTxn::sweep(StoreTable table,
+                       const std::function<Sweep(std::string_view, std::string_view)>& visit) {
+  if (!ctx_) return Status(Code::InvalidArgument, "sweep in a read transaction");
+  const int t = static_cast<int>(table);
+  if (!store_->ext_present_[t]) return Status();
+  Status result;
+  {
+    auto c = LmdbCursor::open(*txn_, store_->dbi_ext_[t], store_->options_.directory);
+    if (!c.ok()) return c.status();
+    auto found = c->first();
+    while (found.ok() && *found) {
+      const Sweep step = visit(c->key(), c->value());
+      if (step == Sweep::Stop) break;
+      if (step == Sweep::Delete) {
+        // The cursor is left on the entry after the deleted one: LMDB's next
+        // returns that one (mdb_cursor_next after a delete).
+        if (Status d = c->del(); !d.ok()) {
+          result = d;
+          break;
+        }
+      }
+      found = c->next();
+    }
+    if (result.ok() && !found.ok()) result = found.status();
+  }
+  if (!result.ok()) (void)static_cast<DurableStore::WriteCtx*>(ctx_)->fail(result);
+  return result;
+}
+
+Result<AppendResult> StoreTxn::append_borrowed(AppendRequest& request) {
+  if (!ctx_) return Status(Code::InvalidArgument, "append in a read transaction");
+  DurableStore::WriteOp op;
+  op.is_append = true;
+  op.request = std::move(request);
+  Status s = store_->log_->apply_append(*static_cast<DurableStore::WriteCtx*>(ctx_), op);
+  request = std::move(op.request);  // apply_append keeps nothing of it
+  if (!s.ok()) return s;
+  return op.result;
+}
+
 Result<AppendResult> StoreTxn::append(AppendRequest request) {
   if (!ctx_) return Status(Code::InvalidArgument, "append in a read transaction");
   DurableStore::WriteOp op;
