@@ -199,7 +199,9 @@ struct Magazine {
   // taken ahead are prefetched that far.
   std::uint32_t lines = 2;
   void note_lines(std::size_t data_bytes) noexcept {
-    lines = static_cast<std::uint32_t>(std::min<std::size_t>((sizeof(Slot) + data_bytes + 63) / 64, 4));
+    lines = data_bytes <= 2 * 64 - sizeof(Slot)
+                ? 2
+                : static_cast<std::uint32_t>(std::min<std::size_t>((sizeof(Slot) + data_bytes + 63) / 64, 4));
   }
   Magazine* next = nullptr;             // the pool's list (MessagePool::mags_mu_)
   Magazine* prev = nullptr;
