@@ -148,8 +148,7 @@ void DelayQueue::take_staged() noexcept {
       return true;
     });
     if (n == 0) return;
-    ring_->take_to(first + n);
-    ring_->free_taken(first, first + n);
+    ring_->advance_single(n);
     if (n < kTakeChunk) return;
   }
 }

@@ -237,7 +237,7 @@ class DelayQueue {
   };
 
   /// Add slot `index` (< `capacity`, the pool's; of lane `lane`) due at `due_ns` (wall
-  /// clock). Allocates the ring, the due times and the heap (`capacity`
+  /// clock). Allocates the ring, the run and the heap (`capacity`
   /// each) on the first call (std::bad_alloc then). Returns true when the
   /// caller must arm the timer for `due_ns` (earlier than what it is armed for).
   bool push(std::uint32_t index, std::uint32_t lane, std::int64_t due_ns, std::uint32_t capacity);
@@ -304,10 +304,8 @@ class DelayQueue {
   mutable std::mutex mu_;
   // Set once (release) after ring_, run_ and heap_'s storage exist.
   std::atomic<bool> ready_{false};
-  // A staged slot with its due time in the same cell: the timer (or the
-  // releasing publisher) reads the ring in order, where a side array of due
-  // times indexed by slot was a cache miss per item (three quarters of
-  // take_staged's samples in delayed_1to1).
+  // A staged slot with its due time and lane in the same cell (design
+  // notes, "The release touches no slot").
   struct Staged {
     std::int64_t due_ns;
     std::uint32_t index;

@@ -138,15 +138,7 @@ Result<AppendResult> StoreTxn::append_borrowed(AppendRequest& request) {
   return op.result;
 }
 
-Result<AppendResult> StoreTxn::append(AppendRequest request) {
-  if (!ctx_) return Status(Code::InvalidArgument, "append in a read transaction");
-  DurableStore::WriteOp op;
-  op.is_append = true;
-  op.request = std::move(request);
-  Status s = store_->log_->apply_append(*static_cast<DurableStore::WriteCtx*>(ctx_), op);
-  if (!s.ok()) return s;
-  return op.result;
-}
+Result<AppendResult> StoreTxn::append(AppendRequest request) { return append_borrowed(request); }
 
 Status StoreTxn::commit_offset(const GroupRef& group, std::uint32_t lane, std::uint64_t offset) {
   if (!ctx_) return Status(Code::InvalidArgument, "commit_offset in a read transaction");
