@@ -561,9 +561,12 @@ TEST_CASE("durable: messages delayed less than the writer's queue go straight to
   std::mutex mu;
   std::map<std::string, std::int64_t> created;
   auto sub = bus->subscribe(topic, "g", [&](const MessageView& m) {
+                  {
+                    // Before seen.add: the test reads `created` once seen counts them all.
+                    std::lock_guard l(mu);
+                    created[std::string(m.payload())] = m.created_at_ns();
+                  }
                   seen.add(m.payload());
-                  std::lock_guard l(mu);
-                  created[std::string(m.payload())] = m.created_at_ns();
                   return Outcome::ack();
                 }).value();
   const std::int64_t later_due = wall_ns() + 400'000'000;
