@@ -10,7 +10,8 @@
 //   sync_batch64  1 thread, Topic::publish_batch of 64 on a Sync durable topic through the Bus
 //             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
 //   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read)
-//             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table); median of --repeats
+//             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table), and
+//             vs lmdb_cursor_lanebus_log (the same scan of lanebus's own log); median of --repeats
 //   queue_consume_4c  workers = 4 ack a pre-filled Sync durable queue (8 lanes) through
 //             Bus::consume  vs lmdb_batch_ack, sqlite_batch_ack
 //   tx_consume_4c     the same through Bus::consume_tx, one tx.put row per message
@@ -36,6 +37,7 @@
 // repeat. Consume/replay/latency lines print the median of --repeats runs
 // (default 3, smoke 1) and the spread (min..max) before `ratio=`.
 #include <fcntl.h>
+#include <lmdb.h>
 #include <spawn.h>
 #include <sqlite3.h>
 #include <sys/utsname.h>
@@ -382,8 +384,11 @@ Run lanebus_replay(const std::string& dir) {
   return r;
 }
 
-// Raw cursor scan of the lmdb_fsync baseline's table, copying each value.
-Run lmdb_cursor(const std::string& dir) {
+// Raw cursor scan of table "log" in `dir`, copying each value: the
+// lmdb_fsync baseline's table (one MDB_APPEND run: full pages, 8-byte keys,
+// 64-byte values), or lanebus's own log (16-byte keys, 137-byte records, 8
+// lanes appended side by side in one tree). `fill`: entries per leaf page.
+Run lmdb_cursor(const std::string& dir, double* fill = nullptr) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;
@@ -394,6 +399,11 @@ Run lmdb_cursor(const std::string& dir) {
   auto txn = (*env)->begin_read();
   auto dbi = (*env)->open_dbi(*txn, "log", false);
   if (!dbi.ok()) std::exit(1);
+  if (fill != nullptr) {
+    MDB_stat st{};
+    if (mdb_stat(txn->raw(), *dbi, &st) == 0 && st.ms_leaf_pages > 0)
+      *fill = static_cast<double>(st.ms_entries) / static_cast<double>(st.ms_leaf_pages);
+  }
   auto cur = lanebus::detail::LmdbCursor::open(*txn, *dbi, dir);
   std::uint64_t n = 0;
   std::string copy;
@@ -1004,12 +1014,19 @@ int main(int argc, char** argv) {
       line("sync_4p", x, "sqlite_full_batched", sqlite_full(4, b, fresh_dir("sqlite_batched_4")), true);
     }
     if (want("replay")) {
-      std::vector<double> x, y;
+      // Also the raw cursor over lanebus's own log: what the log's layout
+      // costs (page fill, record size) apart from lanebus's reader.
+      std::vector<double> x, y, z;
+      double fill_raw = 0, fill_log = 0;
       for (int r = 0; r < g_repeats; ++r) {
         x.push_back(lanebus_replay(sync4_dir).msgs_per_sec);
-        y.push_back(lmdb_cursor(lmdb_dir).msgs_per_sec);
+        y.push_back(lmdb_cursor(lmdb_dir, &fill_raw).msgs_per_sec);
+        z.push_back(lmdb_cursor(sync4_dir, &fill_log).msgs_per_sec);
       }
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor", y);
+      char fills[96];
+      std::snprintf(fills, sizeof fills, "entries_per_leaf_page=%.1f baseline_entries_per_leaf_page=%.1f ", fill_log, fill_raw);
+      ratio_line("replay", "msg_per_s", x, "lmdb_cursor_lanebus_log", z, fills);
     }
   }
   if (want("sync_batch64")) {
