@@ -6,7 +6,7 @@
 // through the completion form):
 //   sync_1p   1 producer, Durability::Sync     vs lmdb_fsync, sqlite_full
 //   sync_4p   4 producers, Durability::Sync    vs lmdb_fsync, sqlite_full, sqlite_full_batched
-//   async_4p  4 producers, Durability::Async   vs lmdb_nosync
+//   async_4p  4 producers, Durability::Async   vs lmdb_nosync, lmdb_nosync_lanes
 //   sync_batch64  1 thread, Topic::publish_batch of 64 on a Sync durable topic through the Bus
 //             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
 //   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read)
@@ -62,6 +62,7 @@
 #include "durable_store.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
+#include "store_codec.hpp"
 
 #ifndef BENCH_BUILDTYPE
 #define BENCH_BUILDTYPE "unknown"
@@ -172,7 +173,11 @@ Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& 
 }
 
 // Raw LMDB: one thread, write txns of `batch` MDB_APPEND puts each.
-Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir) {
+// With `lanes_layout`, the puts lanebus's log makes instead (the second
+// baseline, *_lanes): 16-byte keys (topic, lane, offset) of 8 lanes growing
+// side by side in one tree, without MDB_APPEND (every put searches and most
+// land mid-tree), values the size of lanebus's record for the same message.
+Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, bool lanes_layout = false) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;  // sparse: only written pages use disk
@@ -190,13 +195,30 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir) {
   std::uint64_t n = 0;
   auto start = Clock::now();
   auto until = start + std::chrono::duration<double>(g_seconds);
-  char key[8];
+  char key[16] = {};
+  std::string value = kPayload;
+  if (lanes_layout) {
+    AppendRequest r;
+    r.key = "key00";
+    r.payload = kPayload;
+    value = lanebus::detail::encode_log_record(r, 0);
+  }
   while (Clock::now() < until) {
     auto txn = (*env)->begin_write();
     if (!txn.ok()) std::exit(1);
     for (std::uint64_t i = 0; i < batch; ++i, ++n) {
-      for (int b = 0; b < 8; ++b) key[b] = static_cast<char>(n >> (56 - 8 * b));
-      if (auto st = txn->put_append(dbi, std::string_view(key, 8), kPayload); !st.ok()) {
+      lanebus::Status st;
+      if (lanes_layout) {
+        const std::uint64_t lane = n % 8, offset = n / 8;
+        for (int b = 0; b < 4; ++b) key[b] = static_cast<char>(1u >> (24 - 8 * b));
+        for (int b = 0; b < 4; ++b) key[4 + b] = static_cast<char>(lane >> (24 - 8 * b));
+        for (int b = 0; b < 8; ++b) key[8 + b] = static_cast<char>(offset >> (56 - 8 * b));
+        st = txn->put(dbi, std::string_view(key, 16), value);
+      } else {
+        for (int b = 0; b < 8; ++b) key[b] = static_cast<char>(n >> (56 - 8 * b));
+        st = txn->put_append(dbi, std::string_view(key, 8), value);
+      }
+      if (!st.ok()) {
         std::fprintf(stderr, "lmdb baseline: %s\n", st.to_string().c_str());
         std::exit(1);
       }
@@ -1055,6 +1077,7 @@ int main(int argc, char** argv) {
     Run x = lanebus_publish(4, lanebus::Durability::Async, fresh_dir("async_4p"));
     auto b = static_cast<std::uint64_t>(std::max(1.0, x.avg_batch + 0.5));
     line("async_4p", x, "lmdb_nosync", lmdb_raw(true, b, fresh_dir("lmdb_nosync")), false);
+    line("async_4p", x, "lmdb_nosync_lanes", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lanes"), true), false);
   }
   if (want("queue_consume_4c") || want("tx_consume_4c")) {
     const std::string tmpl = fresh_dir("queue_template");

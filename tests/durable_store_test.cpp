@@ -504,6 +504,58 @@ TEST_CASE("opening the same directory twice in one process is Busy") {
   CHECK(DurableStore::open(options_for(dir.path())).ok());
 }
 
+TEST_CASE("one batch appending to more lanes than the writer keeps cursors for reads back whole and in order") {
+  // The writer appends through a cursor per lane, for the first 16 lanes of
+  // a batch (WriteCtx::reserve_log); later lanes use mdb_put. Both kinds,
+  // interleaved, in two topics whose lanes sit side by side in the log, with
+  // page splits moving every open cursor's entries.
+  TempDir dir;
+  const std::uint32_t kLanes = 40;
+  const int kPerLane = 60;
+  {
+    auto store = must_open(options_for(dir.path()));
+    auto a = store->open_topic("a", TopicSpec{kLanes, false, {}});
+    auto b = store->open_topic("b", TopicSpec{3, false, {}});
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    std::vector<AppendRequest> reqs;
+    for (int i = 0; i < kPerLane; ++i) {
+      for (std::uint32_t lane = 0; lane < kLanes; ++lane) {
+        AppendRequest r = request(*a, "k", std::to_string(lane) + "/" + std::to_string(i) + std::string(lane % 7 * 40, 'x'));
+        r.lane = (lane * 7 + static_cast<std::uint32_t>(i)) % kLanes;  // every batch visits the lanes in a new order
+        r.payload = std::to_string(r.lane) + "/" + std::to_string(i) + std::string(lane % 7 * 40, 'x');
+        reqs.push_back(std::move(r));
+      }
+      AppendRequest r = request(*b, "k", "b" + std::to_string(i));
+      r.lane = static_cast<std::uint32_t>(i) % 3;
+      reqs.push_back(std::move(r));
+    }
+    for (const Done& d : append_all(*store, std::move(reqs))) REQUIRE(d.status.ok());
+    CHECK(store->counters().commits < static_cast<std::uint64_t>(kPerLane * (kLanes + 1)));  // batched
+    REQUIRE(store->close().ok());
+  }
+  auto store = must_open(options_for(dir.path()));
+  auto a = store->find_topic("a");
+  auto b = store->find_topic("b");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  for (std::uint32_t lane = 0; lane < kLanes; ++lane) {
+    auto got = read_all(*store, *a, lane);
+    REQUIRE(got.size() == static_cast<std::size_t>(kPerLane));
+    for (int i = 0; i < kPerLane; ++i) {
+      const auto& m = got[static_cast<std::size_t>(i)];
+      CHECK(m.offset == static_cast<std::uint64_t>(i));
+      const std::string head = std::to_string(lane) + "/" + std::to_string(i);
+      CHECK_MESSAGE(m.payload.compare(0, head.size(), head) == 0, "lane " << lane << " offset " << i << ": " << m.payload.substr(0, 20));
+    }
+  }
+  for (std::uint32_t lane = 0; lane < 3; ++lane) {
+    auto got = read_all(*store, *b, lane);
+    REQUIRE(got.size() == static_cast<std::size_t>(kPerLane / 3));
+    for (std::size_t j = 0; j < got.size(); ++j) CHECK(got[j].payload == "b" + std::to_string(j * 3 + lane));
+  }
+}
+
 TEST_CASE("the map grows on MDB_MAP_FULL; at the maximum appends fail with MapFull, nothing acknowledged is lost") {
   TempDir dir;
   auto o = options_for(dir.path());

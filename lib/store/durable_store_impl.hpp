@@ -153,14 +153,24 @@ struct DurableStore::WriteCtx {
   std::int64_t now_ns;
   // Any LMDB failure through ctx makes the whole transaction unusable (LMDB
   // may have marked it failed): the batch is aborted.
-  Status dead;
-  std::map<std::uint64_t, LaneState> lanes;      // loaded lane states
-  std::map<std::uint64_t, bool> dirty;           // key -> got appends
+  Status dead{};
+  std::map<std::uint64_t, LaneState> lanes{};  // loaded lane states
+  std::map<std::uint64_t, bool> dirty{};       // key -> got appends
   bool ids_loaded = false;
   std::uint64_t id_next = 0;
   bool ids_dirty = false;
   std::uint64_t retention_deleted = 0;
   std::uint64_t claims = 0, redeliveries = 0, acks = 0;
+  // A cursor on the log per lane appended to in this batch (the first
+  // kLogCursors lanes; later ones use mdb_put). A lane's next record sorts
+  // right after its last, so LMDB finds its page from the cursor's page
+  // (mdb_cursor_set) instead of a descent from the root with a key compare
+  // on every level. LMDB frees a write transaction's cursors at its end:
+  // close_log_cursors() must run before the commit or abort.
+  static constexpr std::size_t kLogCursors = 16;
+  std::uint64_t log_cursor_lane[kLogCursors] = {};
+  std::optional<LmdbCursor> log_cursor[kLogCursors]{};
+  std::size_t log_cursors = 0;
 
   static std::uint64_t lk(std::uint32_t tid, std::uint32_t lane) {
     return (static_cast<std::uint64_t>(tid) << 32) | lane;
@@ -292,6 +302,26 @@ struct DurableStore::WriteCtx {
       if (!s.ok() && s.code() != Code::NotFound) return s;
     }
     return Status();
+  }
+  /// Reserve a log record of lane (tid, lane_no) under `key` (LmdbTxn::reserve).
+  Result<char*> reserve_log(std::uint32_t tid, std::uint32_t lane_no, std::string_view key, std::size_t size) {
+    const std::uint64_t k = lk(tid, lane_no);
+    std::size_t i = 0;
+    while (i < log_cursors && log_cursor_lane[i] != k) ++i;
+    if (i == log_cursors && log_cursors < kLogCursors) {
+      auto c = LmdbCursor::open(*txn, store->dbi_log_, store->options_.directory);
+      if (!c.ok()) return fail(c.status());
+      log_cursor[i].emplace(std::move(*c));
+      log_cursor_lane[i] = k;
+      ++log_cursors;
+    }
+    auto r = i < log_cursors ? log_cursor[i]->reserve(key, size) : txn->reserve(store->dbi_log_, key, size);
+    if (!r.ok()) (void)fail(r.status());
+    return r;
+  }
+  void close_log_cursors() noexcept {
+    for (std::size_t i = 0; i < log_cursors; ++i) log_cursor[i].reset();
+    log_cursors = 0;
   }
   // Write back every loaded lane state that changed, and the id high-water.
   Status flush() {

@@ -223,7 +223,7 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       s_.log_failure("beginning a write transaction", txn.status());
       break;
     }
-    WriteCtx ctx{&s_, &*txn, WallClock::realtime_ns(), Status(), {}, {}, false, 0, false, 0, 0, 0, 0};
+    WriteCtx ctx{.store = &s_, .txn = &*txn, .now_ns = WallClock::realtime_ns()};
     std::size_t applied = 0;
     for (WriteOp& op : ops) {
       if (op.excluded) continue;
@@ -231,6 +231,7 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       ++applied;
       if (!ctx.dead.ok()) break;
     }
+    ctx.close_log_cursors();  // before the commit or abort below
     Status batch = ctx.dead;
     if (batch.ok()) batch = ctx.flush();
     if (batch.ok()) batch = txn->commit();

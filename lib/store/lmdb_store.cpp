@@ -407,6 +407,14 @@ Result<bool> LmdbCursor::last() { return move(MDB_LAST, {}); }
 Result<bool> LmdbCursor::next() { return move(MDB_NEXT, {}); }
 Result<bool> LmdbCursor::prev() { return move(MDB_PREV, {}); }
 
+Result<char*> LmdbCursor::reserve(std::string_view key, std::size_t size) {
+  MDB_val k{key.size(), const_cast<char*>(key.data())};
+  MDB_val v{size, nullptr};
+  int rc = mdb_cursor_put(cursor_, &k, &v, MDB_RESERVE);
+  if (rc != 0) return lmdb_error(rc, "write to", path_);
+  return static_cast<char*>(v.mv_data);
+}
+
 Status LmdbCursor::del() {
   int rc = mdb_cursor_del(cursor_, 0);
   if (rc != 0) return lmdb_error(rc, "delete in", path_);

@@ -124,6 +124,10 @@ class LmdbCursor {
   Result<bool> prev();
   /// Delete the current entry (write txn only); the cursor moves to the next.
   Status del();
+  /// LmdbTxn::reserve through this cursor (write txn only): when `key`
+  /// belongs on the cursor's current leaf page, LMDB searches that page alone
+  /// instead of the tree from its root. The cursor is left at the new entry.
+  Result<char*> reserve(std::string_view key, std::size_t size);
   /// Key and value at the current position (valid until the cursor moves).
   std::string_view key() const noexcept { return key_; }
   std::string_view value() const noexcept { return value_; }
