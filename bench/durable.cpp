@@ -5,7 +5,8 @@
 // Cases (64-byte payloads; every producer keeps up to 512 publishes in flight
 // through the completion form):
 //   sync_1p   1 producer, Durability::Sync     vs lmdb_fsync, sqlite_full
-//   sync_4p   4 producers, Durability::Sync    vs lmdb_fsync, sqlite_full, sqlite_full_batched
+//   sync_4p   4 producers, Durability::Sync    vs lmdb_fsync, lmdb_fsync_lanes, sqlite_full,
+//             sqlite_full_batched
 //   async_4p  4 producers, Durability::Async   vs lmdb_nosync, lmdb_nosync_lanes
 //   sync_batch64  1 thread, Topic::publish_batch of 64 on a Sync durable topic through the Bus
 //             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
@@ -1032,6 +1033,7 @@ int main(int argc, char** argv) {
       std::printf("bench=durable note=\"lmdb_fsync and sqlite_full_batched commit %llu messages per txn (lanebus's average batch in sync_4p)\"\n",
                   static_cast<unsigned long long>(b));
       line("sync_4p", x, "lmdb_fsync", lm, true);
+      line("sync_4p", x, "lmdb_fsync_lanes", lmdb_raw(false, b, fresh_dir("lmdb_fsync_lanes"), true), true);
       line("sync_4p", x, "sqlite_full", sqlite_full(4, 1, fresh_dir("sqlite_full_4")), true);
       line("sync_4p", x, "sqlite_full_batched", sqlite_full(4, b, fresh_dir("sqlite_batched_4")), true);
     }
