@@ -60,6 +60,7 @@
 
 #include "access.hpp"
 #include "bus_impl.hpp"
+#include "coding.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
@@ -210,13 +211,13 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, bool lan
     for (std::uint64_t i = 0; i < batch; ++i, ++n) {
       lanebus::Status st;
       if (lanes_layout) {
-        const std::uint64_t lane = n % 8, offset = n / 8;
-        for (int b = 0; b < 4; ++b) key[b] = static_cast<char>(1u >> (24 - 8 * b));
-        for (int b = 0; b < 4; ++b) key[4 + b] = static_cast<char>(lane >> (24 - 8 * b));
-        for (int b = 0; b < 8; ++b) key[8 + b] = static_cast<char>(offset >> (56 - 8 * b));
+        // lanebus's log key (log_key in durable_store_impl.hpp): topic 1, lane, offset.
+        lanebus::detail::put_be32(key, 1);
+        lanebus::detail::put_be32(key + 4, static_cast<std::uint32_t>(n % 8));
+        lanebus::detail::put_be64(key + 8, n / 8);
         st = txn->put(dbi, std::string_view(key, 16), value);
       } else {
-        for (int b = 0; b < 8; ++b) key[b] = static_cast<char>(n >> (56 - 8 * b));
+        lanebus::detail::put_be64(key, n);
         st = txn->put_append(dbi, std::string_view(key, 8), value);
       }
       if (!st.ok()) {
