@@ -16,9 +16,9 @@
 
 namespace lanebus::detail {
 
-thread_local Consumer* tl_running_consumer = nullptr;
-thread_local BusCore* tl_running_bus = nullptr;
-thread_local GroupLane* tl_running_lane = nullptr;
+thread_local constinit Consumer* tl_running_consumer = nullptr;
+thread_local constinit BusCore* tl_running_bus = nullptr;
+thread_local constinit GroupLane* tl_running_lane = nullptr;
 
 // ---------------------------------------------------------------- bus core
 

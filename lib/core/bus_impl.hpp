@@ -111,11 +111,11 @@ struct QueueBatch;
 /// The consumer whose handler this thread is running, if any: lets close() and
 /// shutdown() called from inside a handler return Busy instead of deadlocking
 /// (defined in bus_core.cpp).
-extern thread_local Consumer* tl_running_consumer;
-extern thread_local BusCore* tl_running_bus;
+extern thread_local constinit Consumer* tl_running_consumer;
+extern thread_local constinit BusCore* tl_running_bus;
 /// The lane whose handler this thread is running (field-usage audit: Schemas::view).
 struct GroupLane;
-extern thread_local GroupLane* tl_running_lane;
+extern thread_local constinit GroupLane* tl_running_lane;
 
 /// GroupOptions::batch_max's upper bound (a batch's views live on the worker's stack).
 inline constexpr std::uint32_t kMaxBatch = 1024;
@@ -656,7 +656,7 @@ struct WorkerLocal {
   std::uint32_t candidate_tag = 0;   // ... held by this worker
   FreeChain frees;               // slots freed by this worker's runs, returned a chain at a time
 };
-extern thread_local WorkerLocal* tl_worker;
+extern thread_local constinit WorkerLocal* tl_worker;
 
 /// The lane scheduler and the worker pool (scheduler.cpp): the run queue of
 /// scheduled lanes, the worker threads and the lanes each holds. It owns

@@ -73,7 +73,7 @@ void Scheduler::enqueue_lane(GroupLane* gl) noexcept {
 //   (store, fence, check the ring: the worker's side of the Dekker hand-off)
 //   and schedules again any that a message reached meanwhile.
 
-thread_local WorkerLocal* tl_worker = nullptr;
+thread_local constinit WorkerLocal* tl_worker = nullptr;
 
 bool Scheduler::hold(GroupLane* gl) noexcept {
   WorkerLocal* me = tl_worker;

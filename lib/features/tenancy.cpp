@@ -20,8 +20,8 @@
 
 namespace lanebus::detail {
 
-thread_local std::uint64_t tl_delivered_msgs = 0;
-thread_local std::uint64_t tl_delivered_bytes = 0;
+thread_local constinit std::uint64_t tl_delivered_msgs = 0;
+thread_local constinit std::uint64_t tl_delivered_bytes = 0;
 
 namespace {
 

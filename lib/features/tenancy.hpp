@@ -175,8 +175,8 @@ struct CredentialState {
 
 /// Deliveries of the lane a worker is running (delivery.cpp counts them,
 /// scheduler.cpp hands them to the lane's namespace after run_lane).
-extern thread_local std::uint64_t tl_delivered_msgs;
-extern thread_local std::uint64_t tl_delivered_bytes;
+extern thread_local constinit std::uint64_t tl_delivered_msgs;
+extern thread_local constinit std::uint64_t tl_delivered_bytes;
 
 /// Does `prefix` cover `name` segment-wise ("a.b" covers "a.b" and "a.b.c", not "a.bc")?
 bool prefix_covers(std::string_view prefix, std::string_view name) noexcept;
