@@ -169,14 +169,23 @@ Publisher::Publisher(Publisher&&) noexcept = default;
 Publisher& Publisher::operator=(Publisher&&) noexcept = default;
 Publisher::~Publisher() = default;
 
+namespace {
+// Publisher::publish with a tracer or to a durable topic: out of line, so
+// the common case below keeps no frame (the lambda's) and tail-calls.
+[[gnu::noinline]] Status publish_slow(detail::TopicImpl* t, detail::PublisherState* st,
+                                      const OutgoingMessage& message) noexcept {
+  return traced(t, message, [t, st](const OutgoingMessage& m) {
+    return t->durable ? publish_durable_noexcept(t, m) : t->publish_via(*st, m, true);
+  });
+}
+}  // namespace
+
 Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
   detail::TopicImpl* const t = topic.impl_;
   // No tracer, in memory (the common case): straight on, a tail call.
   if (t->bus->options.tracer == nullptr && !t->durable) [[likely]] return t->publish_via(*state_, message, true);
-  return traced(topic.impl_, message, [t = topic.impl_, st = state_.get()](const OutgoingMessage& m) {
-    return t->durable ? publish_durable_noexcept(t, m) : t->publish_via(*st, m, true);
-  });
+  return publish_slow(t, state_.get(), message);
 }
 
 Status Publisher::try_publish(const Topic& topic, const OutgoingMessage& message) noexcept {
