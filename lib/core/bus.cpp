@@ -171,7 +171,9 @@ Publisher::~Publisher() = default;
 
 namespace {
 // Publisher::publish with a tracer or to a durable topic: out of line, so
-// the common case below keeps no frame (the lambda's) and tail-calls.
+// the common case below builds no lambda frame (19 instructions instead of
+// about 35 before publish_via; GCC still calls it, as Status returns
+// through memory).
 [[gnu::noinline]] Status publish_slow(detail::TopicImpl* t, detail::PublisherState* st,
                                       const OutgoingMessage& message) noexcept {
   return traced(t, message, [t, st](const OutgoingMessage& m) {
@@ -183,7 +185,7 @@ namespace {
 Status Publisher::publish(const Topic& topic, const OutgoingMessage& message) noexcept {
   if (!state_ || topic.impl_ == nullptr || topic.impl_->bus != state_->bus) return no_topic();
   detail::TopicImpl* const t = topic.impl_;
-  // No tracer, in memory (the common case): straight on, a tail call.
+  // No tracer, in memory (the common case): straight on to publish_via.
   if (t->bus->options.tracer == nullptr && !t->durable) [[likely]] return t->publish_via(*state_, message, true);
   return publish_slow(t, state_.get(), message);
 }

@@ -85,8 +85,8 @@ bool LaneRunner::linger(FreeChain& frees, Found&& found) noexcept {
   // after every PAUSE (a few loads of lines that stay cached while nothing
   // changes): looked at every 16th, a message that reached another lane
   // waited out 8 PAUSEs on average, 200 ns where one costs 25 ns (AMD
-  // Zen 4), and latency1to1's p50 was 335-386 ns instead of 195-205
-  // (doc/performance.md, "Lingering").
+  // Zen 4), and latency1to1's p50 was 335-386 ns instead of 185-205
+  // (doc/performance.md, "Seventh round: lingering workers").
   const std::int64_t until = now_ns() + std::max<std::int64_t>(bus_.options.spin.count(), 1'000);
   for (std::uint32_t spin = 1;; ++spin) {
     cpu_relax();
