@@ -306,6 +306,20 @@ class MessagePool {
     }
   }
 
+  /// try_alloc_bulk until `want` slots are taken or none is free: a worker
+  /// frees chains of up to Magazine::kMax slots and try_alloc_bulk takes one
+  /// at a time (publish_batch's chunks of 64 were 26 slots on average:
+  /// doc/performance.md, eighth round). Returns how many it took.
+  std::uint32_t try_alloc_up_to(Slot** out, std::uint32_t want) noexcept {
+    std::uint32_t got = 0;
+    while (got < want) {
+      const std::uint32_t k = try_alloc_bulk(out + got, want - got);
+      if (k == 0) break;
+      got += k;
+    }
+    return got;
+  }
+
   /// Return a chain of `count` slots linked through `next` (first..last).
   void free_chain(Slot* first, Slot* last, std::uint32_t count) noexcept {
     push_singles(index_of(first), index_of(last));

@@ -741,9 +741,12 @@ void fill_chunk(TopicImpl& t, Slot* const* slots, const OutgoingMessage* chunk, 
   // worker read them last (MessagePool::take's comment).
   constexpr std::uint32_t kFillAhead = 4;
   for (std::uint32_t i = 0; i < k && i < kFillAhead; ++i) MessagePool::prefetch_slot(slots[i]);
+  // The lanes first, in a loop of their own: each key's FNV-1a is a chain of
+  // dependent multiplies (four cycles a byte), and here the chains of
+  // several keys run side by side instead of each waiting on its slot's fill.
+  for (std::uint32_t i = 0; i < k; ++i) lanes_of[i] = t.lane_of(chunk[i].key);
   for (std::uint32_t i = 0; i < k; ++i) {
     if (i + kFillAhead < k) MessagePool::prefetch_slot(slots[i + kFillAhead]);
-    lanes_of[i] = t.lane_of(chunk[i].key);
     fill_slot(slots[i], chunk[i], lanes_of[i], first_id + i, created_at, chunk[i].schema_version);
     // relaxed: the ring append's release stores (and fence) publish it with the slot.
     slots[i]->refs.store(refs, std::memory_order_relaxed);
@@ -793,7 +796,10 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     }
     const OutgoingMessage* chunk = ms.data() + r.published;
     const std::uint32_t want = static_cast<std::uint32_t>(std::min<std::size_t>(kBatchChunk, ms.size() - r.published));
-    std::uint32_t k = pool.try_alloc_bulk(slots, want);
+    // A whole chunk where the pool has it: its fixed costs (the clock, the
+    // targets, the window, one append and one schedule per lane) are paid
+    // once per kBatchChunk messages, not once per freed chain.
+    std::uint32_t k = pool.try_alloc_up_to(slots, want);
     if (k == 0) {
       // Nothing free: this message waits (or fails, or drops) exactly as publish's.
       slots[0] = acquire_slot(lane_index(chunk[0].key, options.lanes), may_block);
