@@ -80,11 +80,21 @@ struct Order {
 }  // namespace
 
 TEST_CASE("publish_batch keeps per-key order across chunks, producer threads and groups") {
+  // Each way publish_batch groups a chunk by lane (publish.cpp,
+  // sort_into_runs): a bucket per lane (up to 16), a counting sort (up to
+  // 256), a scan per lane (more).
+  std::uint32_t lanes = 8;
+  SUBCASE("8 lanes") { lanes = 8; }
+  SUBCASE("40 lanes") { lanes = 40; }
+  SUBCASE("300 lanes") { lanes = 300; }
+  CAPTURE(lanes);
   auto bus = Bus::open({.workers = 2}).value();
-  auto topic = bus->create_topic("batch.order", {.lanes = 8, .capacity = 1024}).value();
+  auto topic = bus->create_topic("batch.order", {.lanes = lanes, .capacity = 1024}).value();
   Order a, b;
+  std::atomic<int> wrong_lane{0};
   auto sa = bus->subscribe(topic, "a", [&](const MessageView& m) {
                   a.see(m);
+                  if (m.lane() != lane_for_key(m.key(), lanes)) wrong_lane.fetch_add(1);
                   return Outcome::ack();
                 }).value();
   auto sb = bus->subscribe(topic, "b", [&](const MessageView& m) {
@@ -114,6 +124,7 @@ TEST_CASE("publish_batch keeps per-key order across chunks, producer threads and
   const int total = kThreads * kBatches * kPerBatch;
   REQUIRE(wait_until([&] { return a.seen.load() == total && b.seen.load() == total; }));
   CHECK(failures.load() == 0);
+  CHECK(wrong_lane.load() == 0);
   CHECK(a.violations == 0);
   CHECK(b.violations == 0);
   BusStats st = bus->stats();
@@ -122,6 +133,13 @@ TEST_CASE("publish_batch keeps per-key order across chunks, producer threads and
   std::uint64_t lane_sum = 0;
   for (auto v : st.topics[0].lane_published) lane_sum += v;
   CHECK(lane_sum == static_cast<std::uint64_t>(total));
+  // Each lane counted the messages of its keys: every run went to its lane.
+  std::vector<std::uint64_t> expected(lanes, 0);
+  for (int t = 0; t < kThreads; ++t)
+    for (int k = 0; k < 10; ++k)
+      expected[lane_for_key("t" + std::to_string(t) + "k" + std::to_string(k), lanes)] += kBatches * kPerBatch / 10;
+  REQUIRE(st.topics[0].lane_published.size() == lanes);
+  for (std::uint32_t l = 0; l < lanes; ++l) CHECK(st.topics[0].lane_published[l] == expected[l]);
   for (const auto& g : st.topics[0].groups) CHECK(g.total.acked == static_cast<std::uint64_t>(total));
 }
 

@@ -116,9 +116,19 @@ struct MessageTimes {
 /// the slot's extension block: a delay, a due time or an expiry
 /// (resolve_times), headers, or the calling thread's trace context to add
 /// (trace.hpp). One branch.
+/// has_times in two halves: the message's fields (non-zero when it has a
+/// delay, a due time, a TTL or headers) and the call's (the topic's default
+/// TTL, the thread's trace context). publish_batch ors the first over the
+/// batch and adds the second once.
+inline std::int64_t message_time_bits(const OutgoingMessage& m) noexcept {
+  return m.delay.count() | m.deliver_at | static_cast<std::int64_t>(m.ttl.has_value()) |
+         static_cast<std::int64_t>(m.headers.size());
+}
+inline std::int64_t call_time_bits(std::int64_t default_ttl_ns) noexcept {
+  return default_ttl_ns | reinterpret_cast<std::intptr_t>(tl_trace);
+}
 inline bool has_times(const OutgoingMessage& m, std::int64_t default_ttl_ns) noexcept {
-  return (m.delay.count() | m.deliver_at | default_ttl_ns | static_cast<std::int64_t>(m.ttl.has_value()) |
-          static_cast<std::int64_t>(m.headers.size()) | reinterpret_cast<std::intptr_t>(tl_trace)) != 0;
+  return (message_time_bits(m) | call_time_bits(default_ttl_ns)) != 0;
 }
 
 /// The due time and expiry of `m` published at `now_ns`, or InvalidArgument

@@ -599,15 +599,19 @@ BatchScan scan_batch(std::span<const OutgoingMessage> ms, std::uint32_t slot_byt
                      std::int64_t default_ttl_ns) noexcept {
   BatchScan sc;
   sc.bad = ms.size();
+  // has_times: the messages' fields or-ed, the call's once.
+  std::int64_t times = 0;
   for (std::size_t i = 0; i < ms.size(); ++i) {
     const OutgoingMessage& m = ms[i];
     const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
     sc.bytes += need;
-    sc.slow |= (need > slot_bytes) | has_times(m, default_ttl_ns);
+    sc.slow |= need > slot_bytes;
+    times |= message_time_bits(m);
     if ((m.payload.empty() || (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes) && sc.bad == ms.size())
       [[unlikely]]
       sc.bad = i;
   }
+  if (!ms.empty()) sc.slow |= (times | call_time_bits(default_ttl_ns)) != 0;
   return sc;
 }
 }  // namespace
@@ -663,21 +667,38 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
 }
 
 namespace {
+// Lane counts up to this group a chunk by buckets, one per lane, on the
+// stack (sort_into_runs); the 4 KiB of them hold a whole chunk in any lane.
+constexpr std::uint32_t kBucketLanes = 16;
+
 /// A chunk's messages grouped by lane, each lane's in span order: run r is
-/// slot indices index[start[r] .. start[r] + len[r]) of lane lane[r].
+/// the len[r] slot indices at values[r], of lane lane[r] (in `bucket` or
+/// `index`).
 struct LaneRuns {
+  std::uint32_t bucket[kBucketLanes][kBatchChunk];
   std::uint32_t index[kBatchChunk];
-  std::uint32_t lane[kBatchChunk], start[kBatchChunk], len[kBatchChunk];
+  const std::uint32_t* values[kBatchChunk];
+  std::uint32_t lane[kBatchChunk], len[kBatchChunk];
   std::uint32_t count = 0;
 };
 
-/// Group the `k` filled slots (lane of slot i: lanes_of[i]) into runs: a
-/// counting sort with a table on the stack where the topic's lane count
-/// allows (the default 8 lanes), else a scan per lane.
+/// Group the `k` filled slots (lane of slot i: lanes_of[i]) into runs: one
+/// pass into a bucket per lane where the topic has at most kBucketLanes (the
+/// default 8), a counting sort with a table on the stack up to kSortLanes,
+/// else a scan per lane.
 void sort_into_runs(const MessagePool& pool, Slot* const* slots, const std::uint32_t* lanes_of, std::uint32_t k,
                     std::uint32_t lanes, LaneRuns* out) noexcept {
   std::uint32_t nruns = 0;
-  if (lanes <= kSortLanes) {
+  if (lanes <= kBucketLanes) {
+    std::uint32_t fill[kBucketLanes] = {};
+    for (std::uint32_t i = 0; i < k; ++i) out->bucket[lanes_of[i]][fill[lanes_of[i]]++] = pool.index_of(slots[i]);
+    for (std::uint32_t l = 0; l < lanes; ++l) {
+      if (fill[l] == 0) continue;
+      out->lane[nruns] = l;
+      out->len[nruns] = fill[l];
+      out->values[nruns++] = out->bucket[l];
+    }
+  } else if (lanes <= kSortLanes) {
     std::uint8_t run_of_lane[kSortLanes];  // 0: no run yet; else the run's number + 1
     std::memset(run_of_lane, 0, lanes);
     std::uint8_t run_of[kBatchChunk];
@@ -692,7 +713,10 @@ void sort_into_runs(const MessagePool& pool, Slot* const* slots, const std::uint
       ++out->len[r1 - 1];
     }
     std::uint32_t fill[kBatchChunk];
-    for (std::uint32_t r2 = 0, at = 0; r2 < nruns; at += out->len[r2++]) out->start[r2] = fill[r2] = at;
+    for (std::uint32_t r2 = 0, at = 0; r2 < nruns; at += out->len[r2++]) {
+      fill[r2] = at;
+      out->values[r2] = out->index + at;
+    }
     for (std::uint32_t i = 0; i < k; ++i) out->index[fill[run_of[i]]++] = pool.index_of(slots[i]);
   } else {
     static_assert(kBatchChunk <= 64, "done_mask is one word");
@@ -700,14 +724,15 @@ void sort_into_runs(const MessagePool& pool, Slot* const* slots, const std::uint
     std::uint32_t at = 0;
     for (std::uint32_t i = 0; i < k; ++i) {
       if (done_mask & (std::uint64_t{1} << i)) continue;
+      const std::uint32_t start = at;
       out->lane[nruns] = lanes_of[i];
-      out->start[nruns] = at;
+      out->values[nruns] = out->index + start;
       for (std::uint32_t j = i; j < k; ++j) {
         if (lanes_of[j] != lanes_of[i]) continue;
         done_mask |= std::uint64_t{1} << j;
         out->index[at++] = pool.index_of(slots[j]);
       }
-      out->len[nruns] = at - out->start[nruns];
+      out->len[nruns] = at - start;
       ++nruns;
     }
   }
@@ -847,7 +872,7 @@ BatchPublishResult TopicImpl::publish_batch_unchecked(std::span<const OutgoingMe
     for (std::uint32_t r2 = 0; r2 < runs.count; ++r2) {
       const std::uint32_t lane = runs.lane[r2];
       const std::uint32_t len = runs.len[r2];
-      const std::uint32_t* values = runs.index + runs.start[r2];
+      const std::uint32_t* values = runs.values[r2];
       std::atomic<std::uint64_t>& published = lane_load[lane].published;
       if (solo) {
         published.store(published.load(std::memory_order_relaxed) + len, std::memory_order_relaxed);
