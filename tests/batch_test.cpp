@@ -467,3 +467,40 @@ TEST_CASE("solo ownership handed over under contention: 6 publishers, 16 DropOld
   }
   CHECK(bus->shutdown(ShutdownMode::Drain).ok());
 }
+
+TEST_CASE("a batch handler's latency histogram counts each acked message once, whether its span shares a stamp or not") {
+  // run_plain_batch counts messages with the same created_at (a
+  // publish_batch chunk is stamped once) in their bucket together: the
+  // histogram must still hold one count per message and the sum of every
+  // message's latency. Each call sleeps 2 ms before it acks, so every
+  // latency is at least that.
+  auto bus = Bus::open({.workers = 1}).value();
+  auto topic = bus->create_topic("batch.latency", {.lanes = 2}).value();
+  std::atomic<std::uint64_t> handled{0};
+  auto sub = bus->subscribe_batch(topic, "g", [&](std::span<const MessageView> ms) {
+                   std::this_thread::sleep_for(2ms);
+                   handled.fetch_add(ms.size());
+                   return BatchOutcome::all_acked();
+                 }).value();
+  const auto started = std::chrono::steady_clock::now();
+  Publisher pub = bus->publisher();
+  std::uint64_t total = 0;
+  for (int i = 0; i < 100; ++i, ++total)  // one stamp per message
+    REQUIRE(pub.publish(topic, {.key = "k" + std::to_string(i % 4), .payload = "one"}).ok());
+  for (int b = 0; b < 3; ++b) {  // one stamp per chunk of 64
+    Batch batch;
+    for (int j = 0; j < 64; ++j) batch.add("k" + std::to_string(j % 4), "many");
+    REQUIRE(pub.publish_batch(topic, batch.span()).published == 64);
+    total += 64;
+  }
+  REQUIRE(wait_until([&] { return handled.load() == total; }));
+  REQUIRE(wait_until([&] { return bus->stats().topics[0].groups[0].latency.count == total; }));
+  const auto elapsed_ns = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count());
+  const LatencyHistogram h = bus->stats().topics[0].groups[0].latency;
+  std::uint64_t in_buckets = 0;
+  for (std::uint64_t c : h.counts) in_buckets += c;
+  CHECK(in_buckets == total);
+  CHECK(h.sum_ns >= total * 2'000'000);  // every message waited out at least one sleep
+  CHECK(h.sum_ns <= total * elapsed_ns);
+}

@@ -326,22 +326,21 @@ class MessagePool {
     freed_.fetch_add(count, std::memory_order_seq_cst);
   }
 
-  /// Return `n` free slots as one chain (design notes): slots[0] holds the
-  /// count and the others' indices. REQUIRES: 1 <= n <= chain_max().
-  void free_run(Slot* const* slots, std::uint32_t n) noexcept {
+  /// Return the `n` free slots of indices members[0..n) as one chain (design
+  /// notes): the first slot holds the count and the others' indices, copied
+  /// at once. REQUIRES: 1 <= n <= chain_max().
+  void free_run(const std::uint32_t* members, std::uint32_t n) noexcept {
     if (chain_max_ < 2) {
-      for (std::uint32_t i = 0; i + 1 < n; ++i) link(slots[i], slots[i + 1]);
-      free_chain(slots[0], slots[n - 1], n);
+      for (std::uint32_t i = 0; i + 1 < n; ++i) next_[members[i]].store(members[i + 1], std::memory_order_relaxed);
+      push_singles(members[0], members[n - 1]);
+      freed_.fetch_add(n, std::memory_order_seq_cst);
       return;
     }
-    Slot* head = slots[0];
+    Slot* head = at(members[0]);
     char* d = head->data();
     std::memcpy(d, &n, sizeof n);
-    for (std::uint32_t i = 1; i < n; ++i) {
-      const std::uint32_t member = index_of(slots[i]);
-      std::memcpy(d + 4 * i, &member, 4);
-    }
-    const std::uint32_t idx = index_of(head);
+    std::memcpy(d + 4, members + 1, 4 * static_cast<std::size_t>(n - 1));
+    const std::uint32_t idx = members[0];
     std::uint64_t h = chains_.load(std::memory_order_relaxed);
     for (;;) {
       next_[idx].store(static_cast<std::uint32_t>(h), std::memory_order_relaxed);
@@ -564,13 +563,24 @@ class FreeChain {
   void release(Slot* s) noexcept {
     if (!MessagePool::unref(s)) return;
     pool_->recycle(s);
-    slots_[count_] = s;
+    members_[count_] = pool_->index_of(s);
     if (++count_ == max_) flush();
+  }
+  /// release for each of `n` slots whose indices the caller has (a batch
+  /// handler's acked span: the ring's values): no index_of per slot.
+  void release_span(Slot* const* slots, const std::uint32_t* indices, std::uint32_t n) noexcept {
+    for (std::uint32_t i = 0; i < n; ++i) {
+      Slot* s = slots[i];
+      if (!MessagePool::unref(s)) continue;
+      pool_->recycle(s);
+      members_[count_] = indices[i];
+      if (++count_ == max_) flush();
+    }
   }
   void flush() noexcept {
     if (count_ == 0) return;
     if (ring_ != nullptr) ring_->release_taken();
-    pool_->free_run(slots_, count_);
+    pool_->free_run(members_, count_);
     count_ = 0;
   }
   bool empty() const noexcept { return count_ == 0; }
@@ -584,7 +594,7 @@ class FreeChain {
   MessagePool* pool_ = nullptr;
   std::uint32_t max_ = 1;
   std::uint32_t count_ = 0;
-  Slot* slots_[Magazine::kMax];
+  std::uint32_t members_[Magazine::kMax];  // the slots' indices (free_run)
 };
 
 }  // namespace lanebus::detail

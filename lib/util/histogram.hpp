@@ -39,10 +39,11 @@ class LatencyRecorder {
     sum_.store(sum_.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
   }
   /// record() in two steps, for a loop over many values: count(ns) for
-  /// each (its bucket only), then add_sum(the values' sum) once.
-  void count(std::uint64_t ns) noexcept {
+  /// each (its bucket only; `times` values of ns at once), then add_sum(the
+  /// values' sum) once.
+  void count(std::uint64_t ns, std::uint64_t times = 1) noexcept {
     auto& b = buckets_[latency_bucket(ns)];
-    b.store(b.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    b.store(b.load(std::memory_order_relaxed) + times, std::memory_order_relaxed);
   }
   void add_sum(std::uint64_t total_ns) noexcept {
     sum_.store(sum_.load(std::memory_order_relaxed) + total_ns, std::memory_order_relaxed);
