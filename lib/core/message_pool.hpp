@@ -449,7 +449,13 @@ class MessagePool {
   /// A slot from `m`, refilled from the free list when empty; nullptr when
   /// no slot is free. Owner thread only; no atomic read-modify-write unless
   /// it refills. The slot counts in in_use() from here on.
-  static constexpr std::uint32_t kWriteAhead = 2;
+  /// How many publishes ahead take() asks for a slot's lines. Measured on
+  /// the 2-vCPU EPYC VM (doc/performance.md, eighth round), `bench/hotpath
+  /// --stream 1` in the placement where the cores sit far apart: 2 ahead
+  /// ran 10.9-11.6 M msg/s, 4 to 8 ahead 14.5-17.6 M, 12 and 16 ahead
+  /// 10-12 M (a refill then asks for that many slots at once); in the near
+  /// placement every distance ran 25-27 M.
+  static constexpr std::uint32_t kWriteAhead = 6;
   /// A slot's first two lines (its header, the keys and a short payload), for writing.
   static void prefetch_slot(const Slot* s) noexcept {
     prefetch_for_write(s);
