@@ -317,6 +317,7 @@ class MessagePool {
       if (k == 0) break;
       got += k;
     }
+    prefetch_refill();  // the next chunk's first chain, while this one fills
     return got;
   }
 
