@@ -112,10 +112,6 @@ struct MessageTimes {
   std::int64_t expires_ns = 0;  // never start a handler call at or after this
 };
 
-/// True when `m` (on a topic whose default TTL is `default_ttl_ns`) needs
-/// the slot's extension block: a delay, a due time or an expiry
-/// (resolve_times), headers, or the calling thread's trace context to add
-/// (trace.hpp). One branch.
 /// has_times in two halves: the message's fields (non-zero when it has a
 /// delay, a due time, a TTL or headers) and the call's (the topic's default
 /// TTL, the thread's trace context). publish_batch ors the first over the
@@ -127,6 +123,10 @@ inline std::int64_t message_time_bits(const OutgoingMessage& m) noexcept {
 inline std::int64_t call_time_bits(std::int64_t default_ttl_ns) noexcept {
   return default_ttl_ns | reinterpret_cast<std::intptr_t>(tl_trace);
 }
+/// True when `m` (on a topic whose default TTL is `default_ttl_ns`) needs
+/// the slot's extension block: a delay, a due time or an expiry
+/// (resolve_times), headers, or the calling thread's trace context to add
+/// (trace.hpp). One branch.
 inline bool has_times(const OutgoingMessage& m, std::int64_t default_ttl_ns) noexcept {
   return (message_time_bits(m) | call_time_bits(default_ttl_ns)) != 0;
 }

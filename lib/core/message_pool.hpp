@@ -453,7 +453,7 @@ class MessagePool {
   /// How many publishes ahead take() asks for a slot's lines. Measured on
   /// the 2-vCPU EPYC VM (doc/performance.md, eighth round), `bench/hotpath
   /// --stream 1` in the placement where the cores sit far apart: 2 ahead
-  /// ran 10.9-11.6 M msg/s, 4 to 8 ahead 14.5-17.6 M, 12 and 16 ahead
+  /// ran 10.6-11.6 M msg/s, 4 to 8 ahead 14.5-17.6 M, 12 and 16 ahead
   /// 10-12 M (a refill then asks for that many slots at once); in the near
   /// placement every distance ran 25-27 M.
   static constexpr std::uint32_t kWriteAhead = 6;
@@ -580,22 +580,11 @@ class FreeChain {
     pool_ = &pool;
     max_ = std::max<std::uint32_t>(1, std::min(pool.chain_max(), pool.capacity() / 8));
   }
-  void release(Slot* s) noexcept {
-    if (!MessagePool::unref(s)) return;
-    pool_->recycle(s);
-    members_[count_] = pool_->index_of(s);
-    if (++count_ == max_) flush();
-  }
+  void release(Slot* s) noexcept { release(s, pool_->index_of(s)); }
   /// release for each of `n` slots whose indices the caller has (a batch
   /// handler's acked span: the ring's values): no index_of per slot.
   void release_span(Slot* const* slots, const std::uint32_t* indices, std::uint32_t n) noexcept {
-    for (std::uint32_t i = 0; i < n; ++i) {
-      Slot* s = slots[i];
-      if (!MessagePool::unref(s)) continue;
-      pool_->recycle(s);
-      members_[count_] = indices[i];
-      if (++count_ == max_) flush();
-    }
+    for (std::uint32_t i = 0; i < n; ++i) release(slots[i], indices[i]);
   }
   void flush() noexcept {
     if (count_ == 0) return;
@@ -610,6 +599,15 @@ class FreeChain {
   void defer_cells_of(LaneRing* ring) noexcept { ring_ = ring; }
 
  private:
+  /// Drop the reference to slot `s` (pool index `index`); the last one
+  /// puts it in the chain.
+  void release(Slot* s, std::uint32_t index) noexcept {
+    if (!MessagePool::unref(s)) return;
+    pool_->recycle(s);
+    members_[count_] = index;
+    if (++count_ == max_) flush();
+  }
+
   LaneRing* ring_ = nullptr;
   MessagePool* pool_ = nullptr;
   std::uint32_t max_ = 1;

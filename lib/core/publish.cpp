@@ -576,8 +576,9 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
 // publish for many messages at once, in chunks of up to kBatchChunk: one CAS
 // per freed chain claims the chunk's slots, one clock read stamps them, and
 // each lane's share goes into each group's ring with one fetch_add on the
-// ring's tail (and one schedule per lane). Equivalent to publish in a loop that stops at the first
-// error (Topic::publish_batch documents the partial-batch result).
+// ring's tail (and one schedule per lane). Equivalent to publish in a loop
+// that stops at the first error (Topic::publish_batch documents the
+// partial-batch result).
 
 namespace {
 constexpr std::uint32_t kBatchChunk = 64;
