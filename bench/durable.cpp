@@ -837,6 +837,12 @@ Latency e2e_queue(double rate, const std::string& dir) {
   const std::uint64_t sent = p.sent;
   const double send_elapsed = p.seconds;
   c.drain(sent);
+  if (std::getenv("BENCH_DEBUG") != nullptr) {
+    auto k = lanebus::detail::Access::core(*c.bus)->store()->counters();
+    std::fprintf(stderr, "e2e commits=%llu claims=%llu claims_ahead=%llu acks=%llu\n",
+                 static_cast<unsigned long long>(k.commits), static_cast<unsigned long long>(k.claims),
+                 static_cast<unsigned long long>(k.claims_ahead), static_cast<unsigned long long>(k.acks));
+  }
   Latency l = c.finish(sent, static_cast<double>(sent) / send_elapsed);
   if (failed.load() != 0) std::fprintf(stderr, "e2e: %llu publishes failed\n", static_cast<unsigned long long>(failed.load()));
   return l;

@@ -319,6 +319,7 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
     store_->interrupt_commit_wait();  // after poller_stop_: see poller_main
     poller_.join();
   }
+  drop_claims_ahead();
   if (tenancy_) tenancy_->close();  // flushes usage into the store
   if (store_) {
     // The usage audit keeps this process's last reads (best effort: a
@@ -329,6 +330,29 @@ Status BusCore::shutdown(ShutdownMode mode, std::chrono::milliseconds timeout) {
   }
   stopped_.store(true);
   return result;
+}
+
+// Workers and poller are stopped: every queue lane's mailbox closes, stops
+// being watched (waiting for a commit that claims for it), and gives back
+// what nobody took, so a clean shutdown leaves no claim to wait out its
+// visibility nor an attempt counted as a crash.
+void BusCore::drop_claims_ahead() noexcept {
+  if (!store_) return;
+  std::vector<GroupImpl*> queues;
+  try {
+    MutexLock l(&mu_);
+    for (auto& [name, t] : topics_)
+      if (t->is_queue && t->durable) queues.push_back(t->owned_groups.front().get());
+  } catch (const std::exception&) {
+    return;  // out of memory: the claims expire after their visibility
+  }
+  for (GroupImpl* g : queues) {
+    Status s = close_claims_ahead(g);
+    if (!s.ok() && logger.enabled())
+      logger.log(LogLevel::Warn, "shutdown: %s (those claims expire after their visibility)", s.to_string().c_str());
+    for (auto& gl : g->lanes)
+      if (gl->claim_ahead) store_->unwatch_claims(gl->claim_ahead.get());
+  }
 }
 
 Status BusCore::republish(const DlqEntry& e) {

@@ -83,6 +83,7 @@
 #include "wall_clock.hpp"
 #include "delivery.hpp"
 #include "dlq.hpp"
+#include "claim_ahead.hpp"
 #include "durable_store.hpp"
 #include "histogram.hpp"
 #include "idempotency.hpp"
@@ -234,6 +235,10 @@ struct alignas(64) GroupLane : TimerEntry {
   // Durable topic poison bookkeeping (DlqStore::TopicMark).
   std::uint64_t careful_to = 0;             // deliver one message at a time below this offset
   std::uint32_t head_crashes = 0;           // crashes of the message at read_pos (careful mode)
+  // Durable queues: the claims the store's writer makes for this lane in the
+  // commit that appended to it (claim_ahead.hpp); watched from the queue's
+  // creation to the bus's shutdown, open while the queue has consumers.
+  std::unique_ptr<ClaimAhead> claim_ahead;
 
   // Field-usage audit (schema_usage.hpp): written by the lane's running worker.
   UsageTap usage;
@@ -834,7 +839,7 @@ class DurableRunner {
   /// the claim (due parked messages first), what settles a message without a
   /// handler call (parked behind its key, poison, expired, an outage), the call.
   struct QueueRun;
-  bool claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full);
+  bool claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full, bool ahead);
   bool queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes);
   void queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
                   std::set<std::string_view>& keys_done);
@@ -910,6 +915,8 @@ class BusCore : public std::enable_shared_from_this<BusCore> {
                            const GroupOptions& options, BatchHandler batch_handler = {});
   Result<std::string> table_get(std::string_view table, std::string_view key) const;
   Status detach(Consumer* c) noexcept;
+  Status close_claims_ahead(GroupImpl* g) noexcept;  // registry.cpp: no consumers left
+  void drop_claims_ahead() noexcept;                 // bus_core.cpp: shutdown, before the store closes
   Status shutdown(ShutdownMode mode, std::chrono::milliseconds timeout);
   BusStats stats() const;
   TopicImpl* find(std::string_view name) const;

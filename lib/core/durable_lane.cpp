@@ -69,7 +69,9 @@ void DurableRunner::run_durable_lane(GroupLane* gl) {
   // while the lane was running found it scheduled and did not queue it: look
   // again (Dekker with wake_durable_group: seq_cst on both sides). Queues
   // keep in read_pos the end they had seen when they claimed.
-  if (gl->known_end.load(std::memory_order_seq_cst) > read_pos) bus_.sched_.schedule(gl);
+  // Likewise claims handed over to the lane's mailbox while it ran.
+  if (gl->known_end.load(std::memory_order_seq_cst) > read_pos || (gl->claim_ahead && gl->claim_ahead->has_ready()))
+    bus_.sched_.schedule(gl);
 }
 
 // ---------------------------------------------------------------- durable topics
@@ -765,7 +767,8 @@ struct DurableRunner::QueueRun {
   }
 };
 
-bool DurableRunner::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full) {
+bool DurableRunner::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full,
+                                      bool ahead) {
   GroupImpl* g = gl->group;
   const bool kp = g->options.key_parallel_retry;
   ClaimOptions claim_options;
@@ -783,6 +786,25 @@ bool DurableRunner::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, Qu
       batch.claims.push_back(std::move(cm));
       gl->parked.erase(gl->parked.begin() + i);
     }
+  }
+  if (ahead) {
+    // Claimed by the writer in the commit that appended them, or that
+    // answered our request (claim_ahead.hpp): on disk, the handler may run.
+    ClaimAhead& box = *gl->claim_ahead;
+    if (const std::uint64_t e = box.take_errors(); e > 0) gl->errors.fetch_add(e, std::memory_order_relaxed);
+    if (box.take(&batch.claims)) {
+      *full = batch.claims.size() >= claim_max;
+      return true;
+    }
+    // None: ask for a claim in the writer's next commit and do not wait for
+    // it; its hand-over schedules the lane.
+    if (box.request(claim_max, g->options.visibility)) {
+      if (Status s = bus_.store_->request_claims(&box); !s.ok()) {
+        (void)box.answered();
+        gl->errors.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    return false;
   }
   auto r = bus_.store_->claim_batch(g->store_group, gl->lane, claim_max, claim_options);
   if (!r.ok()) {
@@ -964,7 +986,13 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   batch.gl = gl;
   batch.idem = g->idempotency;
   bool full = false;
-  if (!claim_queue_batch(gl, claim_max, batch, &full)) return false;
+  // The writer claims for this lane (claim_ahead.hpp): in the commit that
+  // appends its next messages (one fsynced commit before the handler instead
+  // of two), or in its next commit on request; the worker never waits for a
+  // claim. Not with key_parallel_retry (unordered claims and parked keys) nor
+  // while paused (one probe at a time): those claim for themselves.
+  const bool ahead = gl->claim_ahead && !g->options.key_parallel_retry && claim_max == max;
+  if (!claim_queue_batch(gl, claim_max, batch, &full, ahead)) return false;
   // Sized once: the writer reads earlier entries while the worker appends.
   batch.ops.reserve(batch.claims.size());
   batch.results.assign(batch.claims.size(), SettleResult::Pending);
@@ -972,7 +1000,8 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   run.again = full || g->options.key_parallel_retry;
   for (std::size_t i = 0; i < batch.claims.size(); ++i) {
     if (gl->probing) bus_.outages_.end_probe(gl);  // the previous message was a probe that was skipped or held
-    if (run.broken || bus_.sched_.abandoning()) {
+    // (i >= claim_max: claimed ahead before the group paused; back uncounted.)
+    if (run.broken || bus_.sched_.abandoning() || i >= claim_max) {
       run.submit(QueueSettle::Kind::Unclaim, i);
       run.commit();
       continue;
@@ -982,6 +1011,7 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     queue_call(run, i, c, outcomes, keys_done);
   }
   if (gl->probing) bus_.outages_.end_probe(gl);
+  if (ahead && !run.again && !run.broken) gl->claim_ahead->arm(max, g->options.visibility);
   return run.again;
 }
 

@@ -187,6 +187,14 @@ Result<TopicImpl*> BusCore::create(std::string_view name, bool is_queue, const T
                                          options.max_consumers_per_group);
     g->store_group = queue_group;
     g->active.store(true, std::memory_order_release);
+    if (o.durable) {
+      // Claims in the append's transaction (claim_ahead.hpp): watched until shutdown.
+      for (std::uint32_t lane = 0; lane < o.lanes; ++lane) {
+        GroupLane* gl = g->lanes[lane].get();
+        gl->claim_ahead = std::make_unique<ClaimAhead>(ref, queue_group, lane);
+        store_->watch_claims(gl->claim_ahead.get());
+      }
+    }
     raw->groups[0].store(g.get(), std::memory_order_release);
     raw->owned_groups.push_back(std::move(g));
     raw->group_count.store(1, std::memory_order_release);
@@ -319,7 +327,10 @@ Result<Consumer*> BusCore::attach(TopicImpl* t, std::string_view group, Handler 
     }
   }
   c->enabled.store(true, std::memory_order_seq_cst);
-  g->consumer_count.fetch_add(1, std::memory_order_seq_cst);
+  if (g->consumer_count.fetch_add(1, std::memory_order_seq_cst) == 0) {
+    for (auto& gl : g->lanes)
+      if (gl->claim_ahead) gl->claim_ahead->open();
+  }
   g->active.store(true, std::memory_order_seq_cst);
   // Lanes may hold messages that waited for a consumer (queues, durable logs,
   // a pending retry): let a worker look at each (an empty lane costs one
@@ -337,21 +348,47 @@ Status BusCore::detach(Consumer* c) noexcept {
                                 "close: called from the subscription's own handler; detached without waiting");
   }
   while (c->calls.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
-  MutexLock l(&mu_);
   GroupImpl* g = c->group;
-  Handler old = std::move(c->handler);
-  TxHandler old_tx = std::move(c->tx_handler);
-  c->handler = nullptr;
-  c->tx_handler = nullptr;
-  c->batch_handler = nullptr;
-  c->in_use = false;
-  if (g->consumer_count.fetch_sub(1, std::memory_order_seq_cst) == 1 && !g->persistent) {
-    // Last consumer of a topic group: it stops receiving; queued messages are
-    // discarded by the workers (no consumer) and counted as dropped.
-    g->active.store(false, std::memory_order_seq_cst);
-    for (auto& gl : g->lanes) sched_.schedule(gl.get());
+  bool last = false;
+  {
+    MutexLock l(&mu_);
+    Handler old = std::move(c->handler);
+    TxHandler old_tx = std::move(c->tx_handler);
+    c->handler = nullptr;
+    c->tx_handler = nullptr;
+    c->batch_handler = nullptr;
+    c->in_use = false;
+    last = g->consumer_count.fetch_sub(1, std::memory_order_seq_cst) == 1;
+    if (last && !g->persistent) {
+      // Last consumer of a topic group: it stops receiving; queued messages are
+      // discarded by the workers (no consumer) and counted as dropped.
+      g->active.store(false, std::memory_order_seq_cst);
+      for (auto& gl : g->lanes) sched_.schedule(gl.get());
+    }
   }
+  if (last) return close_claims_ahead(g);
   return Status();
+}
+
+// A durable queue without consumers: its lanes' mailboxes close, and what the
+// writer claimed for them goes back to the store at once (not after the
+// claims' visibility). Outside mu_: it waits for a commit.
+Status BusCore::close_claims_ahead(GroupImpl* g) noexcept {
+  Status result;
+  try {
+    std::vector<ClaimedMessage> back;
+    for (auto& gl : g->lanes) {
+      if (!gl->claim_ahead) continue;
+      back.clear();
+      gl->claim_ahead->close(&back);
+      if (back.empty()) continue;
+      Status s = store_->give_back_claims(back, g->store_group, gl->lane);
+      if (!s.ok() && result.ok()) result = s;
+    }
+  } catch (const std::exception& e) {
+    result = Status(Code::Internal, std::string("giving back claims made ahead: ") + e.what());
+  }
+  return result;
 }
 
 // ---------------------------------------------------------------- reads over the registry

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "durable_store_impl.hpp"
@@ -197,6 +198,141 @@ Status QueueClaims::release(const GroupRef& group, std::uint32_t lane, std::uint
                           ctx.now_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count(), false);
       },
       true);
+}
+
+
+// ======================================================================
+// claims in the append's transaction (claim_ahead.hpp)
+
+void QueueClaims::watch(ClaimAhead* box) {
+  std::lock_guard l(ahead_mu_);
+  ahead_[WriteCtx::lk(box->group().topic_id, box->lane())].push_back(box);
+  ahead_count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void QueueClaims::unwatch(ClaimAhead* box) {
+  std::lock_guard l(ahead_mu_);  // a batch claiming for it holds this until hand_over
+  auto it = ahead_.find(WriteCtx::lk(box->group().topic_id, box->lane()));
+  if (it == ahead_.end()) return;
+  auto& boxes = it->second;
+  auto pos = std::find(boxes.begin(), boxes.end(), box);
+  if (pos == boxes.end()) return;
+  boxes.erase(pos);
+  if (boxes.empty()) ahead_.erase(it);
+  ahead_count_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::unique_lock<std::mutex> QueueClaims::lock_ahead() {
+  // Relaxed: a hint; a mailbox watched after this look is served by the next batch.
+  if (ahead_count_.load(std::memory_order_relaxed) == 0) return {};
+  return std::unique_lock<std::mutex>(ahead_mu_);
+}
+
+Status QueueClaims::request(ClaimAhead* box) {
+  WriteOp op;
+  op.bookkeeping = true;
+  // The claim itself runs at the batch's end (claim_ahead_in), after every
+  // append and settle of the batch; re-runnable: ctx is new for each attempt.
+  op.apply = [box](WriteCtx& ctx) {
+    ctx.ahead_requests.push_back(box);
+    return Status();
+  };
+  // After hand_over (the completions run after it): a request refused while
+  // this one was out, or a failed batch, makes the lane look again.
+  op.done = [this, box](const Status& st) {
+    if (box->answered() || !st.ok()) ahead_woken_.emplace_back(WriteCtx::lk(box->group().topic_id, box->lane()), 0);
+  };
+  return s_.writer_->enqueue(std::move(op), true);
+}
+
+void QueueClaims::claim_ahead_in(WriteCtx& ctx) {
+  ahead_pending_.clear();  // a batch retried after MapFull claims again
+  auto claim_for = [&](ClaimAhead* box) {
+    for (const AheadClaims& p : ahead_pending_)
+      if (p.box == box) return;  // appended to and requested: once
+    std::uint32_t max = 0;
+    ClaimOptions options;
+    if (!box->wanted(&max, &options)) return;
+    std::vector<ClaimedMessage> got;
+    Status s = claim_in(ctx, box->topic(), box->group(), box->lane(), options, max, &got);
+    if (!ctx.dead.ok()) return;
+    if (!s.ok()) {
+      box->note_error();  // a damaged record: counted as the consumer's store error
+      return;
+    }
+    if (got.empty()) return;  // nothing deliverable (the head is in flight): stays armed
+    ahead_pending_.push_back(AheadClaims{box, std::move(got)});
+  };
+  for (ClaimAhead* box : ctx.ahead_requests) {
+    claim_for(box);
+    if (!ctx.dead.ok()) return;  // the batch fails; the request's completion wakes the lane
+  }
+  for (const auto& [k, appended] : ctx.dirty) {
+    if (!appended) continue;
+    auto it = ahead_.find(k);
+    if (it == ahead_.end()) continue;
+    for (ClaimAhead* box : it->second) {
+      claim_for(box);
+      if (!ctx.dead.ok()) return;
+    }
+  }
+}
+
+void QueueClaims::hand_over(bool committed) {
+  if (committed) {
+    std::uint64_t n = 0;
+    for (AheadClaims& p : ahead_pending_) {
+      n += p.claims.size();
+      const std::uint64_t end = p.claims.back().message.offset + 1;
+      if (p.box->offer(&p.claims)) {
+        ahead_woken_.emplace_back(WriteCtx::lk(p.box->group().topic_id, p.box->lane()), end);
+      } else {
+        give_back_async(p.box->group(), p.box->lane(), p.claims);
+      }
+    }
+    s_.counters_.claims_ahead.fetch_add(n, std::memory_order_relaxed);  // relaxed: a statistic
+  }
+  ahead_pending_.clear();
+}
+
+void QueueClaims::take_woken(std::map<std::uint64_t, std::uint64_t>* ends) {
+  for (const auto& [k, end] : ahead_woken_) {
+    if (ends == nullptr) break;
+    std::uint64_t& e = (*ends)[k];
+    e = std::max(e, end);
+  }
+  ahead_woken_.clear();
+}
+
+namespace {
+// Unclaim each of `claims` (never handled): its attempt is not counted and it
+// is deliverable at once. A claim that is gone (expired and taken again) is
+// left to its new holder.
+Status unclaim_each(QueueClaims& q, StorePart::WriteCtx& ctx, std::span<const ClaimedMessage> claims,
+                    const GroupRef& group, std::uint32_t lane) {
+  for (const ClaimedMessage& cm : claims) {
+    Status s = q.release_in(ctx, group, lane, cm.message.offset, cm.attempt, ctx.now_ns, true);
+    if (!ctx.dead.ok()) return ctx.dead;
+    (void)s;  // NotFound / StaleToken: not ours any more
+  }
+  return Status();
+}
+}  // namespace
+
+void QueueClaims::give_back_async(const GroupRef& group, std::uint32_t lane, const std::vector<ClaimedMessage>& claims) {
+  // The writer thread cannot wait for a write: queue it. Refused (closing, or
+  // the queue is full) the claims expire after their visibility, as a dead
+  // consumer's do.
+  WriteOp op;
+  op.bookkeeping = true;
+  op.apply = [this, group, lane, claims](WriteCtx& ctx) { return unclaim_each(*this, ctx, claims, group, lane); };
+  Status s = s_.writer_->enqueue(std::move(op), false);
+  if (!s.ok()) s_.log_failure("giving back the claims of a closed consumer (they expire)", s);
+}
+
+Status QueueClaims::give_back(std::span<const ClaimedMessage> claims, const GroupRef& group, std::uint32_t lane) {
+  if (claims.empty()) return Status();
+  return s_.writer_->run_write([&](WriteCtx& ctx) { return unclaim_each(*this, ctx, claims, group, lane); }, true);
 }
 
 }  // namespace lanebus::detail

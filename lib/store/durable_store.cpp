@@ -225,6 +225,7 @@ StoreCounters DurableStore::counters() const noexcept {
   c.retention_deleted = ld(counters_.retention_deleted);
   c.claims = ld(counters_.claims);
   c.redeliveries = ld(counters_.redeliveries);
+  c.claims_ahead = ld(counters_.claims_ahead);
   c.acks = ld(counters_.acks);
   c.stale_readers_cleared = ld(counters_.stale_readers_cleared);
   c.max_write_lock_wait_ns = ld(counters_.max_write_lock_wait_ns);
@@ -384,6 +385,17 @@ Status DurableStore::ack(const GroupRef& group, std::uint32_t lane, std::uint64_
 Status DurableStore::release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset, std::uint32_t attempt,
                              std::chrono::milliseconds delay) {
   return claims_->release(group, lane, offset, attempt, delay);
+}
+void DurableStore::watch_claims(ClaimAhead* box) { claims_->watch(box); }
+void DurableStore::unwatch_claims(ClaimAhead* box) { claims_->unwatch(box); }
+Status DurableStore::request_claims(ClaimAhead* box) {
+  if (Status s = check_writable(); !s.ok()) return s;
+  return claims_->request(box);
+}
+Status DurableStore::give_back_claims(std::span<const ClaimedMessage> claims, const GroupRef& group,
+                                      std::uint32_t lane) {
+  if (Status s = check_writable(); !s.ok()) return s;
+  return claims_->give_back(claims, group, lane);
 }
 
 Status DurableStore::run_retention() { return retention_->run(); }

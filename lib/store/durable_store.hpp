@@ -214,6 +214,7 @@ struct StoreCounters {
   std::uint64_t retention_deleted = 0;
   std::uint64_t claims = 0;        ///< Queue claims (every attempt).
   std::uint64_t redeliveries = 0;  ///< Claims with attempt > 1.
+  std::uint64_t claims_ahead = 0;  ///< Of claims, made in the commit that appended them (claim_ahead.hpp).
   std::uint64_t acks = 0;
   std::uint64_t stale_readers_cleared = 0;  ///< Reader slots of dead processes cleared.
   std::uint64_t max_write_lock_wait_ns = 0;  ///< Longest wait for LMDB's writer lock (watchdog).
@@ -243,6 +244,7 @@ class TopicLog;
 class GroupOffsets;
 class QueueClaims;
 class LogRetention;
+class ClaimAhead;
 
 /// A transaction handed to extension code by DurableStore::write (a write
 /// transaction, on the store's writer thread, batched with other operations)
@@ -499,6 +501,23 @@ class DurableStore {
   /// count stays. Errors as ack.
   [[nodiscard]] Status release(const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                                std::uint32_t attempt, std::chrono::milliseconds delay);
+  /// Claims in the append's transaction (claim_ahead.hpp, doc/durable.md):
+  /// while `box` is watched and armed, the writer's next commit that appends
+  /// to its lane claims for it, in that commit. `box` must outlive
+  /// unwatch_claims, which waits for a commit that is claiming for it.
+  void watch_claims(ClaimAhead* box);
+  void unwatch_claims(ClaimAhead* box);
+  /// After box->request() returned true: the writer claims for `box` in its
+  /// next commit (with whatever else that commit carries) and the append
+  /// listener is called for its lane once claims are in the mailbox. Does not
+  /// wait for the commit. Errors: ShutDown (then call box->answered()).
+  [[nodiscard]] Status request_claims(ClaimAhead* box);
+  /// Give back claims that were never handled (a closed mailbox's): each is
+  /// unclaimed (its attempt not counted, deliverable at once); one that was
+  /// redelivered meanwhile is left alone. Blocks for one commit. Errors:
+  /// ShutDown, Busy (writer thread), storage codes.
+  [[nodiscard]] Status give_back_claims(std::span<const ClaimedMessage> claims, const GroupRef& group,
+                                        std::uint32_t lane);
 
   // ---------------------------------------------------------------- maintenance
 
@@ -650,7 +669,7 @@ class DurableStore {
   struct AtomicCounters {
     std::atomic<std::uint64_t> appends{0}, append_failures{0}, commits{0}, fsyncs{0}, batched_ops{0},
         max_batch{0}, skipped_by_retention{0}, retention_deleted{0}, claims{0}, redeliveries{0}, acks{0},
-        stale_readers_cleared{0}, max_write_lock_wait_ns{0};
+        claims_ahead{0}, stale_readers_cleared{0}, max_write_lock_wait_ns{0};
   };
   mutable AtomicCounters counters_;
 

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "claim_ahead.hpp"
 #include "coding.hpp"
 #include "durable_store.hpp"
 #include "wall_clock.hpp"  // WallClock::realtime_ns: the clock of claim deadlines and timestamps
@@ -161,6 +162,7 @@ struct DurableStore::WriteCtx {
   bool ids_dirty = false;
   std::uint64_t retention_deleted = 0;
   std::uint64_t claims = 0, redeliveries = 0, acks = 0;
+  std::vector<ClaimAhead*> ahead_requests{};  // QueueClaims::request: claim for these at the batch's end
   // A cursor on the log per lane appended to in this batch (the first
   // kLogCursors lanes; later ones use mdb_put). A lane's next record sorts
   // right after its last, so LMDB finds its page from the cursor's page
@@ -401,6 +403,8 @@ class StoreWriter : public StorePart {
   void writer_main();
   void process_batch(std::vector<WriteOp>& ops);
   void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
+  void complete(std::vector<WriteOp>& batch,
+                const std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)>& listener);
   Status apply_delayed(WriteCtx& ctx, WriteOp& op);
 
   Mutex queue_mutex_;
@@ -483,6 +487,38 @@ class QueueClaims : public StorePart {
   Status release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                     std::uint32_t attempt, std::int64_t deadline_ns, bool undo_attempt);
 
+  // Claims in the append's transaction (claim_ahead.hpp).
+  void watch(ClaimAhead* box);
+  void unwatch(ClaimAhead* box);  // waits for a batch that is claiming for it
+  Status request(ClaimAhead* box);  // after box->request(): a claim in the next commit
+  Status give_back(std::span<const ClaimedMessage> claims, const GroupRef& group, std::uint32_t lane);
+  /// The writer, for one batch: locked only when some mailbox is watched
+  /// (held until hand_over, across the commit, so unwatch waits for it).
+  std::unique_lock<std::mutex> lock_ahead();
+  /// The writer, inside the batch's transaction after its operations: claims
+  /// for each armed mailbox of a lane the batch appended to. Under lock_ahead.
+  void claim_ahead_in(WriteCtx& ctx);
+  /// The writer, after the commit, before the completions and the listener:
+  /// the claims go to their mailboxes (or back, for one that closed). With
+  /// `committed` false (the batch aborted) they are dropped. Under lock_ahead.
+  void hand_over(bool committed);
+  /// The writer, after hand_over: the lanes whose consumer must look at its
+  /// mailbox (topic id << 32 | lane -> an end offset for the append listener);
+  /// nullptr: forgets them (no listener).
+  void take_woken(std::map<std::uint64_t, std::uint64_t>* ends);
+
+ private:
+  struct AheadClaims {
+    ClaimAhead* box = nullptr;
+    std::vector<ClaimedMessage> claims;
+  };
+  void give_back_async(const GroupRef& group, std::uint32_t lane, const std::vector<ClaimedMessage>& claims);
+
+  std::mutex ahead_mu_;
+  std::unordered_map<std::uint64_t, std::vector<ClaimAhead*>> ahead_;  // (topic id, lane) -> mailboxes
+  std::atomic<std::size_t> ahead_count_{0};                             // mailboxes in ahead_
+  std::vector<AheadClaims> ahead_pending_;                              // writer only, under ahead_mu_
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ahead_woken_;   // writer only
 };
 
 /// Retention by age, bytes and count, in bounded batches (durable_retention.cpp).

@@ -130,28 +130,7 @@ void StoreWriter::writer_main() {
     space_cv_.notify_all();
     if (!batch.empty()) process_batch(batch);
     wake_other_processes(batch);
-    if (batch.size() > 0) {
-      // Completions and the listener run here: after the commit, outside any txn and lock.
-      for (WriteOp& op : batch) {
-        if (op.is_append) {
-          // Relaxed: a statistic.
-          if (!op.status.ok()) s_.counters_.append_failures.fetch_add(1, std::memory_order_relaxed);
-          if (op.append_done) op.append_done(op.status, op.result);
-        } else if (op.done) {
-          op.done(op.status);
-        }
-      }
-      if (listener) {
-        std::map<std::uint64_t, std::uint64_t> ends;
-        for (const WriteOp& op : batch) {
-          if (op.is_append && op.status.ok() && !op.result.duplicate) {
-            auto k = (static_cast<std::uint64_t>(op.request.topic_id) << 32) | op.request.lane;
-            ends[k] = std::max(ends[k], op.result.offset + 1);
-          }
-        }
-        for (auto& [k, end] : ends) listener(static_cast<std::uint32_t>(k >> 32), static_cast<std::uint32_t>(k), end);
-      }
-    }
+    if (batch.size() > 0) complete(batch, listener);
     if (stop) break;
     auto now = clock::now();
     if (now >= next_maint || force) {
@@ -190,6 +169,35 @@ void StoreWriter::writer_main() {
   }
 }
 
+// After a commit: the operations' completions, then the append listener for
+// every lane that grew (and every lane with claims handed to its mailbox),
+// outside any transaction and lock.
+void StoreWriter::complete(std::vector<WriteOp>& batch,
+                           const std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)>& listener) {
+  for (WriteOp& op : batch) {
+    if (op.is_append) {
+      // Relaxed: a statistic.
+      if (!op.status.ok()) s_.counters_.append_failures.fetch_add(1, std::memory_order_relaxed);
+      if (op.append_done) op.append_done(op.status, op.result);
+    } else if (op.done) {
+      op.done(op.status);
+    }
+  }
+  if (!listener) {
+    s_.claims_->take_woken(nullptr);
+    return;
+  }
+  std::map<std::uint64_t, std::uint64_t> ends;
+  for (const WriteOp& op : batch) {
+    if (op.is_append && op.status.ok() && !op.result.duplicate) {
+      auto k = (static_cast<std::uint64_t>(op.request.topic_id) << 32) | op.request.lane;
+      ends[k] = std::max(ends[k], op.result.offset + 1);
+    }
+  }
+  s_.claims_->take_woken(&ends);  // lanes with claims made for them (claim_ahead.hpp)
+  for (auto& [k, end] : ends) listener(static_cast<std::uint32_t>(k >> 32), static_cast<std::uint32_t>(k), end);
+}
+
 // After a commit, before its completions: other processes' consumers first
 // (a few atomic adds, a FUTEX_WAKE per sleeping process), so they read while
 // our completions run. Only a commit that appended wakes anyone.
@@ -206,6 +214,9 @@ void StoreWriter::wake_other_processes(const std::vector<WriteOp>& batch) noexce
 void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
   bool bookkeeping_only = false;  // the map is at its maximum: retry small writes alone
   for (WriteOp& op : ops) op.excluded = false;
+  // Claims in the append's transaction (claim_ahead.hpp): held from the
+  // claims to their hand-over after the commit, so unwatch waits for both.
+  std::unique_lock<std::mutex> ahead;
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
     auto txn = s_.env_->begin_write();
@@ -231,6 +242,10 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       ++applied;
       if (!ctx.dead.ok()) break;
     }
+    if (ctx.dead.ok() && (!ctx.dirty.empty() || !ctx.ahead_requests.empty())) {
+      if (!ahead.owns_lock()) ahead = s_.claims_->lock_ahead();
+      if (ahead.owns_lock()) s_.claims_->claim_ahead_in(ctx);
+    }
     ctx.close_log_cursors();  // before the commit or abort below
     Status batch = ctx.dead;
     if (batch.ok()) batch = ctx.flush();
@@ -252,9 +267,11 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       s_.counters_.claims.fetch_add(ctx.claims, std::memory_order_relaxed);
       s_.counters_.redeliveries.fetch_add(ctx.redeliveries, std::memory_order_relaxed);
       s_.counters_.acks.fetch_add(ctx.acks, std::memory_order_relaxed);
+      if (ahead.owns_lock()) s_.claims_->hand_over(true);
       break;
     }
     txn->abort();
+    if (ahead.owns_lock()) s_.claims_->hand_over(false);
     if (batch.code() == Code::MapFull && !s_.env_->fatal()) {
       Status grown = s_.env_->grow_map();
       if (grown.ok()) continue;  // retry the whole batch in the bigger map
