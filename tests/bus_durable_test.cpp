@@ -13,8 +13,10 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bus_impl.hpp"
 #include "lanebus/lanebus.hpp"
 #include "scratch_dir.hpp"
 #include "wait.hpp"
@@ -56,6 +58,13 @@ struct Seen {
     return true;
   }
 };
+
+// A durable queue's claims in flight (from the store), summed over its lanes.
+std::uint64_t claimed(Bus& bus, const std::string& queue) {
+  for (const TopicStats& t : bus.stats().topics)
+    if (t.name == queue) return t.groups.at(0).total.claimed;
+  return ~0ull;
+}
 
 }  // namespace
 
@@ -230,6 +239,91 @@ TEST_CASE("a durable queue redelivers with a persisted attempt count and hands e
   for (int i = 0; i < kMessages; ++i) CHECK_MESSAGE(handled[i] == 1, "message " << i);
   std::lock_guard l(mu);
   CHECK(attempts_of_7 == std::vector<std::uint32_t>{1, 2, 3});
+}
+
+TEST_CASE("a durable queue's consumer never waits for a claim: the writer claims in the append's commit or on request") {
+  TempDir tmp;
+  auto bus = Bus::open(durable_bus(tmp.path)).value();
+  auto queue = bus->create_queue("jobs", {.lanes = 4, .durable = true}).value();
+  std::atomic<int> handled{0}, not_first{0};
+  auto sub = bus->consume(queue, [&](const MessageView& m) {
+                  if (m.attempt() != 1) ++not_first;
+                  ++handled;
+                  return Outcome::ack();
+                }).value();
+  // One at a time (each lane runs dry and arms its mailbox), then a burst.
+  for (int i = 0; i < 40; ++i) {
+    REQUIRE(queue.publish({.key = "k" + std::to_string(i % 7), .payload = std::to_string(i)}).ok());
+    REQUIRE(wait_until([&] { return handled == i + 1; }));
+  }
+  for (int i = 40; i < 400; ++i)
+    REQUIRE(queue.publish_async({.key = "k" + std::to_string(i % 7), .payload = std::to_string(i)},
+                                [](const Status&, std::uint64_t) {}).ok());
+  REQUIRE(wait_until([&] { return handled == 400; }));
+  CHECK(not_first == 0);
+  const auto c = detail::Access::core(*bus)->store()->counters();
+  CHECK(c.claims == 400);
+  CHECK(c.claims_ahead == c.claims);  // every claim made by the writer, none by a waiting worker
+}
+
+TEST_CASE("claims made ahead and never taken go back at a clean shutdown and when the last consumer leaves") {
+  TempDir tmp;
+  BusOptions o = durable_bus(tmp.path);
+  o.workers = 1;
+  {
+    auto bus = Bus::open(o).value();
+    auto blocker = bus->create_queue("blocker", {.lanes = 1, .durable = true}).value();
+    auto jobs = bus->create_queue("jobs", {.lanes = 1, .durable = true}).value();
+    std::atomic<int> jobs_handled{0};
+    std::atomic<bool> release{false}, blocking{false};
+    auto js = bus->consume(jobs, [&](const MessageView&) {
+                    ++jobs_handled;
+                    return Outcome::ack();
+                  }, {.visibility = 10min}).value();
+    REQUIRE(jobs.publish({.key = "a", .payload = "1"}).ok());
+    REQUIRE(wait_until([&] { return jobs_handled == 1; }));
+    // The one worker is held in another queue's handler; a message to "jobs"
+    // is claimed for its mailbox by the commit that appends it.
+    auto bs = bus->consume(blocker, [&](const MessageView&) {
+                    blocking = true;
+                    while (!release) std::this_thread::sleep_for(1ms);
+                    return Outcome::ack();
+                  }).value();
+    REQUIRE(blocker.publish({.key = "b", .payload = "x"}).ok());
+    REQUIRE(wait_until([&] { return blocking.load(); }));
+    auto* store = detail::Access::core(*bus)->store();
+    const auto before = store->counters().claims_ahead;
+    REQUIRE(jobs.publish({.key = "a", .payload = "2"}).ok());
+    MESSAGE("claimed ahead for the mailbox: " << store->counters().claims_ahead - before);
+    std::thread releaser([&] {
+      std::this_thread::sleep_for(100ms);
+      release = true;
+    });
+    CHECK(bus->shutdown(ShutdownMode::Abandon, 2s).ok());
+    releaser.join();
+    CHECK(jobs_handled == 1);
+  }
+  {
+    // Reopened: message 2 is not waiting out a 10-minute claim, and its
+    // attempt was not counted.
+    auto bus = Bus::open(o).value();
+    auto jobs = bus->create_queue("jobs", {.lanes = 1, .durable = true}).value();
+    CHECK(claimed(*bus, "jobs") == 0);
+    std::atomic<int> handled{0};
+    std::atomic<std::uint32_t> attempt{0};
+    auto js = bus->consume(jobs, [&](const MessageView& m) {
+                    attempt = m.attempt();
+                    ++handled;
+                    return Outcome::ack();
+                  }, {.visibility = 10min}).value();
+    REQUIRE(wait_until([&] { return handled == 1; }));
+    CHECK(attempt == 1);
+    // The last consumer leaves with its mailbox armed; a message appended
+    // after that is not claimed for it, and one claimed before goes back.
+    CHECK(js.close().ok());
+    REQUIRE(jobs.publish({.key = "a", .payload = "3"}).ok());
+    CHECK(claimed(*bus, "jobs") == 0);
+  }
 }
 
 TEST_CASE("publish_async completes after the commit, with the offset") {

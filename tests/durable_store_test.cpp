@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "claim_ahead.hpp"
 #include "delayed_index.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lanebus.hpp"
@@ -374,6 +375,137 @@ TEST_CASE("retention deletes in bounded batches while publishers keep appending"
   REQUIRE(store->run_retention().ok());
   for (std::uint32_t lane = 0; lane < 2; ++lane) CHECK(store->lane_info(*t, lane)->count <= 10);
   CHECK(store->counters().max_batch <= o.max_batch);
+}
+
+TEST_CASE("claims in the append's transaction: an armed mailbox gets the claim before the append returns") {
+  TempDir dir;
+  auto store = must_open(options_for(dir.path()));
+  auto q = store->open_topic("jobs", TopicSpec{1, true, {}});
+  REQUIRE(q.ok());
+  auto g = store->open_group(*q, "workers");
+  REQUIRE(g.ok());
+  std::mutex mu;
+  std::vector<std::uint64_t> woken;  // the append listener's end offsets for lane 0
+  store->set_append_listener([&](std::uint32_t, std::uint32_t, std::uint64_t end) {
+    std::lock_guard l(mu);
+    woken.push_back(end);
+  });
+  lanebus::detail::ClaimAhead box(*q, *g, 0);
+  store->watch_claims(&box);
+  std::vector<lanebus::detail::ClaimedMessage> got;
+
+  // Not open: arm() does nothing, the append claims nothing.
+  box.arm(8, std::chrono::minutes(5));
+  REQUIRE(store->append(request(*q, "k", "job0")).ok());
+  CHECK_FALSE(box.take(&got));
+  CHECK((*store->group_info(*g))[0].in_flight == 0);
+
+  // Open and armed: the commit of the next append claims job0 and job1
+  // (both deliverable) and hands them over before append() returns.
+  box.open();
+  box.arm(8, std::chrono::minutes(5));
+  REQUIRE(store->append(request(*q, "k", "job1")).ok());
+  REQUIRE(box.take(&got));
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].message.payload == "job0");
+  CHECK(got[1].message.payload == "job1");
+  CHECK(got[0].attempt == 1);
+  CHECK(got[1].message.header.attempt == 1);
+  CHECK((*store->group_info(*g))[0].in_flight == 2);
+  CHECK(store->counters().claims_ahead == 2);
+  {
+    std::lock_guard l(mu);
+    CHECK(woken.back() == 2);
+  }
+  // Taken: the mailbox is disarmed; the next append claims nothing.
+  REQUIRE(store->append(request(*q, "k", "job2")).ok());
+  CHECK_FALSE(box.has_ready());
+
+  // Armed while the head is in flight: an ordered claim cannot pass it, the
+  // mailbox stays armed, and the commit that acks the head... claims nothing
+  // by itself (no append, no request); the next append does.
+  box.arm(8, std::chrono::minutes(5));
+  REQUIRE(store->append(request(*q, "k", "job3")).ok());
+  CHECK_FALSE(box.has_ready());
+  REQUIRE(store->ack(*g, 0, 0, 1).ok());
+  REQUIRE(store->ack(*g, 0, 1, 1).ok());
+  CHECK_FALSE(box.has_ready());
+  REQUIRE(store->append(request(*q, "k", "job4")).ok());
+  got.clear();
+  REQUIRE(box.take(&got));
+  REQUIRE(got.size() == 3);
+  CHECK(got[0].message.payload == "job2");
+  CHECK(got[2].message.payload == "job4");
+
+  // A request claims without an append, and wakes the lane through the
+  // listener once the claims are in the mailbox.
+  for (const auto& cm : got) REQUIRE(store->ack(*g, 0, cm.message.offset, cm.attempt).ok());
+  box.close(&got);  // (empty)
+  box.open();
+  REQUIRE(store->append(request(*q, "k", "job5")).ok());  // not armed: stays unclaimed
+  CHECK((*store->group_info(*g))[0].in_flight == 0);
+  {
+    std::lock_guard l(mu);
+    woken.clear();
+  }
+  REQUIRE(box.request(4, std::chrono::minutes(5)));
+  CHECK_FALSE(box.request(4, std::chrono::minutes(5)));  // one request at a time
+  REQUIRE(store->request_claims(&box).ok());
+  REQUIRE(wait_until([&] { return box.has_ready(); }));
+  got.clear();
+  REQUIRE(box.take(&got));
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].message.payload == "job5");
+  REQUIRE(wait_until([&] {
+    std::lock_guard l(mu);
+    return woken.size() >= 1;  // the hand-over, and the refused second request
+  }));
+  store->unwatch_claims(&box);
+  REQUIRE(store->close().ok());
+}
+
+TEST_CASE("claims in the append's transaction: a closed mailbox's claims are given back, uncounted") {
+  TempDir dir;
+  auto store = must_open(options_for(dir.path()));
+  auto q = store->open_topic("jobs", TopicSpec{2, true, {}});
+  REQUIRE(q.ok());
+  auto g = store->open_group(*q, "workers");
+  REQUIRE(g.ok());
+  lanebus::detail::ClaimAhead box(*q, *g, 1);
+  store->watch_claims(&box);
+  box.open();
+  box.arm(8, std::chrono::minutes(5));
+  AppendRequest r = request(*q, "k", "job0");
+  r.lane = 1;
+  REQUIRE(store->append(r).ok());
+  std::vector<lanebus::detail::ClaimedMessage> back;
+  box.close(&back);
+  REQUIRE(back.size() == 1);
+  CHECK((*store->group_info(*g))[1].in_flight == 1);
+  // Closed: arm() does nothing, the next append claims nothing.
+  box.arm(8, std::chrono::minutes(5));
+  REQUIRE(store->append(r).ok());
+  CHECK_FALSE(box.has_ready());
+  // Given back: deliverable at once, its attempt not counted.
+  REQUIRE(store->give_back_claims(back, *g, 1).ok());
+  CHECK((*store->group_info(*g))[1].in_flight == 0);
+  ClaimOptions o;
+  o.visibility = std::chrono::minutes(5);
+  auto c = store->claim_batch(*g, 1, 8, o);
+  REQUIRE(c.ok());
+  REQUIRE(c->size() == 2);
+  CHECK((*c)[0].attempt == 1);
+  CHECK((*c)[0].message.offset == 0);
+  // Giving back a claim that is gone (acked meanwhile) is not an error, and
+  // changes nothing.
+  REQUIRE(store->ack(*g, 1, 0, 1).ok());
+  REQUIRE(store->give_back_claims(back, *g, 1).ok());
+  CHECK((*store->group_info(*g))[1].in_flight == 1);
+  CHECK((*store->group_info(*g))[1].committed == 1);
+  store->unwatch_claims(&box);
+  CHECK(store->request_claims(&box).ok());  // unwatched and closed: the writer skips it
+  REQUIRE(store->close().ok());
+  CHECK(store->request_claims(&box).code() == Code::ShutDown);
 }
 
 TEST_CASE("queue: the attempt is stored before claim returns; ack advances; expiry redelivers; stale acks are refused") {
