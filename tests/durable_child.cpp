@@ -18,6 +18,13 @@
 //       sets RLIMIT_FSIZE (SIGXFSZ ignored) and appends 4 KiB payloads until
 //       refused; prints "ack SEQ", then "error CODE MESSAGE", then the result of
 //       one more append and of a read ("after CODE", "read CODE").
+//   durable_child bus_queue DIR QUEUE PREFIX COUNT VISIBILITY_MS
+//       through a Bus: consumes durable queue QUEUE (2 lanes), printing
+//       "handled PAYLOAD ATTEMPT" before each ack, while one thread publishes
+//       COUNT messages "PREFIX-I" one by one, printing "published PAYLOAD"
+//       when each publish returned (committed). With COUNT 0 it publishes
+//       nothing, waits until nothing is left to handle, prints
+//       "stats CLAIMS CLAIMS_AHEAD" (the store's counters), "idle", and exits.
 //   durable_child readers DIR
 //       until killed: opens the LMDB environment (which reserves 2 reader
 //       slots under the slot lock and LMDB's reader mutex), reads key "k" 20
@@ -35,7 +42,9 @@
 #include <string>
 #include <thread>
 
+#include "bus_impl.hpp"
 #include "durable_store.hpp"
+#include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
 
 using lanebus::Code;
@@ -148,6 +157,66 @@ int consume(int argc, char** argv) {
     }
     say("ack " + std::to_string(m.message.offset));
   }
+}
+
+int bus_queue(int argc, char** argv) {
+  if (argc < 7) return 2;
+  lanebus::BusOptions o;
+  o.workers = 2;
+  o.store.directory = argv[2];
+  o.store.map_size_initial = 8ull << 20;
+  o.durable_poll = std::chrono::milliseconds(10);
+  auto bus = lanebus::Bus::open(o);
+  if (!bus.ok()) {
+    say("open-error " + bus.status().to_string());
+    return 3;
+  }
+  auto q = (*bus)->create_queue(argv[3], {.lanes = 2, .durable = true});
+  if (!q.ok()) return 3;
+  const std::string prefix = argv[4];
+  const long count = std::atol(argv[5]);
+  lanebus::GroupOptions go;
+  go.visibility = std::chrono::milliseconds(std::atoi(argv[6]));
+  go.max_attempts = 1000;
+  auto sub = (*bus)->consume(
+      *q,
+      [](const lanebus::MessageView& m) {
+        say("handled " + std::string(m.payload()) + " " + std::to_string(m.attempt()));
+        // "Handler" work: the parent's SIGKILL may land here, before the ack.
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        return lanebus::Outcome::ack();
+      },
+      go);
+  if (!sub.ok()) return 3;
+  say("ready");
+  for (long i = 0; i < count; ++i) {
+    const std::string payload = prefix + "-" + std::to_string(i);
+    lanebus::Status s = q->publish({.key = "k" + std::to_string(i % 5), .payload = payload});
+    if (!s.ok()) {
+      say("fail " + s.to_string());
+      return 4;
+    }
+    say("published " + payload);
+    if (i % 4 == 3) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (count == 0) {
+    // Drained when the queue keeps no message and no claim for a while.
+    auto drained = [&] {
+      for (const lanebus::TopicStats& t : (*bus)->stats().topics)
+        if (t.name == argv[3]) return t.groups.at(0).total.in_flight == 0 && t.groups.at(0).total.claimed == 0;
+      return false;
+    };
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (int quiet = 0; quiet < 20 && std::chrono::steady_clock::now() < deadline;) {
+      quiet = drained() ? quiet + 1 : 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const auto c = lanebus::detail::Access::core(**bus)->store()->counters();
+    say("stats " + std::to_string(c.claims) + " " + std::to_string(c.claims_ahead));
+    say("idle");
+  }
+  (void)sub->close();
+  return (*bus)->shutdown(lanebus::ShutdownMode::Drain).ok() ? 0 : 5;
 }
 
 int follow(int argc, char** argv) {
@@ -268,6 +337,7 @@ int main(int argc, char** argv) {
   if (mode == "produce") return produce(argc, argv);
   if (mode == "consume") return consume(argc, argv);
   if (mode == "follow") return follow(argc, argv);
+  if (mode == "bus_queue") return bus_queue(argc, argv);
   if (mode == "fsize") return fsize(argc, argv);
   if (mode == "readers") return readers(argc, argv);
   return 2;
