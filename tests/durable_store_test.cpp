@@ -413,10 +413,10 @@ TEST_CASE("claims in the append's transaction: an armed mailbox gets the claim b
   CHECK(got[1].message.header.attempt == 1);
   CHECK((*store->group_info(*g))[0].in_flight == 2);
   CHECK(store->counters().claims_ahead == 2);
-  {
+  CHECK(wait_until([&] {  // the listener runs after the append's completion
     std::lock_guard l(mu);
-    CHECK(woken.back() == 2);
-  }
+    return !woken.empty() && woken.back() == 2;
+  }));
   // Taken: the mailbox is disarmed; the next append claims nothing.
   REQUIRE(store->append(request(*q, "k", "job2")).ok());
   CHECK_FALSE(box.has_ready());

@@ -969,6 +969,18 @@ void DurableRunner::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::u
   run.commit();
 }
 
+// The group paused (outage breaker): its lanes stop asking the writer for
+// claims, and what the writer claimed for this one goes back uncounted (it
+// would wait out its visibility behind the pause).
+void DurableRunner::give_back_claims_ahead(GroupLane* gl) {
+  if (!gl->claim_ahead) return;
+  std::vector<ClaimedMessage> back;
+  gl->claim_ahead->disarm(&back);
+  if (back.empty()) return;
+  if (!bus_.store_->give_back_claims(back, gl->group->store_group, gl->lane).ok())
+    gl->errors.fetch_add(1, std::memory_order_relaxed);  // they expire after their visibility
+}
+
 bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
   // The end offset this claim will see (at least): appends after it wake the
@@ -979,8 +991,10 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   if (g->options.key_parallel_retry && gl->parked.capacity() < g->options.key_parallel_limit)
     gl->parked.reserve(g->options.key_parallel_limit);  // owner-only, once
   const std::uint32_t max = poison_after == 1 ? 1 : g->options.batch;
+  const bool paused = g->outage.paused();
+  if (paused) give_back_claims_ahead(gl);  // a probe claims one message for itself
   if (bus_.outages_.claim_later(gl)) return true;  // paused: claim nothing until a probe may go, then one message
-  const std::uint32_t claim_max = g->outage.paused() ? 1 : max;
+  const std::uint32_t claim_max = paused ? 1 : max;
   QueueRun run{*this, gl, std::make_shared<QueueBatch>()};
   QueueBatch& batch = *run.batch;
   batch.gl = gl;
@@ -991,7 +1005,7 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   // of two), or in its next commit on request; the worker never waits for a
   // claim. Not with key_parallel_retry (unordered claims and parked keys) nor
   // while paused (one probe at a time): those claim for themselves.
-  const bool ahead = gl->claim_ahead && !g->options.key_parallel_retry && claim_max == max;
+  const bool ahead = gl->claim_ahead && !g->options.key_parallel_retry && !paused;
   if (!claim_queue_batch(gl, claim_max, batch, &full, ahead)) return false;
   // Sized once: the writer reads earlier entries while the worker appends.
   batch.ops.reserve(batch.claims.size());
@@ -1000,8 +1014,7 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   run.again = full || g->options.key_parallel_retry;
   for (std::size_t i = 0; i < batch.claims.size(); ++i) {
     if (gl->probing) bus_.outages_.end_probe(gl);  // the previous message was a probe that was skipped or held
-    // (i >= claim_max: claimed ahead before the group paused; back uncounted.)
-    if (run.broken || bus_.sched_.abandoning() || i >= claim_max) {
+    if (run.broken || bus_.sched_.abandoning()) {
       run.submit(QueueSettle::Kind::Unclaim, i);
       run.commit();
       continue;

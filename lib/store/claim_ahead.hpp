@@ -65,6 +65,14 @@ class ClaimAhead {
     armed_ = false;
     move_ready(out);
   }
+  /// Disarmed (it stays open), and the claims not taken moved to *out
+  /// (appended) for the caller to give back: the consumer stopped claiming
+  /// ahead for a while (its group paused).
+  void disarm(std::vector<ClaimedMessage>* out) {
+    std::lock_guard l(mu_);
+    armed_ = false;
+    move_ready(out);
+  }
   /// The next commit that appends to the lane claims up to `max` messages
   /// for this mailbox (ordered claims, `visibility`). No-op when closed.
   void arm(std::uint32_t max, std::chrono::milliseconds visibility) {
