@@ -205,6 +205,11 @@ struct GroupOptions {
   StartPosition start{};
   /// Durable queues: how long a delivered message stays claimed before it is
   /// redelivered (to any consumer, in any process) if not acked. Default 30 s.
+  /// The claim may be made in the commit that appended the message, before
+  /// the handler is called (doc/durable.md, "Claims in the append's
+  /// transaction"): a process killed in between leaves it to expire after
+  /// this long, with its attempt counted; a clean close or shutdown gives
+  /// such claims back at once, uncounted.
   std::chrono::milliseconds visibility{30000};
 
   // ---- typed topics (doc/schemas.md) ----
