@@ -77,10 +77,7 @@ class ClaimAhead {
   /// for this mailbox (ordered claims, `visibility`). No-op when closed.
   void arm(std::uint32_t max, std::chrono::milliseconds visibility) {
     std::lock_guard l(mu_);
-    if (!open_ || max == 0) return;
-    armed_ = true;
-    max_ = max;
-    visibility_ = visibility;
+    (void)arm_locked(max, visibility);
   }
   /// Moves the claims the writer made (appended to *out); false when none.
   bool take(std::vector<ClaimedMessage>* out) {
@@ -99,10 +96,7 @@ class ClaimAhead {
   /// is already outstanding: nothing to send.
   bool request(std::uint32_t max, std::chrono::milliseconds visibility) {
     std::lock_guard l(mu_);
-    if (!open_ || max == 0) return false;
-    armed_ = true;
-    max_ = max;
-    visibility_ = visibility;
+    if (!arm_locked(max, visibility)) return false;
     if (requested_) {
       missed_ = true;  // answered() tells the writer to wake the lane
       return false;
@@ -156,6 +150,14 @@ class ClaimAhead {
   }
 
  private:
+  // false when closed (or max 0): nothing armed.
+  bool arm_locked(std::uint32_t max, std::chrono::milliseconds visibility) {
+    if (!open_ || max == 0) return false;
+    armed_ = true;
+    max_ = max;
+    visibility_ = visibility;
+    return true;
+  }
   void move_ready(std::vector<ClaimedMessage>* out) {
     if (out->empty()) {
       out->swap(ready_);
