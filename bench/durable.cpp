@@ -6,13 +6,18 @@
 // through the completion form):
 //   sync_1p   1 producer, Durability::Sync     vs lmdb_fsync, sqlite_full
 //   sync_4p   4 producers, Durability::Sync    vs lmdb_fsync, lmdb_fsync_lanes, sqlite_full,
-//             sqlite_full_batched
-//   async_4p  4 producers, Durability::Async   vs lmdb_nosync, lmdb_nosync_lanes
+//             sqlite_full_batched, and two prototype log formats in raw LMDB:
+//             lmdb_fsync_lane_batches (a lane's records of a txn packed into values of
+//             up to 13) and lmdb_fsync_lane_dbs (one tree per lane, MDB_APPEND)
+//   async_4p  4 producers, Durability::Async   vs lmdb_nosync, lmdb_nosync_lanes,
+//             lmdb_nosync_lane_batches, lmdb_nosync_lane_dbs
 //   sync_batch64  1 thread, Topic::publish_batch of 64 on a Sync durable topic through the Bus
 //             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
 //   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read)
 //             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table), and
-//             vs lmdb_cursor_lanebus_log (the same scan of lanebus's own log); median of --repeats
+//             vs lmdb_cursor_lanebus_log (the same scan of lanebus's own log); median of --repeats;
+//             replay_lane_batches_decoded / _in_place: the lane-batches prototype's log read
+//             with each record decoded and copied as lanebus's reader does, or checked in place
 //   queue_consume_4c  workers = 4 ack a pre-filled Sync durable queue (8 lanes) through
 //             Bus::consume  vs lmdb_batch_ack, sqlite_batch_ack
 //   tx_consume_4c     the same through Bus::consume_tx, one tx.put row per message
@@ -61,6 +66,7 @@
 #include "access.hpp"
 #include "bus_impl.hpp"
 #include "coding.hpp"
+#include "crc32c.hpp"
 #include "durable_store.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
@@ -174,12 +180,24 @@ Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& 
   return r;
 }
 
+// Records of one lane per LMDB value in the *_lane_batches layout: at most
+// this many 137-byte records, so a value stays under LMDB's node limit for
+// 4 KiB pages (about 2 KiB) and lives on its leaf page, not an overflow page.
+constexpr std::uint32_t kRecordsPerValue = 13;
+
 // Raw LMDB: one thread, write txns of `batch` MDB_APPEND puts each.
 // With `lanes_layout`, the puts lanebus's log makes instead (the second
 // baseline, *_lanes): 16-byte keys (topic, lane, offset) of 8 lanes growing
 // side by side in one tree, without MDB_APPEND (every put searches and most
 // land mid-tree), values the size of lanebus's record for the same message.
-Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, bool lanes_layout = false) {
+// With `lane_batches` (and lanes_layout), a prototype of a log format, not
+// lanebus's: the same records and keys, but each transaction's records of a
+// lane packed into values of up to kRecordsPerValue records keyed by the
+// first one's offset (Kafka's record batches), so a commit makes one put per
+// lane and value instead of one per message (doc/performance.md, "record
+// batches").
+Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, bool lanes_layout = false,
+             bool lane_batches = false, bool lane_dbs = false) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;  // sparse: only written pages use disk
@@ -205,9 +223,65 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, bool lan
     r.payload = kPayload;
     value = lanebus::detail::encode_log_record(r, 0);
   }
+  std::string packed;
+  lanebus::detail::LmdbDbi lane_dbi[8] = {};
+  if (lane_dbs) {
+    auto txn = (*env)->begin_write();
+    for (std::uint32_t l = 0; l < 8; ++l) {
+      const std::string name = "log" + std::to_string(l);
+      auto d = (*env)->open_dbi(*txn, name.c_str(), true);
+      if (!d.ok()) std::exit(1);
+      lane_dbi[l] = *d;
+    }
+    if (!txn->commit().ok()) std::exit(1);
+  }
   while (Clock::now() < until) {
     auto txn = (*env)->begin_write();
     if (!txn.ok()) std::exit(1);
+    if (lane_dbs) {
+      // One tree per lane, each lane's records appended in key order
+      // (MDB_APPEND) through a cursor of its own, as the writer keeps one per lane.
+      MDB_cursor* cur[8] = {};
+      for (std::uint32_t l = 0; l < 8; ++l)
+        if (mdb_cursor_open(txn->raw(), lane_dbi[l], &cur[l]) != 0) std::exit(1);
+      for (std::uint64_t i = 0; i < batch; ++i, ++n) {
+        lanebus::detail::put_be64(key, n / 8);
+        MDB_val k{8, key};
+        MDB_val v{value.size(), value.data()};
+        if (const int rc = mdb_cursor_put(cur[n % 8], &k, &v, MDB_APPEND); rc != 0) {
+          std::fprintf(stderr, "lmdb baseline: %s\n", mdb_strerror(rc));
+          std::exit(1);
+        }
+      }
+      for (MDB_cursor* c : cur) mdb_cursor_close(c);
+      if (auto st = txn->commit(); !st.ok()) std::exit(1);
+      continue;
+    }
+    if (lane_batches) {
+      // Messages n..n+batch-1 go to lane m % 8 at offset m / 8, as below;
+      // each lane's share in values of up to kRecordsPerValue records.
+      for (std::uint32_t lane = 0; lane < 8; ++lane) {
+        std::uint64_t m = n + ((lane + 8 - n % 8) % 8);  // this lane's first message of the txn
+        while (m < n + batch) {
+          const std::uint64_t first = m / 8;
+          packed.clear();
+          for (std::uint32_t k = 0; k < kRecordsPerValue && m < n + batch; ++k, m += 8) packed += value;
+          lanebus::detail::put_be32(key, 1);
+          lanebus::detail::put_be32(key + 4, lane);
+          lanebus::detail::put_be64(key + 8, first);
+          if (auto st = txn->put(dbi, std::string_view(key, 16), packed); !st.ok()) {
+            std::fprintf(stderr, "lmdb baseline: %s\n", st.to_string().c_str());
+            std::exit(1);
+          }
+        }
+      }
+      n += batch;
+      if (auto st = txn->commit(); !st.ok()) {
+        std::fprintf(stderr, "lmdb baseline: %s\n", st.to_string().c_str());
+        std::exit(1);
+      }
+      continue;
+    }
     for (std::uint64_t i = 0; i < batch; ++i, ++n) {
       lanebus::Status st;
       if (lanes_layout) {
@@ -439,6 +513,70 @@ Run lmdb_cursor(const std::string& dir, double* fill = nullptr) {
   Run out;
   out.msgs = n;
   out.msgs_per_sec = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
+  return out;
+}
+
+// Replay of a *_lane_batches log (lmdb_raw's prototype format): a cursor
+// over its values, each value cut into its records by their lengths and
+// every record decoded as lanebus's reader decodes it (checksum, copy into a
+// StoredMessage), or with `in_place` only its checksum checked and its
+// payload's length read where it lies (what a zero-copy reader does). Counts
+// records.
+Run lmdb_cursor_lane_batches(const std::string& dir, bool in_place, double* per_leaf = nullptr) {
+  lanebus::detail::LmdbEnv::Config c;
+  c.path = dir;
+  c.map_size_initial = 8ull << 30;
+  c.map_size_max = 8ull << 30;
+  c.read_only = true;
+  auto env = lanebus::detail::LmdbEnv::open(c);
+  if (!env.ok()) std::exit(1);
+  auto txn = (*env)->begin_read();
+  auto dbi = (*env)->open_dbi(*txn, "log", false);
+  if (!dbi.ok()) std::exit(1);
+  auto cur = lanebus::detail::LmdbCursor::open(*txn, *dbi, dir);
+  std::uint64_t n = 0, values = 0;
+  lanebus::detail::StoredMessage m;
+  std::size_t bytes = 0;
+  auto start = Clock::now();
+  for (auto r = cur->first(); r.ok() && *r; r = cur->next()) {
+    std::string_view v = cur->value();
+    ++values;
+    while (!v.empty()) {
+      // A record's size from its header: kRecordOverhead + key + idempotency key + payload + extension.
+      const char* p = v.data();
+      const std::size_t size = 68 + lanebus::detail::get_le16(p + 2) + lanebus::detail::get_le16(p + 4) +
+                               lanebus::detail::get_le32(p + 8) + (p[0] != 1 ? lanebus::detail::get_le16(p + 6) : 0);
+      if (size > v.size()) {
+        std::fprintf(stderr, "lane batches replay: bad record\n");
+        std::exit(1);
+      }
+      if (in_place) {
+        if (lanebus::detail::crc32c(p, size - 4) != lanebus::detail::get_le32(p + size - 4)) {
+          std::fprintf(stderr, "lane batches replay: checksum mismatch\n");
+          std::exit(1);
+        }
+        bytes += lanebus::detail::get_le32(p + 8);
+      } else {
+        if (!lanebus::detail::decode_log_record(v.substr(0, size), "bench", 0, n, &m).ok()) {
+          std::fprintf(stderr, "lane batches replay: bad record\n");
+          std::exit(1);
+        }
+        bytes += m.payload.size();
+      }
+      v.remove_prefix(size);
+      ++n;
+    }
+  }
+  Run out;
+  out.msgs = n;
+  out.msgs_per_sec = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
+  if (per_leaf != nullptr) {
+    MDB_stat st{};
+    if (mdb_stat(txn->raw(), *dbi, &st) == 0 && st.ms_leaf_pages > 0)
+      *per_leaf = static_cast<double>(n) / static_cast<double>(st.ms_leaf_pages);
+  }
+  if (bytes == 0 && n > 0) std::exit(1);
+  (void)values;
   return out;
 }
 
@@ -1036,11 +1174,17 @@ int main(int argc, char** argv) {
     auto b = static_cast<std::uint64_t>(std::max(1.0, x.avg_batch + 0.5));
     std::string lmdb_dir = fresh_dir("lmdb_fsync_4");
     Run lm = lmdb_raw(false, b, lmdb_dir);
+    // The record-batch prototype's log (lmdb_raw): its append rate, and its replay below.
+    const std::string batches_dir = fresh_dir("lmdb_fsync_lane_batches");
+    Run lm_batches = lmdb_raw(false, b, batches_dir, true, true);
     if (want("sync_4p")) {
       std::printf("bench=durable note=\"lmdb_fsync and sqlite_full_batched commit %llu messages per txn (lanebus's average batch in sync_4p)\"\n",
                   static_cast<unsigned long long>(b));
       line("sync_4p", x, "lmdb_fsync", lm, true);
       line("sync_4p", x, "lmdb_fsync_lanes", lmdb_raw(false, b, fresh_dir("lmdb_fsync_lanes"), true), true);
+      line("sync_4p", x, "lmdb_fsync_lane_batches", lm_batches, true);
+      line("sync_4p", x, "lmdb_fsync_lane_dbs", lmdb_raw(false, b, fresh_dir("lmdb_fsync_lane_dbs"), true, false, true),
+           true);
       line("sync_4p", x, "sqlite_full", sqlite_full(4, 1, fresh_dir("sqlite_full_4")), true);
       line("sync_4p", x, "sqlite_full_batched", sqlite_full(4, b, fresh_dir("sqlite_batched_4")), true);
     }
@@ -1058,6 +1202,18 @@ int main(int argc, char** argv) {
       char fills[96];
       std::snprintf(fills, sizeof fills, "entries_per_leaf_page=%.1f baseline_entries_per_leaf_page=%.1f ", fill_log, fill_raw);
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor_lanebus_log", z, fills);
+      // The prototype's log read as lanebus's reader reads (checksum and copy
+      // per record), against the issue's raw cursor.
+      std::vector<double> w, w0;
+      double per_leaf = 0;
+      for (int r = 0; r < g_repeats; ++r) {
+        w.push_back(lmdb_cursor_lane_batches(batches_dir, false, &per_leaf).msgs_per_sec);
+        w0.push_back(lmdb_cursor_lane_batches(batches_dir, true).msgs_per_sec);
+      }
+      std::snprintf(fills, sizeof fills, "records_per_leaf_page=%.1f baseline_entries_per_leaf_page=%.1f ", per_leaf,
+                    fill_raw);
+      ratio_line("replay_lane_batches_decoded", "msg_per_s", w, "lmdb_cursor", y, fills);
+      ratio_line("replay_lane_batches_in_place", "msg_per_s", w0, "lmdb_cursor", y, fills);
     }
   }
   if (want("sync_batch64")) {
@@ -1087,6 +1243,10 @@ int main(int argc, char** argv) {
     auto b = static_cast<std::uint64_t>(std::max(1.0, x.avg_batch + 0.5));
     line("async_4p", x, "lmdb_nosync", lmdb_raw(true, b, fresh_dir("lmdb_nosync")), false);
     line("async_4p", x, "lmdb_nosync_lanes", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lanes"), true), false);
+    line("async_4p", x, "lmdb_nosync_lane_batches", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_batches"), true, true),
+         false);
+    line("async_4p", x, "lmdb_nosync_lane_dbs", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_dbs"), true, false, true),
+         false);
   }
   if (want("queue_consume_4c") || want("tx_consume_4c")) {
     const std::string tmpl = fresh_dir("queue_template");

@@ -165,7 +165,9 @@ inline void fill_slot(Slot* s, const OutgoingMessage& m, std::uint32_t lane, std
   s->payload_len = static_cast<std::uint32_t>(m.payload.size());
   char* d = s->data();
   copy_short(d, m.key.data(), m.key.size());  // message_pool.hpp: short keys without a call
-  copy_short(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
+  // Most messages have no idempotency key: one branch instead of copy_short's three.
+  if (!m.idempotency_key.empty()) [[unlikely]]
+    copy_short(d + m.key.size(), m.idempotency_key.data(), m.idempotency_key.size());
   if (inline_payload)
     copy_payload(d + m.key.size() + m.idempotency_key.size() + ext, m.payload.data(), m.payload.size());
   s->header.id = id;
