@@ -94,6 +94,57 @@ TEST_CASE("fixed-width coding: byte order on the wire and round trips") {
   CHECK(s == std::string("x\x01\x02\x03\x04\x08\x07\x06\x05\x04\x03\x02\x01", 13));
 }
 
+TEST_CASE("fixed-width coding: whole-word loads and stores agree with the byte-by-byte definition at every alignment") {
+  // The definition, one byte at a time: byte i of a little-endian value is
+  // bits 8i..8i+7; a big-endian one is the reverse.
+  auto le_bytes = [](std::uint64_t v, int n, char* out) {
+    for (int i = 0; i < n; ++i) out[i] = static_cast<char>(v >> (8 * i));
+  };
+  auto be_bytes = [](std::uint64_t v, int n, char* out) {
+    for (int i = 0; i < n; ++i) out[i] = static_cast<char>(v >> (8 * (n - 1 - i)));
+  };
+  const std::uint64_t values[] = {0, 1, 0x80, 0xFF, 0x0100, 0x8000'0000ull, 0xFFFF'FFFFull, 0x0123'4567'89AB'CDEFull,
+                                  0xFEDC'BA98'7654'3210ull, ~0ull};
+  alignas(16) char buf[32];
+  char want[8];
+  for (std::uint64_t v : values) {
+    for (int at = 0; at < 8; ++at) {
+      char* p = buf + at;  // every alignment: the words are read and written unaligned
+      CAPTURE(v);
+      CAPTURE(at);
+      put_le16(p, static_cast<std::uint16_t>(v));
+      le_bytes(v, 2, want);
+      CHECK(std::memcmp(p, want, 2) == 0);
+      CHECK(get_le16(p) == static_cast<std::uint16_t>(v));
+      put_le32(p, static_cast<std::uint32_t>(v));
+      le_bytes(v, 4, want);
+      CHECK(std::memcmp(p, want, 4) == 0);
+      CHECK(get_le32(p) == static_cast<std::uint32_t>(v));
+      put_le64(p, v);
+      le_bytes(v, 8, want);
+      CHECK(std::memcmp(p, want, 8) == 0);
+      CHECK(get_le64(p) == v);
+      put_be16(p, static_cast<std::uint16_t>(v));
+      be_bytes(v & 0xFFFF, 2, want);
+      CHECK(std::memcmp(p, want, 2) == 0);
+      CHECK(get_be16(p) == static_cast<std::uint16_t>(v));
+      put_be32(p, static_cast<std::uint32_t>(v));
+      be_bytes(v & 0xFFFF'FFFFull, 4, want);
+      CHECK(std::memcmp(p, want, 4) == 0);
+      CHECK(get_be32(p) == static_cast<std::uint32_t>(v));
+      put_be64(p, v);
+      be_bytes(v, 8, want);
+      CHECK(std::memcmp(p, want, 8) == 0);
+      CHECK(get_be64(p) == v);
+      // Reading what the byte-by-byte definition wrote.
+      le_bytes(v, 8, p);
+      CHECK(get_le64(p) == v);
+      be_bytes(v, 8, p);
+      CHECK(get_be64(p) == v);
+    }
+  }
+}
+
 TEST_CASE("ByteWriter and ByteReader: the bytes of a record, round trips, reads past the end") {
   ByteWriter w;
   w.u8(0x7F);

@@ -14,64 +14,80 @@
 // record); the reader never reads past its input.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
 namespace lanebus::detail {
 
+// Each value is read and written as one unaligned word (memcpy) and its bytes
+// swapped where the machine's order is not the format's. GCC 12 compiled the
+// byte-at-a-time loops these replace into one load, shift and or per byte
+// (decode_record alone held 53 byte loads: doc/performance.md, "Fixed-width
+// coding"). util_test checks both orders against the byte-by-byte definition
+// at every alignment.
+namespace coding {
+template <typename U>
+constexpr U byte_swap(U v) noexcept {
+  if constexpr (sizeof(U) == 2) {
+    return static_cast<U>(__builtin_bswap16(v));
+  } else if constexpr (sizeof(U) == 4) {
+    return static_cast<U>(__builtin_bswap32(v));
+  } else {
+    static_assert(sizeof(U) == 8);
+    return static_cast<U>(__builtin_bswap64(v));
+  }
+}
+/// `v` in little-endian byte order (its own inverse).
+template <typename U>
+constexpr U little(U v) noexcept {
+  if constexpr (std::endian::native == std::endian::little) {
+    return v;
+  } else {
+    return byte_swap(v);
+  }
+}
+/// `v` in big-endian byte order (its own inverse).
+template <typename U>
+constexpr U big(U v) noexcept {
+  if constexpr (std::endian::native == std::endian::big) {
+    return v;
+  } else {
+    return byte_swap(v);
+  }
+}
+template <typename U>
+inline U load(const char* p) noexcept {
+  U v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename U>
+inline void store(char* p, U v) noexcept {
+  std::memcpy(p, &v, sizeof v);
+}
+}  // namespace coding
+
 // ---- little-endian
 
-inline void put_le16(char* p, std::uint16_t v) noexcept {
-  p[0] = static_cast<char>(v);
-  p[1] = static_cast<char>(v >> 8);
-}
-inline void put_le32(char* p, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-inline void put_le64(char* p, std::uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-inline std::uint16_t get_le16(const char* p) noexcept {
-  return static_cast<std::uint16_t>(static_cast<unsigned char>(p[0]) | (static_cast<unsigned char>(p[1]) << 8));
-}
-inline std::uint32_t get_le32(const char* p) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-inline std::uint64_t get_le64(const char* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
+inline void put_le16(char* p, std::uint16_t v) noexcept { coding::store(p, coding::little(v)); }
+inline void put_le32(char* p, std::uint32_t v) noexcept { coding::store(p, coding::little(v)); }
+inline void put_le64(char* p, std::uint64_t v) noexcept { coding::store(p, coding::little(v)); }
+inline std::uint16_t get_le16(const char* p) noexcept { return coding::little(coding::load<std::uint16_t>(p)); }
+inline std::uint32_t get_le32(const char* p) noexcept { return coding::little(coding::load<std::uint32_t>(p)); }
+inline std::uint64_t get_le64(const char* p) noexcept { return coding::little(coding::load<std::uint64_t>(p)); }
 
 // ---- big-endian (keys)
 
-inline void put_be16(char* p, std::uint16_t v) noexcept {
-  p[0] = static_cast<char>(v >> 8);
-  p[1] = static_cast<char>(v);
-}
-inline void put_be32(char* p, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (24 - 8 * i));
-}
-inline void put_be64(char* p, std::uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (56 - 8 * i));
-}
-inline std::uint16_t get_be16(const char* p) noexcept {
-  return static_cast<std::uint16_t>((static_cast<unsigned char>(p[0]) << 8) | static_cast<unsigned char>(p[1]));
-}
-inline std::uint32_t get_be32(const char* p) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-inline std::uint64_t get_be64(const char* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
+inline void put_be16(char* p, std::uint16_t v) noexcept { coding::store(p, coding::big(v)); }
+inline void put_be32(char* p, std::uint32_t v) noexcept { coding::store(p, coding::big(v)); }
+inline void put_be64(char* p, std::uint64_t v) noexcept { coding::store(p, coding::big(v)); }
+inline std::uint16_t get_be16(const char* p) noexcept { return coding::big(coding::load<std::uint16_t>(p)); }
+inline std::uint32_t get_be32(const char* p) noexcept { return coding::big(coding::load<std::uint32_t>(p)); }
+inline std::uint64_t get_be64(const char* p) noexcept { return coding::big(coding::load<std::uint64_t>(p)); }
 
 // ---- appending to a string
 
