@@ -482,11 +482,12 @@ Run lanebus_replay(const std::string& dir) {
   return r;
 }
 
-// Raw cursor scan of table "log" in `dir`, copying each value: the
-// lmdb_fsync baseline's table (one MDB_APPEND run: full pages, 8-byte keys,
-// 64-byte values), or lanebus's own log (16-byte keys, 137-byte records, 8
-// lanes appended side by side in one tree). `fill`: entries per leaf page.
-Run lmdb_cursor(const std::string& dir, double* fill = nullptr) {
+// The raw scans below: table "log" of the store in `dir`, opened read-only
+// in one read transaction. `scan(cursor)` walks it and returns the messages
+// it counted; the result is their rate. `leaf_pages`: the table's leaf pages.
+template <typename Scan>
+Run scan_log(const std::string& dir, Scan&& scan, std::uint64_t* leaf_pages = nullptr,
+             std::uint64_t* entries = nullptr) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;
@@ -497,22 +498,40 @@ Run lmdb_cursor(const std::string& dir, double* fill = nullptr) {
   auto txn = (*env)->begin_read();
   auto dbi = (*env)->open_dbi(*txn, "log", false);
   if (!dbi.ok()) std::exit(1);
-  if (fill != nullptr) {
+  if (leaf_pages != nullptr) {
     MDB_stat st{};
-    if (mdb_stat(txn->raw(), *dbi, &st) == 0 && st.ms_leaf_pages > 0)
-      *fill = static_cast<double>(st.ms_entries) / static_cast<double>(st.ms_leaf_pages);
+    if (mdb_stat(txn->raw(), *dbi, &st) != 0) std::exit(1);
+    *leaf_pages = st.ms_leaf_pages;
+    if (entries != nullptr) *entries = st.ms_entries;
   }
   auto cur = lanebus::detail::LmdbCursor::open(*txn, *dbi, dir);
-  std::uint64_t n = 0;
-  std::string copy;
+  if (!cur.ok()) std::exit(1);
   auto start = Clock::now();
-  for (auto r = cur->first(); r.ok() && *r; r = cur->next()) {
-    copy.assign(cur->value());
-    ++n;
-  }
   Run out;
-  out.msgs = n;
-  out.msgs_per_sec = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
+  out.msgs = scan(*cur);
+  out.msgs_per_sec = static_cast<double>(out.msgs) / std::chrono::duration<double>(Clock::now() - start).count();
+  return out;
+}
+
+// Raw cursor scan of table "log" in `dir`, copying each value: the
+// lmdb_fsync baseline's table (one MDB_APPEND run: full pages, 8-byte keys,
+// 64-byte values), or lanebus's own log (16-byte keys, 137-byte records, 8
+// lanes appended side by side in one tree). `fill`: entries per leaf page.
+Run lmdb_cursor(const std::string& dir, double* fill = nullptr) {
+  std::uint64_t leaves = 0, entries = 0;
+  Run out = scan_log(
+      dir,
+      [](lanebus::detail::LmdbCursor& cur) {
+        std::uint64_t n = 0;
+        std::string copy;
+        for (auto r = cur.first(); r.ok() && *r; r = cur.next()) {
+          copy.assign(cur.value());
+          ++n;
+        }
+        return n;
+      },
+      &leaves, &entries);
+  if (fill != nullptr && leaves > 0) *fill = static_cast<double>(entries) / static_cast<double>(leaves);
   return out;
 }
 
@@ -523,60 +542,47 @@ Run lmdb_cursor(const std::string& dir, double* fill = nullptr) {
 // payload's length read where it lies (what a zero-copy reader does). Counts
 // records.
 Run lmdb_cursor_lane_batches(const std::string& dir, bool in_place, double* per_leaf = nullptr) {
-  lanebus::detail::LmdbEnv::Config c;
-  c.path = dir;
-  c.map_size_initial = 8ull << 30;
-  c.map_size_max = 8ull << 30;
-  c.read_only = true;
-  auto env = lanebus::detail::LmdbEnv::open(c);
-  if (!env.ok()) std::exit(1);
-  auto txn = (*env)->begin_read();
-  auto dbi = (*env)->open_dbi(*txn, "log", false);
-  if (!dbi.ok()) std::exit(1);
-  auto cur = lanebus::detail::LmdbCursor::open(*txn, *dbi, dir);
-  std::uint64_t n = 0, values = 0;
-  lanebus::detail::StoredMessage m;
-  std::size_t bytes = 0;
-  auto start = Clock::now();
-  for (auto r = cur->first(); r.ok() && *r; r = cur->next()) {
-    std::string_view v = cur->value();
-    ++values;
-    while (!v.empty()) {
-      // A record's size from its header: kRecordOverhead + key + idempotency key + payload + extension.
-      const char* p = v.data();
-      const std::size_t size = 68 + lanebus::detail::get_le16(p + 2) + lanebus::detail::get_le16(p + 4) +
-                               lanebus::detail::get_le32(p + 8) + (p[0] != 1 ? lanebus::detail::get_le16(p + 6) : 0);
-      if (size > v.size()) {
-        std::fprintf(stderr, "lane batches replay: bad record\n");
-        std::exit(1);
-      }
-      if (in_place) {
-        if (lanebus::detail::crc32c(p, size - 4) != lanebus::detail::get_le32(p + size - 4)) {
-          std::fprintf(stderr, "lane batches replay: checksum mismatch\n");
-          std::exit(1);
+  std::uint64_t leaves = 0;
+  Run out = scan_log(
+      dir,
+      [in_place](lanebus::detail::LmdbCursor& cur) {
+        std::uint64_t n = 0;
+        lanebus::detail::StoredMessage m;
+        std::size_t bytes = 0;
+        for (auto r = cur.first(); r.ok() && *r; r = cur.next()) {
+          std::string_view v = cur.value();
+          while (!v.empty()) {
+            // A record's size from its header: kRecordOverhead + key + idempotency key + payload + extension.
+            const char* p = v.data();
+            const std::size_t size = 68 + lanebus::detail::get_le16(p + 2) + lanebus::detail::get_le16(p + 4) +
+                                     lanebus::detail::get_le32(p + 8) +
+                                     (p[0] != 1 ? lanebus::detail::get_le16(p + 6) : 0);
+            if (size > v.size()) {
+              std::fprintf(stderr, "lane batches replay: bad record\n");
+              std::exit(1);
+            }
+            if (in_place) {
+              if (lanebus::detail::crc32c(p, size - 4) != lanebus::detail::get_le32(p + size - 4)) {
+                std::fprintf(stderr, "lane batches replay: checksum mismatch\n");
+                std::exit(1);
+              }
+              bytes += lanebus::detail::get_le32(p + 8);
+            } else {
+              if (!lanebus::detail::decode_log_record(v.substr(0, size), "bench", 0, n, &m).ok()) {
+                std::fprintf(stderr, "lane batches replay: bad record\n");
+                std::exit(1);
+              }
+              bytes += m.payload.size();
+            }
+            v.remove_prefix(size);
+            ++n;
+          }
         }
-        bytes += lanebus::detail::get_le32(p + 8);
-      } else {
-        if (!lanebus::detail::decode_log_record(v.substr(0, size), "bench", 0, n, &m).ok()) {
-          std::fprintf(stderr, "lane batches replay: bad record\n");
-          std::exit(1);
-        }
-        bytes += m.payload.size();
-      }
-      v.remove_prefix(size);
-      ++n;
-    }
-  }
-  Run out;
-  out.msgs = n;
-  out.msgs_per_sec = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
-  if (per_leaf != nullptr) {
-    MDB_stat st{};
-    if (mdb_stat(txn->raw(), *dbi, &st) == 0 && st.ms_leaf_pages > 0)
-      *per_leaf = static_cast<double>(n) / static_cast<double>(st.ms_leaf_pages);
-  }
-  if (bytes == 0 && n > 0) std::exit(1);
-  (void)values;
+        if (bytes == 0 && n > 0) std::exit(1);
+        return n;
+      },
+      &leaves);
+  if (per_leaf != nullptr && leaves > 0) *per_leaf = static_cast<double>(out.msgs) / static_cast<double>(leaves);
   return out;
 }
 

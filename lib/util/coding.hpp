@@ -41,23 +41,23 @@ constexpr U byte_swap(U v) noexcept {
     return static_cast<U>(__builtin_bswap64(v));
   }
 }
-/// `v` in little-endian byte order (its own inverse).
-template <typename U>
-constexpr U little(U v) noexcept {
-  if constexpr (std::endian::native == std::endian::little) {
+/// `v` in byte order `Order` (its own inverse): unchanged where the machine
+/// uses that order, else with its bytes swapped.
+template <std::endian Order, typename U>
+constexpr U in_order(U v) noexcept {
+  if constexpr (std::endian::native == Order) {
     return v;
   } else {
     return byte_swap(v);
   }
 }
-/// `v` in big-endian byte order (its own inverse).
+template <typename U>
+constexpr U little(U v) noexcept {
+  return in_order<std::endian::little>(v);
+}
 template <typename U>
 constexpr U big(U v) noexcept {
-  if constexpr (std::endian::native == std::endian::big) {
-    return v;
-  } else {
-    return byte_swap(v);
-  }
+  return in_order<std::endian::big>(v);
 }
 template <typename U>
 inline U load(const char* p) noexcept {
