@@ -68,6 +68,7 @@
 #include "coding.hpp"
 #include "crc32c.hpp"
 #include "durable_store.hpp"
+#include "durable_store_impl.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lmdb_store.hpp"
 #include "store_codec.hpp"
@@ -185,19 +186,34 @@ Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& 
 // 4 KiB pages (about 2 KiB) and lives on its leaf page, not an overflow page.
 constexpr std::uint32_t kRecordsPerValue = 13;
 
-// Raw LMDB: one thread, write txns of `batch` MDB_APPEND puts each.
-// With `lanes_layout`, the puts lanebus's log makes instead (the second
-// baseline, *_lanes): 16-byte keys (topic, lane, offset) of 8 lanes growing
-// side by side in one tree, without MDB_APPEND (every put searches and most
-// land mid-tree), values the size of lanebus's record for the same message.
-// With `lane_batches` (and lanes_layout), a prototype of a log format, not
-// lanebus's: the same records and keys, but each transaction's records of a
-// lane packed into values of up to kRecordsPerValue records keyed by the
-// first one's offset (Kafka's record batches), so a commit makes one put per
-// lane and value instead of one per message (doc/performance.md, "record
-// batches").
-Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, bool lanes_layout = false,
-             bool lane_batches = false, bool lane_dbs = false) {
+// The puts of lmdb_raw's baselines.
+enum class RawLayout {
+  // The issue's baseline: one sequence of 8-byte keys, MDB_APPEND, 64-byte values.
+  Sequence,
+  // The puts lanebus's log makes (*_lanes): 16-byte keys (topic, lane,
+  // offset) of 8 lanes growing side by side in one tree, without MDB_APPEND
+  // (every put searches and most land mid-tree), values the size of
+  // lanebus's record for the same message.
+  Lanes,
+  // A prototype log format, not lanebus's (*_lane_batches): the same records
+  // and keys, but each transaction's records of a lane packed into values of
+  // up to kRecordsPerValue records keyed by the first one's offset (Kafka's
+  // record batches): one put per lane and value instead of one per message.
+  LaneBatches,
+  // A prototype log format (*_lane_dbs): one named database per lane, 8-byte
+  // offset keys, each lane appended with MDB_APPEND through a cursor of its own.
+  LaneDbs,
+};
+
+[[noreturn]] void raw_failed(const std::string& what) {
+  std::fprintf(stderr, "lmdb baseline: %s\n", what.c_str());
+  std::exit(1);
+}
+
+// Raw LMDB: one thread, write txns of `batch` puts each in `layout`
+// (doc/performance.md, "Two log formats tried in raw LMDB"). Message n goes
+// to lane n % 8 at offset n / 8 in the layouts with lanes.
+Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayout layout = RawLayout::Sequence) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;  // sparse: only written pages use disk
@@ -206,103 +222,84 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, bool lan
   auto env = lanebus::detail::LmdbEnv::open(c);
   if (!env.ok()) std::exit(1);
   lanebus::detail::LmdbDbi dbi = 0;
+  lanebus::detail::LmdbDbi lane_dbi[8] = {};
   {
     auto txn = (*env)->begin_write();
     auto d = (*env)->open_dbi(*txn, "log", true);
-    if (!d.ok() || !txn->commit().ok()) std::exit(1);
+    if (!d.ok()) std::exit(1);
     dbi = *d;
+    for (std::uint32_t l = 0; layout == RawLayout::LaneDbs && l < 8; ++l) {
+      const std::string name = "log" + std::to_string(l);
+      auto ld = (*env)->open_dbi(*txn, name.c_str(), true);
+      if (!ld.ok()) std::exit(1);
+      lane_dbi[l] = *ld;
+    }
+    if (!txn->commit().ok()) std::exit(1);
   }
   std::uint64_t n = 0;
   auto start = Clock::now();
   auto until = start + std::chrono::duration<double>(g_seconds);
   char key[16] = {};
   std::string value = kPayload;
-  if (lanes_layout) {
+  if (layout != RawLayout::Sequence) {
     AppendRequest r;
     r.key = "key00";
     r.payload = kPayload;
     value = lanebus::detail::encode_log_record(r, 0);
   }
+  // lanebus's log key (log_key in durable_store_impl.hpp): topic 1, lane, offset.
+  auto log_key = [&](std::uint32_t lane, std::uint64_t offset) {
+    lanebus::detail::put_be32(key, 1);
+    lanebus::detail::put_be32(key + 4, lane);
+    lanebus::detail::put_be64(key + 8, offset);
+    return std::string_view(key, 16);
+  };
   std::string packed;
-  lanebus::detail::LmdbDbi lane_dbi[8] = {};
-  if (lane_dbs) {
-    auto txn = (*env)->begin_write();
-    for (std::uint32_t l = 0; l < 8; ++l) {
-      const std::string name = "log" + std::to_string(l);
-      auto d = (*env)->open_dbi(*txn, name.c_str(), true);
-      if (!d.ok()) std::exit(1);
-      lane_dbi[l] = *d;
-    }
-    if (!txn->commit().ok()) std::exit(1);
-  }
   while (Clock::now() < until) {
     auto txn = (*env)->begin_write();
     if (!txn.ok()) std::exit(1);
-    if (lane_dbs) {
-      // One tree per lane, each lane's records appended in key order
-      // (MDB_APPEND) through a cursor of its own, as the writer keeps one per lane.
-      MDB_cursor* cur[8] = {};
-      for (std::uint32_t l = 0; l < 8; ++l)
-        if (mdb_cursor_open(txn->raw(), lane_dbi[l], &cur[l]) != 0) std::exit(1);
-      for (std::uint64_t i = 0; i < batch; ++i, ++n) {
-        lanebus::detail::put_be64(key, n / 8);
-        MDB_val k{8, key};
-        MDB_val v{value.size(), value.data()};
-        if (const int rc = mdb_cursor_put(cur[n % 8], &k, &v, MDB_APPEND); rc != 0) {
-          std::fprintf(stderr, "lmdb baseline: %s\n", mdb_strerror(rc));
-          std::exit(1);
+    switch (layout) {
+      case RawLayout::Sequence:
+        for (std::uint64_t i = 0; i < batch; ++i, ++n) {
+          lanebus::detail::put_be64(key, n);
+          if (auto st = txn->put_append(dbi, std::string_view(key, 8), value); !st.ok()) raw_failed(st.to_string());
         }
-      }
-      for (MDB_cursor* c : cur) mdb_cursor_close(c);
-      if (auto st = txn->commit(); !st.ok()) std::exit(1);
-      continue;
-    }
-    if (lane_batches) {
-      // Messages n..n+batch-1 go to lane m % 8 at offset m / 8, as below;
-      // each lane's share in values of up to kRecordsPerValue records.
-      for (std::uint32_t lane = 0; lane < 8; ++lane) {
-        std::uint64_t m = n + ((lane + 8 - n % 8) % 8);  // this lane's first message of the txn
-        while (m < n + batch) {
-          const std::uint64_t first = m / 8;
-          packed.clear();
-          for (std::uint32_t k = 0; k < kRecordsPerValue && m < n + batch; ++k, m += 8) packed += value;
-          lanebus::detail::put_be32(key, 1);
-          lanebus::detail::put_be32(key + 4, lane);
-          lanebus::detail::put_be64(key + 8, first);
-          if (auto st = txn->put(dbi, std::string_view(key, 16), packed); !st.ok()) {
-            std::fprintf(stderr, "lmdb baseline: %s\n", st.to_string().c_str());
-            std::exit(1);
+        break;
+      case RawLayout::Lanes:
+        for (std::uint64_t i = 0; i < batch; ++i, ++n) {
+          if (auto st = txn->put(dbi, log_key(static_cast<std::uint32_t>(n % 8), n / 8), value); !st.ok())
+            raw_failed(st.to_string());
+        }
+        break;
+      case RawLayout::LaneBatches:
+        // Each lane's share of messages n..n+batch-1, in values of up to kRecordsPerValue records.
+        for (std::uint32_t lane = 0; lane < 8; ++lane) {
+          std::uint64_t m = n + ((lane + 8 - n % 8) % 8);  // this lane's first message of the txn
+          while (m < n + batch) {
+            const std::uint64_t first = m / 8;
+            packed.clear();
+            for (std::uint32_t k = 0; k < kRecordsPerValue && m < n + batch; ++k, m += 8) packed += value;
+            if (auto st = txn->put(dbi, log_key(lane, first), packed); !st.ok()) raw_failed(st.to_string());
           }
         }
-      }
-      n += batch;
-      if (auto st = txn->commit(); !st.ok()) {
-        std::fprintf(stderr, "lmdb baseline: %s\n", st.to_string().c_str());
-        std::exit(1);
-      }
-      continue;
-    }
-    for (std::uint64_t i = 0; i < batch; ++i, ++n) {
-      lanebus::Status st;
-      if (lanes_layout) {
-        // lanebus's log key (log_key in durable_store_impl.hpp): topic 1, lane, offset.
-        lanebus::detail::put_be32(key, 1);
-        lanebus::detail::put_be32(key + 4, static_cast<std::uint32_t>(n % 8));
-        lanebus::detail::put_be64(key + 8, n / 8);
-        st = txn->put(dbi, std::string_view(key, 16), value);
-      } else {
-        lanebus::detail::put_be64(key, n);
-        st = txn->put_append(dbi, std::string_view(key, 8), value);
-      }
-      if (!st.ok()) {
-        std::fprintf(stderr, "lmdb baseline: %s\n", st.to_string().c_str());
-        std::exit(1);
+        n += batch;
+        break;
+      case RawLayout::LaneDbs: {
+        // Closed before the commit (LMDB frees a write txn's cursors itself).
+        MDB_cursor* cur[8] = {};
+        for (std::uint32_t l = 0; l < 8; ++l)
+          if (mdb_cursor_open(txn->raw(), lane_dbi[l], &cur[l]) != 0) std::exit(1);
+        for (std::uint64_t i = 0; i < batch; ++i, ++n) {
+          lanebus::detail::put_be64(key, n / 8);
+          MDB_val k{8, key};
+          MDB_val v{value.size(), value.data()};
+          if (const int rc = mdb_cursor_put(cur[n % 8], &k, &v, MDB_APPEND); rc != 0) raw_failed(mdb_strerror(rc));
+        }
+        for (MDB_cursor* cu : cur) mdb_cursor_close(cu);
+        break;
       }
     }
-    if (auto st = txn->commit(); !st.ok()) {
-      std::fprintf(stderr, "lmdb baseline: %s\n", st.to_string().c_str());
-      std::exit(1);
-    }
+    if (auto st = txn->commit(); !st.ok()) raw_failed(st.to_string());
   }
   if (no_sync && !(*env)->sync().ok()) std::exit(1);
   Run r;
@@ -552,9 +549,9 @@ Run lmdb_cursor_lane_batches(const std::string& dir, bool in_place, double* per_
         for (auto r = cur.first(); r.ok() && *r; r = cur.next()) {
           std::string_view v = cur.value();
           while (!v.empty()) {
-            // A record's size from its header: kRecordOverhead + key + idempotency key + payload + extension.
+            // A record's size from its header: the fixed part and trailer, key, idempotency key, payload, extension.
             const char* p = v.data();
-            const std::size_t size = 68 + lanebus::detail::get_le16(p + 2) + lanebus::detail::get_le16(p + 4) +
+            const std::size_t size = lanebus::detail::kRecordOverhead + lanebus::detail::get_le16(p + 2) + lanebus::detail::get_le16(p + 4) +
                                      lanebus::detail::get_le32(p + 8) +
                                      (p[0] != 1 ? lanebus::detail::get_le16(p + 6) : 0);
             if (size > v.size()) {
@@ -1182,14 +1179,14 @@ int main(int argc, char** argv) {
     Run lm = lmdb_raw(false, b, lmdb_dir);
     // The record-batch prototype's log (lmdb_raw): its append rate, and its replay below.
     const std::string batches_dir = fresh_dir("lmdb_fsync_lane_batches");
-    Run lm_batches = lmdb_raw(false, b, batches_dir, true, true);
+    Run lm_batches = lmdb_raw(false, b, batches_dir, RawLayout::LaneBatches);
     if (want("sync_4p")) {
       std::printf("bench=durable note=\"lmdb_fsync and sqlite_full_batched commit %llu messages per txn (lanebus's average batch in sync_4p)\"\n",
                   static_cast<unsigned long long>(b));
       line("sync_4p", x, "lmdb_fsync", lm, true);
-      line("sync_4p", x, "lmdb_fsync_lanes", lmdb_raw(false, b, fresh_dir("lmdb_fsync_lanes"), true), true);
+      line("sync_4p", x, "lmdb_fsync_lanes", lmdb_raw(false, b, fresh_dir("lmdb_fsync_lanes"), RawLayout::Lanes), true);
       line("sync_4p", x, "lmdb_fsync_lane_batches", lm_batches, true);
-      line("sync_4p", x, "lmdb_fsync_lane_dbs", lmdb_raw(false, b, fresh_dir("lmdb_fsync_lane_dbs"), true, false, true),
+      line("sync_4p", x, "lmdb_fsync_lane_dbs", lmdb_raw(false, b, fresh_dir("lmdb_fsync_lane_dbs"), RawLayout::LaneDbs),
            true);
       line("sync_4p", x, "sqlite_full", sqlite_full(4, 1, fresh_dir("sqlite_full_4")), true);
       line("sync_4p", x, "sqlite_full_batched", sqlite_full(4, b, fresh_dir("sqlite_batched_4")), true);
@@ -1248,10 +1245,10 @@ int main(int argc, char** argv) {
     Run x = lanebus_publish(4, lanebus::Durability::Async, fresh_dir("async_4p"));
     auto b = static_cast<std::uint64_t>(std::max(1.0, x.avg_batch + 0.5));
     line("async_4p", x, "lmdb_nosync", lmdb_raw(true, b, fresh_dir("lmdb_nosync")), false);
-    line("async_4p", x, "lmdb_nosync_lanes", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lanes"), true), false);
-    line("async_4p", x, "lmdb_nosync_lane_batches", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_batches"), true, true),
+    line("async_4p", x, "lmdb_nosync_lanes", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lanes"), RawLayout::Lanes), false);
+    line("async_4p", x, "lmdb_nosync_lane_batches", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_batches"), RawLayout::LaneBatches),
          false);
-    line("async_4p", x, "lmdb_nosync_lane_dbs", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_dbs"), true, false, true),
+    line("async_4p", x, "lmdb_nosync_lane_dbs", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_dbs"), RawLayout::LaneDbs),
          false);
   }
   if (want("queue_consume_4c") || want("tx_consume_4c")) {
