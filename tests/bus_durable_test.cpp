@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <deque>
@@ -12,6 +13,8 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -426,4 +429,189 @@ TEST_CASE("a fenced durable topic: barrier, stale token, forged token, missing t
   CHECK(count == 3);  // "from A", "from B", "B again": nothing stale or forged got in
   CHECK(bus->create_topic("ledger.entries", {.lanes = 2, .durable = true, .fence = "other"}).code() ==
         Code::Conflict);
+}
+
+namespace {
+// What a durable batch handler saw: one record per call.
+struct SpanCall {
+  std::uint32_t lane = 0;
+  std::vector<int> payloads;
+  std::vector<std::uint64_t> offsets;
+  std::vector<std::uint32_t> attempts;
+};
+struct Spans {
+  std::mutex mu;
+  std::vector<SpanCall> calls;
+  std::map<int, int> acked;  // payload -> times acked
+  std::atomic<int> acked_total{0};
+  SpanCall record(std::span<const MessageView> ms) {
+    SpanCall c;
+    c.lane = ms.empty() ? 0 : ms[0].lane();
+    for (const MessageView& m : ms) {
+      c.payloads.push_back(std::stoi(std::string(m.payload())));
+      c.offsets.push_back(m.offset());
+      c.attempts.push_back(m.attempt());
+      CHECK(m.lane() == c.lane);  // one lane per call
+    }
+    std::lock_guard l(mu);
+    calls.push_back(c);
+    return c;
+  }
+  void ack(const SpanCall& c, std::size_t upto) {
+    std::lock_guard l(mu);
+    for (std::size_t i = 0; i < upto && i < c.payloads.size(); ++i) {
+      ++acked[c.payloads[i]];
+      ack_order.push_back(c.payloads[i]);
+    }
+    acked_total += static_cast<int>(std::min(upto, c.payloads.size()));
+  }
+  // Per-key order of the acks (key = payload % keys): each key's payloads rise. Caller holds mu.
+  void check_key_order(int keys) {
+    std::map<int, int> last;
+    for (int p : ack_order) {
+      if (last.count(p % keys) != 0) CHECK_MESSAGE(p > last[p % keys], "payload " << p);
+      last[p % keys] = p;
+    }
+  }
+  std::vector<int> ack_order;
+  // Every call: consecutive offsets of its lane, at most `span_max`; and
+  // some call carried more than one message. Returns the largest span.
+  std::size_t check_calls(std::size_t span_max) {
+    std::lock_guard l(mu);
+    std::size_t largest = 0;
+    for (const SpanCall& c : calls) {
+      largest = std::max(largest, c.offsets.size());
+      CHECK(c.offsets.size() <= span_max);
+      for (std::size_t i = 1; i < c.offsets.size(); ++i) CHECK(c.offsets[i] == c.offsets[i - 1] + 1);
+    }
+    CHECK(largest > 1);
+    return largest;
+  }
+};
+}  // namespace
+
+TEST_CASE("a batch handler on a durable topic gets spans of one lane in order; stop_at retries or rejects one message, the rest come again") {
+  TempDir tmp;
+  constexpr int kMessages = 400;
+  constexpr std::uint32_t kSpan = 32;
+  Spans seen;
+  std::atomic<bool> threw{false};
+  const GroupOptions options{.backoff_initial = 1ms, .backoff_max = 5ms, .batch_max = kSpan};
+  {
+    auto bus = Bus::open(durable_bus(tmp.path)).value();
+    auto topic = bus->create_topic("spans.orders", {.lanes = 2, .durable = true}).value();
+    // Published before the group exists: its first reads find full buffers.
+    for (int i = 0; i < kMessages; ++i)
+      REQUIRE(topic.publish({.key = "k" + std::to_string(i % 5), .payload = std::to_string(i)}).ok());
+    auto sub = bus->subscribe_batch(
+                      topic, "billing",
+                      [&](std::span<const MessageView> ms) {
+                        const SpanCall c = seen.record(ms);
+                        for (std::size_t j = 0; j < c.payloads.size(); ++j) {
+                          if (c.payloads[j] == 50 && c.attempts[j] == 1) {
+                            seen.ack(c, j);
+                            return BatchOutcome::stop_at(j, Outcome::retry("not yet"));
+                          }
+                          if (c.payloads[j] == 90) {
+                            seen.ack(c, j);
+                            return BatchOutcome::stop_at(j, Outcome::reject("bad order"));
+                          }
+                          if (c.payloads[j] == 130 && !threw.exchange(true)) throw std::runtime_error("boom");
+                        }
+                        seen.ack(c, c.payloads.size());
+                        return BatchOutcome::all_acked();
+                      },
+                      options)
+                   .value();
+    REQUIRE(wait_until([&] { return seen.acked_total == kMessages - 1; }));
+    auto dead = (*bus->dead_letters())->list({});
+    REQUIRE(dead.ok());
+    REQUIRE(dead->size() == 1);
+    CHECK(dead->front().payload == "90");
+    CHECK(dead->front().reason == "bad order");
+    auto st = bus->stats();
+    REQUIRE(wait_until([&] {
+      auto s = bus->stats();
+      return s.topics[0].groups[0].total.acked == static_cast<std::uint64_t>(kMessages - 1);
+    }));
+    CHECK(st.topics[0].groups[0].total.rejected == 1);
+    REQUIRE(bus->shutdown(ShutdownMode::Drain, 10s).ok());
+  }
+  {
+    // After a restart the group resumes past everything it settled: only new messages come.
+    Spans after;
+    auto bus = Bus::open(durable_bus(tmp.path)).value();
+    auto topic = bus->create_topic("spans.orders", {.lanes = 2, .durable = true}).value();
+    auto sub = bus->subscribe_batch(
+                      topic, "billing",
+                      [&](std::span<const MessageView> ms) {
+                        after.ack(after.record(ms), ms.size());
+                        return BatchOutcome::all_acked();
+                      },
+                      options)
+                   .value();
+    for (int i = kMessages; i < kMessages + 10; ++i)
+      REQUIRE(topic.publish({.key = "k" + std::to_string(i % 5), .payload = std::to_string(i)}).ok());
+    REQUIRE(wait_until([&] { return after.acked_total == 10; }));
+    std::this_thread::sleep_for(50ms);
+    std::lock_guard l(after.mu);
+    CHECK(after.acked_total == 10);
+    for (int p : after.ack_order) CHECK(p >= kMessages);
+  }
+  const std::size_t largest = seen.check_calls(kSpan);
+  MESSAGE("largest span " << largest << " in " << seen.calls.size() << " calls");
+  std::lock_guard l(seen.mu);
+  for (int i = 0; i < kMessages; ++i) CHECK_MESSAGE(seen.acked[i] == (i == 90 ? 0 : 1), "message " << i);
+  // 50 came again as the head of a later call, at attempt 2; what followed it at attempt 1.
+  bool again = false;
+  for (const SpanCall& c : seen.calls) {
+    if (c.payloads[0] == 50 && c.attempts[0] == 2) {
+      again = true;
+      for (std::size_t j = 1; j < c.attempts.size(); ++j) CHECK(c.attempts[j] == 1);
+    }
+    for (std::size_t j = 1; j < c.payloads.size(); ++j) CHECK((c.payloads[j] != 50 || c.attempts[j] == 1));
+  }
+  CHECK(again);
+  seen.check_key_order(5);
+}
+
+TEST_CASE("a batch handler on a durable queue gets spans of one lane's claims; stop_at retries one claim, the rest come again") {
+  TempDir tmp;
+  constexpr int kMessages = 300;
+  constexpr std::uint32_t kSpan = 16;
+  Spans seen;
+  auto bus = Bus::open(durable_bus(tmp.path)).value();
+  auto queue = bus->create_queue("spans.mail", {.lanes = 4, .durable = true}).value();
+  for (int i = 0; i < kMessages; ++i)
+    REQUIRE(queue.publish({.key = "k" + std::to_string(i % 7), .payload = std::to_string(i)}).ok());
+  auto sub = bus->consume_batch(
+                    queue,
+                    [&](std::span<const MessageView> ms) {
+                      const SpanCall c = seen.record(ms);
+                      for (std::size_t j = 0; j < c.payloads.size(); ++j) {
+                        if (c.payloads[j] == 77 && c.attempts[j] == 1) {
+                          seen.ack(c, j);
+                          return BatchOutcome::stop_at(j, Outcome::retry("smtp busy"));
+                        }
+                      }
+                      seen.ack(c, c.payloads.size());
+                      return BatchOutcome::all_acked();
+                    },
+                    {.backoff_initial = 1ms, .backoff_max = 5ms, .batch_max = kSpan})
+                 .value();
+  REQUIRE(wait_until([&] { return seen.acked_total == kMessages; }));
+  REQUIRE(wait_until([&] {
+    auto s = bus->stats();
+    return s.topics[0].groups[0].total.acked == static_cast<std::uint64_t>(kMessages) &&
+           s.topics[0].groups[0].total.in_flight == 0;
+  }));
+  seen.check_calls(kSpan);
+  std::lock_guard l(seen.mu);
+  for (int i = 0; i < kMessages; ++i) CHECK_MESSAGE(seen.acked[i] == 1, "message " << i);
+  std::vector<std::uint32_t> attempts_of_77;
+  for (const SpanCall& c : seen.calls)
+    for (std::size_t j = 0; j < c.payloads.size(); ++j)
+      if (c.payloads[j] == 77) attempts_of_77.push_back(c.attempts[j]);
+  CHECK(attempts_of_77 == std::vector<std::uint32_t>{1, 2});
+  seen.check_key_order(7);
 }

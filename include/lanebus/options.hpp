@@ -183,10 +183,11 @@ struct GroupOptions {
   std::uint32_t batch = 64;
 
   /// Batch handlers (Bus::subscribe_batch): the most messages of one lane in
-  /// one call. 1..1024. Default 64. Spans reach this size on in-memory groups
-  /// without idempotency scope, key_parallel_retry, attempt_timeout or
-  /// DropOldest; elsewhere (durable lanes included) each call carries one
-  /// message.
+  /// one call. 1..1024. Default 64. Spans reach this size on groups without
+  /// idempotency scope, key_parallel_retry, attempt_timeout, the outage
+  /// breaker or a tracer, on in-memory topics without DropOldest and on
+  /// durable topics and queues (doc/durable.md); elsewhere each call carries
+  /// one message.
   std::uint32_t batch_max = 64;
 
   /// Idempotency scope (Bus::idempotency) of the group, or empty for none.

@@ -825,13 +825,18 @@ class DurableRunner {
   /// the read (with poison detection's delivery mark), the pick (a due
   /// parked message, else the buffer's head; a poison message and one behind
   /// a parked key settle there), the delivery (a transactional ack commits
-  /// in topic_commit_tx), what follows it, and the run's offset commit.
+  /// in topic_commit_tx; a batch handler's span is one call in
+  /// topic_deliver_span) and its settle, what follows it, and the run's
+  /// offset commit.
   struct TopicRun;
   enum class TopicStep : std::uint8_t { Got, Next, Stop, Reposition };
   TopicStep topic_refill(TopicRun& run);
   TopicStep topic_pick(TopicRun& run);
   std::int64_t topic_deliver(TopicRun& run, bool* reposition);
   std::int64_t topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition);
+  std::int64_t topic_settle(TopicRun& run, const Parcel& p, const Invocation& inv);
+  TopicStep topic_deliver_span(TopicRun& run, MessageView* views);
+  static void stored_view(const GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, MessageView* out);
   TopicStep topic_after(TopicRun& run, std::int64_t wait_ns);
   bool topic_run_end(TopicRun& run);
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
@@ -844,6 +849,10 @@ class DurableRunner {
   bool queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes);
   void queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
                   std::set<std::string_view>& keys_done);
+  void queue_settle(QueueRun& run, std::size_t i, const Parcel& p, const Invocation& inv, AdmitMode mode,
+                    std::uint32_t outcomes, std::unique_ptr<TxnState> tx, std::set<std::string_view>& keys_done);
+  std::size_t queue_call_span(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
+                              std::set<std::string_view>& keys_done, MessageView* views);
   /// Commit a transactional handler's effects with the offset commit
   /// (topics; queues settle in apply_queue_settle) inside `t`. Conflict: a
   /// value it read changed (nothing of it was written). *duplicate: the

@@ -123,6 +123,22 @@ Invocation DeliveryCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, Txn
   return inv;
 }
 
+BatchOutcome DeliveryCore::invoke_span(Consumer* c, GroupLane* gl, std::span<const MessageView> views,
+                                      std::uint64_t bytes) noexcept {
+  tl_delivered_msgs += views.size();  // tenancy usage (scheduler.cpp)
+  tl_delivered_bytes += bytes;
+  tl_running_consumer = c;
+  tl_running_bus = &bus_;
+  tl_running_lane = gl;
+  gl->running_since_ns.store(kRunningUntimed, std::memory_order_relaxed);
+  const BatchOutcome out = call_batch_handler(c->batch_handler, views);
+  tl_running_consumer = nullptr;
+  tl_running_bus = nullptr;
+  tl_running_lane = nullptr;
+  gl->running_since_ns.store(0, std::memory_order_release);
+  return out;
+}
+
 // ---------------------------------------------------------------- settle
 
 bool DeliveryCore::plan_retry(GroupLane* gl, std::uint32_t attempt, std::int64_t* delay_ns) noexcept {

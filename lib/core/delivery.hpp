@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <span>
 #include <string_view>
 
 #include "lanebus/bus.hpp"
@@ -97,6 +99,17 @@ struct Slot;
 struct StoredMessage;
 struct TxnState;
 
+/// A batch handler's call: an exception is stop_at(0, retry) (doc/retries.md).
+inline BatchOutcome call_batch_handler(const BatchHandler& handler, std::span<const MessageView> views) noexcept {
+  try {
+    return handler(views);
+  } catch (const std::exception&) {
+    return BatchOutcome::stop_at(0, Outcome::retry("handler threw an exception"));
+  } catch (...) {
+    return BatchOutcome::stop_at(0, Outcome::retry("handler threw a non-standard exception"));
+  }
+}
+
 /// The delivery core of one bus (delivery.cpp): the three steps above and
 /// the dead letters that follow a settle. Holds no per-message state; per
 /// lane state lives in the GroupLane its owner passes in (invariant 2).
@@ -114,6 +127,14 @@ class DeliveryCore {
 
   Admission admit(GroupLane* gl, const Parcel& p, AdmitMode mode) noexcept;
   Invocation invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept;
+  /// A batch handler's call on a span of one lane's messages (durable
+  /// topics and queues; the views' attempts and headers set by the caller):
+  /// invoke's marks and tenancy usage for the span, an exception turned into
+  /// stop_at(0, retry). No attempt_timeout, tracer or idempotency scope: the
+  /// runners take this path only without them. Counts nothing per message;
+  /// the caller settles what the outcome says.
+  BatchOutcome invoke_span(Consumer* c, GroupLane* gl, std::span<const MessageView> views,
+                           std::uint64_t bytes) noexcept;
   /// `durable`: the ack is counted (and a claimed key completed) by the
   /// runner's commit. `outcomes`: attempts of this message that came back
   /// with an outcome, this one included (poison classification).

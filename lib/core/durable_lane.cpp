@@ -127,6 +127,8 @@ struct DurableRunner::TopicRun {
   bool kp;  // key_parallel_retry
   std::size_t limit;
   AdmitMode mode;
+  bool spans = false;  // a batch handler gets spans (topic_deliver_span)
+  std::uint32_t limit_span = 0;  // messages a run handles: the fairness batch, or batch_max if larger
   std::uint32_t handled = 0;
   bool retry_pending = false;
   std::uint64_t consumed_pos;
@@ -176,7 +178,7 @@ DurableRunner::TopicStep DurableRunner::topic_refill(TopicRun& run) {
   ReadLimits limits;
   // Larger reads than the fairness batch: fewer read transactions, and
   // with poison detection one delivery mark (a commit) per read.
-  limits.max_messages = careful ? 1 : std::max<std::uint32_t>(g->options.batch, run.poison ? 1024 : 256);
+  limits.max_messages = careful ? 1 : std::max({g->options.batch, g->options.batch_max, run.poison ? 1024u : 256u});
   limits.max_bytes = 1u << 20;
   ReadBatch rb;
   rb.messages.swap(gl->buffer);  // reuse the strings' storage
@@ -368,6 +370,14 @@ std::int64_t DurableRunner::topic_deliver(TopicRun& run, bool* reposition) {
   const Invocation inv = bus_.delivery_.invoke(run.c, gl, p, txp);
   ++run.handled;
   if (txp != nullptr && inv.outcome.kind() == Outcome::Kind::Ack) return topic_commit_tx(run, tx, reposition);
+  return topic_settle(run, p, inv);
+}
+
+// The picked message's outcome: the wait before its next attempt, or -1
+// (settled: acked, or dead-lettered with the offset commit past it).
+std::int64_t DurableRunner::topic_settle(TopicRun& run, const Parcel& p, const Invocation& inv) {
+  GroupLane* gl = run.gl;
+  const StoredMessage& m = *run.mp;
   // Crashes are counted by the delivery mark; every in-memory attempt came back.
   const Settlement st = bus_.delivery_.settle(gl, p, inv, run.mode, false, *run.attempts, run.first_failure);
   if (st.uncounted) --*run.attempts;  // paused: the attempt is given back
@@ -379,6 +389,64 @@ std::int64_t DurableRunner::topic_deliver(TopicRun& run, bool* reposition) {
     return kHoldDlqFullNs;  // the DLQ refused it (quota): keep it, try again later
   }
   return -1;
+}
+
+// A message of the buffer as a batch handler sees it (attempt and headers set).
+void DurableRunner::stored_view(const GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, MessageView* out) {
+  new (out) MessageView(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
+  Access::set_attempt(*out, attempt);
+  Access::set_headers(*out, m.headers);
+}
+
+// A batch handler's call on the buffer's head and the messages behind it (up
+// to batch_max, none past the run's limit): the head at its attempt, the
+// others at their first. A message in the poison search (before careful_to)
+// or past its TTL ends the span; at the head either one goes the one-message
+// way (topic_deliver). The acked prefix is settled as acks of one call
+// (latency stamped once); the message the handler stopped at is settled as
+// topic_deliver settles one, and the rest stay in the buffer, unattempted,
+// for the next call (BatchOutcome). Next: go on; Stop: the lane waits.
+DurableRunner::TopicStep DurableRunner::topic_deliver_span(TopicRun& run, MessageView* views) {
+  GroupLane* gl = run.gl;
+  GroupImpl* g = run.g;
+  const std::size_t room = std::min<std::size_t>(g->options.batch_max, run.limit_span - run.handled);
+  const std::size_t head = gl->buffer_index;
+  std::size_t n = 0;
+  std::uint64_t bytes = 0;
+  while (n < room && head + n < gl->buffer.size()) {
+    const StoredMessage& m = gl->buffer[head + n];
+    if ((run.poison && m.offset < gl->careful_to) || (m.expires_ns != 0 && stored_expired(m))) break;
+    stored_view(gl, m, n == 0 ? gl->attempts + 1 : 1, &views[n]);
+    bytes += m.payload.size();
+    ++n;
+  }
+  if (n == 0) return TopicStep::Got;  // the head goes the one-message way
+  ++gl->attempts;
+  const BatchOutcome result = bus_.delivery_.invoke_span(run.c, gl, std::span<const MessageView>(views, n), bytes);
+  std::size_t acked = std::min<std::size_t>(result.acked(), n);
+  if (acked < n && result.next().kind() == Outcome::Kind::Ack) ++acked;  // an ack at the stop
+  const std::size_t settled = acked + (acked < n ? 1 : 0);
+  gl->delivered.store(gl->delivered.load(std::memory_order_relaxed) + settled, std::memory_order_relaxed);
+  if (acked > 0) {
+    gl->acked.store(gl->acked.load(std::memory_order_relaxed) + acked, std::memory_order_relaxed);
+    if (bus_.options.metrics) {
+      const std::int64_t now = now_ns();
+      for (std::size_t i = 0; i < acked; ++i) {
+        const std::int64_t d = now - gl->buffer[head + i].header.created_at_ns;
+        gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+      }
+    }
+    for (std::size_t i = 0; i < acked; ++i) (void)topic_after(run, -1);  // each leaves the buffer
+    run.handled += static_cast<std::uint32_t>(acked);
+  }
+  if (acked == n) return TopicStep::Next;
+  // The handler stopped at message `acked`: its own attempt now (the head's was counted above).
+  if (acked > 0) gl->attempts = 1;
+  run.mp = &gl->buffer[gl->buffer_index];
+  const StoredMessage& m = *run.mp;
+  const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, gl->attempts, m.headers};
+  ++run.handled;
+  return topic_after(run, topic_settle(run, p, Invocation{result.next(), false}));
 }
 
 // After the delivery: a message to try again waits parked (a parked one, or
@@ -441,7 +509,7 @@ bool DurableRunner::topic_run_end(TopicRun& run) {
   const std::uint64_t end = gl->known_end.load(std::memory_order_relaxed);
   gl->lag.store(end > gl->done_pos ? end - gl->done_pos : 0, std::memory_order_relaxed);
   if (run.retry_pending) return true;
-  if (gl->buffer_index < gl->buffer.size() || run.handled == g->options.batch) return true;
+  if (gl->buffer_index < gl->buffer.size() || run.handled >= run.limit_span) return true;
   if (run.kp && !gl->parked.empty() && due_parked(gl, RetryTimer::now_ns()) >= 0) return true;
   return false;
 }
@@ -454,11 +522,24 @@ bool DurableRunner::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
   const std::uint64_t gen = g->seek_gen.load(std::memory_order_acquire);
   if ((!gl->positioned || gen != gl->seen_seek_gen) && !position_durable_topic(gl)) return false;
   TopicRun run(gl, c, bus_.dlq_.get());
-  while (run.handled < g->options.batch) {
+  // Spans for a batch handler where each message would otherwise go through
+  // only the handler call and its settle: no idempotency scope (claims per
+  // message), key_parallel_retry (parking), attempt_timeout (a watchdog per
+  // call), outage breaker or tracer (a span per message).
+  run.spans = c->batch_handler && g->options.batch_max > 1 && !run.kp && g->idempotency == nullptr &&
+              g->options.attempt_timeout.count() == 0 && !g->options.outage.enabled && bus_.options.tracer == nullptr;
+  run.limit_span = std::max(g->options.batch, run.spans ? g->options.batch_max : 1u);
+  alignas(MessageView) unsigned char view_bytes[kMaxBatch * sizeof(MessageView)];  // the span's views
+  while (run.handled < run.limit_span) {
     const TopicStep step = topic_pick(run);
     if (step == TopicStep::Next) continue;
     if (step == TopicStep::Stop) break;
     if (step == TopicStep::Reposition) return true;
+    if (run.spans && run.pi < 0) {
+      const TopicStep span = topic_deliver_span(run, reinterpret_cast<MessageView*>(view_bytes));
+      if (span == TopicStep::Next) continue;
+      if (span == TopicStep::Stop) break;
+    }
     run.retry_pending = bus_.outages_.held(gl, run.pi);  // paused: the lane waits for the next probe (not an attempt)
     if (run.retry_pending) break;
     bool reposition = false;
@@ -932,6 +1013,20 @@ void DurableRunner::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::u
   // attempt is unchanged), else it finds the claim gone (Lost) and the rest
   // of the batch goes back.
   const Invocation inv = bus_.delivery_.invoke(c, gl, p, tx.get());
+  queue_settle(run, i, p, inv, mode, outcomes, std::move(tx), keys_done);
+}
+
+// Message i's outcome (queue_call, queue_call_span): an ack, a release for
+// its retry (parked with key_parallel_retry, else the rest of the batch goes
+// back), a dead letter, or an uncounted hold (paused).
+void DurableRunner::queue_settle(QueueRun& run, std::size_t i, const Parcel& p, const Invocation& inv, AdmitMode mode,
+                                 std::uint32_t outcomes, std::unique_ptr<TxnState> tx,
+                                 std::set<std::string_view>& keys_done) {
+  GroupLane* gl = run.gl;
+  const bool kp = gl->group->options.key_parallel_retry;
+  const std::size_t limit = gl->group->options.key_parallel_limit;
+  const ClaimedMessage& cm = run.batch->claims[i];
+  const StoredMessage& m = cm.message;
   std::int64_t first_failure = 0;
   const Settlement st = bus_.delivery_.settle(gl, p, inv, mode, true, outcomes, &first_failure);
   if (st.uncounted) {
@@ -967,6 +1062,51 @@ void DurableRunner::queue_call(QueueRun& run, std::size_t i, Consumer* c, std::u
     if (op.complete_key) keys_done.insert(m.idempotency_key);
   }
   run.commit();
+}
+
+// A batch handler's call on claims [i, i + n) of the batch: claim i passed
+// queue_before_call (`outcomes`); the others are first deliveries, not
+// expired (what queue_before_call would settle ends the span before it).
+// The acked prefix is settled as acks (one settle each, committed in claim
+// order), the claim the handler stopped at as queue_call settles one, and
+// the claims after it come again in the next call of this run (or go back
+// with the rest of the batch if that one's retry breaks the run).
+// Returns the claims settled.
+std::size_t DurableRunner::queue_call_span(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
+                                           std::set<std::string_view>& keys_done, MessageView* views) {
+  GroupLane* gl = run.gl;
+  const std::vector<ClaimedMessage>& claims = run.batch->claims;
+  const std::size_t room = std::min<std::size_t>(gl->group->options.batch_max, claims.size() - i);
+  std::size_t n = 0;
+  std::uint64_t bytes = 0;
+  for (; n < room; ++n) {
+    const ClaimedMessage& cm = claims[i + n];
+    if (n > 0 && (cm.attempt > 1 || (cm.message.expires_ns != 0 && stored_expired(cm.message)))) break;
+    stored_view(gl, cm.message, cm.attempt, &views[n]);
+    bytes += cm.message.payload.size();
+  }
+  const BatchOutcome result = bus_.delivery_.invoke_span(c, gl, std::span<const MessageView>(views, n), bytes);
+  std::size_t acked = std::min<std::size_t>(result.acked(), n);
+  if (acked < n && result.next().kind() == Outcome::Kind::Ack) ++acked;  // an ack at the stop
+  const std::size_t settled = acked + (acked < n ? 1 : 0);
+  gl->delivered.store(gl->delivered.load(std::memory_order_relaxed) + settled, std::memory_order_relaxed);
+  const std::int64_t now = bus_.options.metrics && acked > 0 ? now_ns() : 0;
+  for (std::size_t k = 0; k < acked; ++k) {
+    if (now != 0) {
+      const std::int64_t d = now - claims[i + k].message.header.created_at_ns;
+      gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+    }
+    run.submit(QueueSettle::Kind::Ack, i + k);
+    run.commit();
+  }
+  if (acked == n) return n;
+  const std::size_t f = i + acked;
+  const ClaimedMessage& cm = claims[f];
+  const StoredMessage& m = cm.message;
+  const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, cm.attempt, m.headers};
+  queue_settle(run, f, p, Invocation{result.next(), false}, AdmitMode::Claim, acked == 0 ? outcomes : cm.attempt,
+               nullptr, keys_done);
+  return settled;
 }
 
 // The group paused (outage breaker): its lanes stop asking the writer for
@@ -1012,6 +1152,13 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   batch.results.assign(batch.claims.size(), SettleResult::Pending);
   std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
   run.again = full || g->options.key_parallel_retry;
+  // A batch handler gets spans of the claims where each would otherwise go
+  // through only the handler call and its settle (as topic spans, plus no
+  // transactional handler).
+  const bool spans = c->batch_handler && g->options.batch_max > 1 && !g->options.key_parallel_retry &&
+                     g->idempotency == nullptr && g->options.attempt_timeout.count() == 0 &&
+                     !g->options.outage.enabled && bus_.options.tracer == nullptr;
+  alignas(MessageView) unsigned char view_bytes[kMaxBatch * sizeof(MessageView)];  // a span's views
   for (std::size_t i = 0; i < batch.claims.size(); ++i) {
     if (gl->probing) bus_.outages_.end_probe(gl);  // the previous message was a probe that was skipped or held
     if (run.broken || bus_.sched_.abandoning()) {
@@ -1021,6 +1168,10 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     }
     std::uint32_t outcomes = 0;
     if (queue_before_call(run, i, poison_after, &outcomes)) continue;
+    if (spans) {
+      i += queue_call_span(run, i, c, outcomes, keys_done, reinterpret_cast<MessageView*>(view_bytes)) - 1;
+      continue;
+    }
     queue_call(run, i, c, outcomes, keys_done);
   }
   if (gl->probing) bus_.outages_.end_probe(gl);

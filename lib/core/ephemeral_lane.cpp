@@ -112,15 +112,6 @@ inline Outcome call_handler(const Handler& handler, const MessageView& view, boo
     return Outcome::retry("handler threw a non-standard exception");
   }
 }
-inline BatchOutcome call_batch_handler(const BatchHandler& handler, std::span<const MessageView> views) noexcept {
-  try {
-    return handler(views);
-  } catch (const std::exception&) {
-    return BatchOutcome::stop_at(0, Outcome::retry("handler threw an exception"));
-  } catch (...) {
-    return BatchOutcome::stop_at(0, Outcome::retry("handler threw a non-standard exception"));
-  }
-}
 // A plain run's marks (invoke's, done once per run): the thread-locals a
 // handler's calls into the bus read, and the lane marked as running with
 // no budget and no watchdog (shutdown's report).
