@@ -13,13 +13,14 @@
 //             lmdb_nosync_lane_batches, lmdb_nosync_lane_dbs
 //   sync_batch64  1 thread, Topic::publish_batch of 64 on a Sync durable topic through the Bus
 //             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
-//   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read)
+//   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read);
+//             replay_bus / replay_bus_batch: the same log through Bus::subscribe / subscribe_batch
 //             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table), and
 //             vs lmdb_cursor_lanebus_log (the same scan of lanebus's own log); median of --repeats;
 //             replay_lane_batches_decoded / _in_place: the lane-batches prototype's log read
 //             with each record decoded and copied as lanebus's reader does, or checked in place
 //   queue_consume_4c  workers = 4 ack a pre-filled Sync durable queue (8 lanes) through
-//             Bus::consume  vs lmdb_batch_ack, sqlite_batch_ack
+//             Bus::consume  vs lmdb_batch_ack, sqlite_batch_ack (queue_consume_4c_batch: Bus::consume_batch)
 //   tx_consume_4c     the same through Bus::consume_tx, one tx.put row per message
 //             vs lmdb_batch_ack_row
 //   e2e_latency_queue publish_async -> handler latency on a Sync durable queue at a paced
@@ -59,6 +60,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -614,6 +616,55 @@ void ratio_line(const char* name, const char* unit, const std::vector<double>& x
   std::exit(1);
 }
 
+// Replay through the Bus: a new group of the sync_4p topic reads every lane
+// from the earliest message with a one-message handler (Bus::subscribe) or a
+// batch handler (subscribe_batch, spans of 64); every payload is touched.
+// Rate = messages handled / time from subscribe to the last one.
+Run bus_replay(const std::string& dir, std::uint64_t n, bool batch, int repeat) {
+  lanebus::BusOptions o;
+  o.workers = 2;
+  o.store.directory = dir;
+  o.store.durability = lanebus::Durability::Async;
+  auto bus = lanebus::Bus::open(o);
+  if (!bus.ok()) die("bus replay open", bus.status());
+  auto t = (*bus)->create_topic("bench.topic", {.lanes = 8, .durable = true});
+  if (!t.ok()) die("bus replay topic", t.status());
+  std::atomic<std::uint64_t> handled{0}, bytes{0};
+  lanebus::GroupOptions g{.start = lanebus::StartPosition::earliest()};
+  if (const char* e = std::getenv("BENCH_REPLAY_BATCH")) g.batch = g.batch_max = static_cast<std::uint32_t>(std::atoi(e));
+  if (const char* e = std::getenv("BENCH_REPLAY_WORKERS")) o.workers = std::atoi(e);
+  const std::string group = (batch ? "bus_replay_batch_" : "bus_replay_") + std::to_string(repeat);  // new each time
+  auto start = Clock::now();
+  lanebus::Result<lanebus::Subscription> sub =
+      batch ? (*bus)->subscribe_batch(*t, group,
+                                      [&](std::span<const lanebus::MessageView> ms) {
+                                        std::size_t b = 0;
+                                        for (const auto& m : ms) b += static_cast<unsigned char>(m.payload()[0]);
+                                        bytes.fetch_add(b, std::memory_order_relaxed);
+                                        handled.fetch_add(ms.size(), std::memory_order_relaxed);
+                                        return lanebus::BatchOutcome::all_acked();
+                                      },
+                                      g)
+            : (*bus)->subscribe(*t, group,
+                                [&](const lanebus::MessageView& m) {
+                                  bytes.fetch_add(static_cast<unsigned char>(m.payload()[0]), std::memory_order_relaxed);
+                                  handled.fetch_add(1, std::memory_order_relaxed);
+                                  return lanebus::Outcome::ack();
+                                },
+                                g);
+  if (!sub.ok()) die("bus replay subscribe", sub.status());
+  auto until = start + std::chrono::seconds(60);
+  while (handled.load(std::memory_order_relaxed) < n && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  Run r;
+  r.msgs = handled.load();
+  r.msgs_per_sec = static_cast<double>(r.msgs) / std::chrono::duration<double>(Clock::now() - start).count();
+  (void)sub->close();
+  (void)(*bus)->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
+  if (r.msgs < n) die("bus replay", lanebus::Status(lanebus::Code::Internal, "not every message was handled"));
+  return r;
+}
+
 std::uint64_t steady_ns() {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
@@ -664,7 +715,9 @@ std::uint64_t prefill_queue(const std::string& dir, std::uint64_t n) {
 
 // Copy the pre-filled store and consume it with workers = 4 (Sync), for at
 // most g_seconds; msgs = committed acks (Bus stats), not handler calls.
-Run bus_consume(const std::string& tmpl, std::uint64_t n, bool tx, const std::string& dir) {
+enum class ConsumeHandler { Plain, Tx, Batch };
+
+Run bus_consume(const std::string& tmpl, std::uint64_t n, ConsumeHandler handler, const std::string& dir) {
   std::filesystem::remove_all(dir);
   std::filesystem::copy(tmpl, dir, std::filesystem::copy_options::recursive);
   lanebus::BusOptions o;
@@ -680,7 +733,13 @@ Run bus_consume(const std::string& tmpl, std::uint64_t n, bool tx, const std::st
   auto start = Clock::now();
   auto until = start + std::chrono::duration<double>(g_seconds);
   lanebus::Result<lanebus::Subscription> sub =
-      tx ? (*bus)->consume_tx(*q,
+      handler == ConsumeHandler::Batch
+          ? (*bus)->consume_batch(*q,
+                                  [&](std::span<const lanebus::MessageView> ms) {
+                                    calls.fetch_add(ms.size(), std::memory_order_relaxed);
+                                    return lanebus::BatchOutcome::all_acked();
+                                  })
+      : handler == ConsumeHandler::Tx ? (*bus)->consume_tx(*q,
                               [&](const lanebus::MessageView& m, lanebus::Transaction& t) {
                                 calls.fetch_add(1, std::memory_order_relaxed);
                                 char k[32];
@@ -1196,8 +1255,11 @@ int main(int argc, char** argv) {
       // costs (page fill, record size) apart from lanebus's reader.
       std::vector<double> x, y, z;
       double fill_raw = 0, fill_log = 0;
+      std::uint64_t logged = 0;
       for (int r = 0; r < g_repeats; ++r) {
-        x.push_back(lanebus_replay(sync4_dir).msgs_per_sec);
+        const Run rr = lanebus_replay(sync4_dir);
+        x.push_back(rr.msgs_per_sec);
+        logged = rr.msgs;
         y.push_back(lmdb_cursor(lmdb_dir, &fill_raw).msgs_per_sec);
         z.push_back(lmdb_cursor(sync4_dir, &fill_log).msgs_per_sec);
       }
@@ -1205,6 +1267,16 @@ int main(int argc, char** argv) {
       char fills[96];
       std::snprintf(fills, sizeof fills, "entries_per_leaf_page=%.1f baseline_entries_per_leaf_page=%.1f ", fill_log, fill_raw);
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor_lanebus_log", z, fills);
+      // The same log through the Bus: a new group with a one-message handler
+      // and one with a batch handler (spans of 64), each from the earliest message.
+      std::vector<double> bs, bb;
+      for (int r = 0; r < g_repeats; ++r) {
+        bs.push_back(bus_replay(sync4_dir, logged, false, r).msgs_per_sec);
+        bb.push_back(bus_replay(sync4_dir, logged, true, r).msgs_per_sec);
+      }
+      ratio_line("replay_bus", "msg_per_s", bs, "lmdb_cursor", y);
+      ratio_line("replay_bus_batch", "msg_per_s", bb, "lmdb_cursor", y);
+      ratio_line("replay_bus_batch", "msg_per_s", bb, "replay_bus", bs);
       // The prototype's log read as lanebus's reader reads (checksum and copy
       // per record), against the raw cursor.
       std::vector<double> w, w0;
@@ -1259,19 +1331,23 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(n), kQueueLanes, std::thread::hardware_concurrency(), g_seconds,
                 static_cast<unsigned long long>(kAckBatch));
     if (want("queue_consume_4c")) {
-      std::vector<double> x, lm, sq;
+      std::vector<double> x, xb, lm, sq;
       for (int r = 0; r < g_repeats; ++r) {
-        x.push_back(bus_consume(tmpl, n, false, fresh_dir("queue_consume")).msgs_per_sec);
+        x.push_back(bus_consume(tmpl, n, ConsumeHandler::Plain, fresh_dir("queue_consume")).msgs_per_sec);
+        xb.push_back(bus_consume(tmpl, n, ConsumeHandler::Batch, fresh_dir("queue_consume_batch")).msgs_per_sec);
         lm.push_back(lmdb_batch_ack(n, false, fresh_dir("lmdb_batch_ack")).msgs_per_sec);
         sq.push_back(sqlite_batch_ack(n, fresh_dir("sqlite_batch_ack")).msgs_per_sec);
       }
       ratio_line("queue_consume_4c", "msg_per_s", x, "lmdb_batch_ack", lm);
       ratio_line("queue_consume_4c", "msg_per_s", x, "sqlite_batch_ack", sq);
+      // Bus::consume_batch (spans of a claim batch, doc/durable.md) on the same queue.
+      ratio_line("queue_consume_4c_batch", "msg_per_s", xb, "lmdb_batch_ack", lm);
+      ratio_line("queue_consume_4c_batch", "msg_per_s", xb, "queue_consume_4c", x);
     }
     if (want("tx_consume_4c")) {
       std::vector<double> x, lm;
       for (int r = 0; r < g_repeats; ++r) {
-        x.push_back(bus_consume(tmpl, n, true, fresh_dir("tx_consume")).msgs_per_sec);
+        x.push_back(bus_consume(tmpl, n, ConsumeHandler::Tx, fresh_dir("tx_consume")).msgs_per_sec);
         lm.push_back(lmdb_batch_ack(n, true, fresh_dir("lmdb_batch_ack_row")).msgs_per_sec);
       }
       ratio_line("tx_consume_4c", "msg_per_s", x, "lmdb_batch_ack_row", lm);

@@ -227,6 +227,7 @@ struct alignas(64) GroupLane : TimerEntry {
   std::uint64_t read_pos = 0;               // next offset to read from the log
   std::uint64_t done_pos = 0;               // everything before it is handled
   std::uint64_t committed_sent = 0;         // last offset commit queued
+  std::int64_t committed_sent_ns = 0;       // when (steady clock): a run's commit may wait (topic_run_end)
   std::uint64_t seen_seek_gen = 0;
   bool positioned = false;                  // read_pos loaded from the store
   std::vector<StoredMessage> buffer;        // read but not yet handled
@@ -839,6 +840,7 @@ class DurableRunner {
   static void stored_view(const GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, MessageView* out);
   TopicStep topic_after(TopicRun& run, std::int64_t wait_ns);
   bool topic_run_end(TopicRun& run);
+  void commit_topic_position(GroupLane* gl);
   bool run_durable_queue_batch(GroupLane* gl, Consumer* c);
   /// run_durable_queue_batch's steps (durable_lane.cpp): the run's settles,
   /// the claim (due parked messages first), what settles a message without a
