@@ -15,6 +15,7 @@
 //             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
 //   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read);
 //             replay_bus / replay_bus_batch: the same log through Bus::subscribe / subscribe_batch
+//             (BENCH_REPLAY_BATCH=N sets the group's batch and batch_max, BENCH_REPLAY_WORKERS the workers)
 //             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table), and
 //             vs lmdb_cursor_lanebus_log (the same scan of lanebus's own log); median of --repeats;
 //             replay_lane_batches_decoded / _in_place: the lane-batches prototype's log read

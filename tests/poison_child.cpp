@@ -11,9 +11,18 @@
 // bumps "stats"/"total". Exits 0 once "total" reaches EXPECTED and the group
 // has no lag.
 //   poison_child STORE_DIR topic EXPECTED
+// Topic-batch mode: the same with a batch handler (topic_batch_mode).
+//   poison_child STORE_DIR topic-batch EXPECTED
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -62,10 +71,58 @@ int topic_mode(const char* store, long expected) {
   }
 }
 
+// Topic mode with a batch handler (subscribe_batch, spans of up to 4): a
+// span holding "poison" abort()s before anything of it is recorded; else
+// each payload is appended to STORE/handled.log (O_APPEND write(2), so what
+// was written survives the abort). Exits 0 once EXPECTED distinct payloads
+// are in the file (this run's and earlier runs') and the group has no lag.
+int topic_batch_mode(const char* store, long expected) {
+  BusOptions o;
+  o.workers = 1;
+  o.store.directory = store;
+  o.durable_poll = 5ms;
+  auto bus_r = Bus::open(o);  // DlqOptions left at their defaults
+  if (!bus_r.ok()) return 1;
+  auto& bus = *bus_r;
+  const int fd = ::open((std::string(store) + "/handled.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0) return 4;
+  std::mutex mu;
+  std::set<std::string> distinct;  // every payload handled, by this run or an earlier one
+  {
+    std::ifstream earlier(std::string(store) + "/handled.log");
+    for (std::string line; std::getline(earlier, line);) distinct.insert(line);
+  }
+  auto topic = bus->create_topic("work.events", {.lanes = 2, .durable = true}).value();
+  auto sub = bus->subscribe_batch(
+                    topic, "audit",
+                    [&](std::span<const MessageView> ms) {
+                      for (const MessageView& m : ms)
+                        if (m.payload() == "poison") std::abort();  // crashes the whole process
+                      std::string lines;
+                      for (const MessageView& m : ms) lines.append(m.payload()).append("\n");
+                      if (::write(fd, lines.data(), lines.size()) != static_cast<ssize_t>(lines.size())) std::abort();
+                      std::lock_guard l(mu);
+                      for (const MessageView& m : ms) distinct.insert(std::string(m.payload()));
+                      return BatchOutcome::all_acked();
+                    },
+                    {.batch_max = 4})
+                 .value();
+  for (;;) {
+    std::size_t done;
+    {
+      std::lock_guard l(mu);
+      done = distinct.size();
+    }
+    if (done == static_cast<std::size_t>(expected) && lag(*bus) == 0) return 0;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[2]) == "topic") return topic_mode(argv[1], std::atol(argv[3]));
+  if (argc == 4 && std::string(argv[2]) == "topic-batch") return topic_batch_mode(argv[1], std::atol(argv[3]));
   if (argc != 2) return 2;
   BusOptions o;
   o.workers = 1;

@@ -502,7 +502,6 @@ DurableRunner::TopicStep DurableRunner::topic_after(TopicRun& run, std::int64_t 
 // at most the rest of one read or that long of work.
 bool DurableRunner::topic_run_end(TopicRun& run) {
   GroupLane* gl = run.gl;
-  GroupImpl* g = run.g;
   gl->done_pos = run.done_upto();
   const bool holds_more = gl->buffer_index < gl->buffer.size() && !run.retry_pending;
   if (gl->done_pos > gl->committed_sent &&
