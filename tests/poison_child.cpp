@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <span>
@@ -40,12 +41,17 @@ std::uint64_t lag(const Bus& bus) {
   return n;
 }
 
-int topic_mode(const char* store, long expected) {
+// The topic modes' bus: one worker, a 5 ms poll, DlqOptions left at their defaults.
+Result<std::unique_ptr<Bus>> open_topic_bus(const char* store) {
   BusOptions o;
   o.workers = 1;
   o.store.directory = store;
   o.durable_poll = 5ms;
-  auto bus_r = Bus::open(o);  // DlqOptions left at their defaults
+  return Bus::open(o);
+}
+
+int topic_mode(const char* store, long expected) {
+  auto bus_r = open_topic_bus(store);
   if (!bus_r.ok()) return 1;
   auto& bus = *bus_r;
   auto topic = bus->create_topic("work.events", {.lanes = 2, .durable = true}).value();
@@ -77,11 +83,7 @@ int topic_mode(const char* store, long expected) {
 // was written survives the abort). Exits 0 once EXPECTED distinct payloads
 // are in the file (this run's and earlier runs') and the group has no lag.
 int topic_batch_mode(const char* store, long expected) {
-  BusOptions o;
-  o.workers = 1;
-  o.store.directory = store;
-  o.durable_poll = 5ms;
-  auto bus_r = Bus::open(o);  // DlqOptions left at their defaults
+  auto bus_r = open_topic_bus(store);
   if (!bus_r.ok()) return 1;
   auto& bus = *bus_r;
   const int fd = ::open((std::string(store) + "/handled.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
