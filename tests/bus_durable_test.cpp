@@ -535,6 +535,9 @@ TEST_CASE("a batch handler on a durable topic gets spans of one lane in order; s
       return s.topics[0].groups[0].total.acked == static_cast<std::uint64_t>(kMessages - 1);
     }));
     CHECK(st.topics[0].groups[0].total.rejected == 1);
+    // Each message settled once (ack or reject), plus the two retries (50's stop, the exception's head);
+    // the messages behind a stop count when they come again.
+    CHECK(bus->stats().topics[0].groups[0].total.delivered == static_cast<std::uint64_t>(kMessages + 2));
     REQUIRE(bus->shutdown(ShutdownMode::Drain, 10s).ok());
   }
   {
@@ -605,6 +608,7 @@ TEST_CASE("a batch handler on a durable queue gets spans of one lane's claims; s
     return s.topics[0].groups[0].total.acked == static_cast<std::uint64_t>(kMessages) &&
            s.topics[0].groups[0].total.in_flight == 0;
   }));
+  CHECK(bus->stats().topics[0].groups[0].total.delivered == static_cast<std::uint64_t>(kMessages + 1));  // + 77's retry
   seen.check_calls(kSpan);
   std::lock_guard l(seen.mu);
   for (int i = 0; i < kMessages; ++i) CHECK_MESSAGE(seen.acked[i] == 1, "message " << i);

@@ -123,10 +123,7 @@ Invocation DeliveryCore::invoke(Consumer* c, GroupLane* gl, const Parcel& p, Txn
   return inv;
 }
 
-BatchOutcome DeliveryCore::invoke_span(Consumer* c, GroupLane* gl, std::span<const MessageView> views,
-                                      std::uint64_t bytes) noexcept {
-  tl_delivered_msgs += views.size();  // tenancy usage (scheduler.cpp)
-  tl_delivered_bytes += bytes;
+BatchOutcome DeliveryCore::invoke_span(Consumer* c, GroupLane* gl, std::span<const MessageView> views) noexcept {
   tl_running_consumer = c;
   tl_running_bus = &bus_;
   tl_running_lane = gl;
@@ -137,6 +134,21 @@ BatchOutcome DeliveryCore::invoke_span(Consumer* c, GroupLane* gl, std::span<con
   tl_running_lane = nullptr;
   gl->running_since_ns.store(0, std::memory_order_release);
   return out;
+}
+
+std::size_t DeliveryCore::span_settled(GroupLane* gl, const BatchOutcome& out, std::span<const MessageView> views,
+                                       std::size_t* acked) noexcept {
+  const std::size_t n = views.size();
+  std::size_t a = std::min<std::size_t>(out.acked(), n);
+  if (a < n && out.next().kind() == Outcome::Kind::Ack) ++a;  // an ack at the stop
+  const std::size_t settled = a + (a < n ? 1 : 0);
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < settled; ++i) bytes += views[i].payload().size();
+  tl_delivered_msgs += settled;  // tenancy usage (scheduler.cpp)
+  tl_delivered_bytes += bytes;
+  gl->delivered.store(gl->delivered.load(std::memory_order_relaxed) + settled, std::memory_order_relaxed);
+  *acked = a;
+  return settled;
 }
 
 // ---------------------------------------------------------------- settle

@@ -129,12 +129,17 @@ class DeliveryCore {
   Invocation invoke(Consumer* c, GroupLane* gl, const Parcel& p, TxnState* tx) noexcept;
   /// A batch handler's call on a span of one lane's messages (durable
   /// topics and queues; the views' attempts and headers set by the caller):
-  /// invoke's marks and tenancy usage for the span, an exception turned into
-  /// stop_at(0, retry). No attempt_timeout, tracer or idempotency scope: the
-  /// runners take this path only without them. Counts nothing per message;
-  /// the caller settles what the outcome says.
-  BatchOutcome invoke_span(Consumer* c, GroupLane* gl, std::span<const MessageView> views,
-                           std::uint64_t bytes) noexcept;
+  /// invoke's marks, an exception turned into stop_at(0, retry). No
+  /// attempt_timeout, tracer or idempotency scope: the runners take this
+  /// path only without them. Counts nothing per message; the caller settles
+  /// what the outcome says and counts the settled messages (span_settled).
+  BatchOutcome invoke_span(Consumer* c, GroupLane* gl, std::span<const MessageView> views) noexcept;
+  /// After invoke_span: how many messages of the span the outcome settled
+  /// (the acked prefix, *acked, and the message it stopped at), counted as
+  /// delivered and in the tenancy usage, as the in-memory batch runner
+  /// counts them; the messages after the stop count when they come again.
+  static std::size_t span_settled(GroupLane* gl, const BatchOutcome& out, std::span<const MessageView> views,
+                                  std::size_t* acked) noexcept;
   /// `durable`: the ack is counted (and a claimed key completed) by the
   /// runner's commit. `outcomes`: attempts of this message that came back
   /// with an outcome, this one included (poison classification).

@@ -419,21 +419,18 @@ DurableRunner::TopicStep DurableRunner::topic_deliver_span(TopicRun& run, Messag
   const std::size_t room = std::min<std::size_t>(g->options.batch_max, run.limit_span - run.handled);
   const std::size_t head = gl->buffer_index;
   std::size_t n = 0;
-  std::uint64_t bytes = 0;
   while (n < room && head + n < gl->buffer.size()) {
     const StoredMessage& m = gl->buffer[head + n];
     if ((run.poison && m.offset < gl->careful_to) || (m.expires_ns != 0 && stored_expired(m))) break;
     stored_view(gl, m, n == 0 ? gl->attempts + 1 : 1, &views[n]);
-    bytes += m.payload.size();
     ++n;
   }
   if (n == 0) return TopicStep::Got;  // the head goes the one-message way
   ++gl->attempts;
-  const BatchOutcome result = bus_.delivery_.invoke_span(run.c, gl, std::span<const MessageView>(views, n), bytes);
-  std::size_t acked = std::min<std::size_t>(result.acked(), n);
-  if (acked < n && result.next().kind() == Outcome::Kind::Ack) ++acked;  // an ack at the stop
-  const std::size_t settled = acked + (acked < n ? 1 : 0);
-  gl->delivered.store(gl->delivered.load(std::memory_order_relaxed) + settled, std::memory_order_relaxed);
+  const std::span<const MessageView> span(views, n);
+  const BatchOutcome result = bus_.delivery_.invoke_span(run.c, gl, span);
+  std::size_t acked = 0;
+  DeliveryCore::span_settled(gl, result, span, &acked);
   if (acked > 0) {
     gl->acked.store(gl->acked.load(std::memory_order_relaxed) + acked, std::memory_order_relaxed);
     if (bus_.options.metrics) {
@@ -1097,18 +1094,15 @@ std::size_t DurableRunner::queue_call_span(QueueRun& run, std::size_t i, Consume
   const std::vector<ClaimedMessage>& claims = run.batch->claims;
   const std::size_t room = std::min<std::size_t>(gl->group->options.batch_max, claims.size() - i);
   std::size_t n = 0;
-  std::uint64_t bytes = 0;
   for (; n < room; ++n) {
     const ClaimedMessage& cm = claims[i + n];
     if (n > 0 && (cm.attempt > 1 || (cm.message.expires_ns != 0 && stored_expired(cm.message)))) break;
     stored_view(gl, cm.message, cm.attempt, &views[n]);
-    bytes += cm.message.payload.size();
   }
-  const BatchOutcome result = bus_.delivery_.invoke_span(c, gl, std::span<const MessageView>(views, n), bytes);
-  std::size_t acked = std::min<std::size_t>(result.acked(), n);
-  if (acked < n && result.next().kind() == Outcome::Kind::Ack) ++acked;  // an ack at the stop
-  const std::size_t settled = acked + (acked < n ? 1 : 0);
-  gl->delivered.store(gl->delivered.load(std::memory_order_relaxed) + settled, std::memory_order_relaxed);
+  const std::span<const MessageView> span(views, n);
+  const BatchOutcome result = bus_.delivery_.invoke_span(c, gl, span);
+  std::size_t acked = 0;
+  const std::size_t settled = DeliveryCore::span_settled(gl, result, span, &acked);
   const std::int64_t now = bus_.options.metrics && acked > 0 ? now_ns() : 0;
   for (std::size_t k = 0; k < acked; ++k) {
     if (now != 0) {
