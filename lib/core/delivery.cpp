@@ -147,6 +147,13 @@ std::size_t DeliveryCore::span_settled(GroupLane* gl, const BatchOutcome& out, s
   tl_delivered_msgs += settled;  // tenancy usage (scheduler.cpp)
   tl_delivered_bytes += bytes;
   gl->delivered.store(gl->delivered.load(std::memory_order_relaxed) + settled, std::memory_order_relaxed);
+  if (options_.metrics && a > 0) {
+    const std::int64_t now = now_ns();
+    for (std::size_t i = 0; i < a; ++i) {
+      const std::int64_t d = now - views[i].created_at_ns();
+      gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
+    }
+  }
   *acked = a;
   return settled;
 }

@@ -430,16 +430,9 @@ DurableRunner::TopicStep DurableRunner::topic_deliver_span(TopicRun& run, Messag
   const std::span<const MessageView> span(views, n);
   const BatchOutcome result = bus_.delivery_.invoke_span(run.c, gl, span);
   std::size_t acked = 0;
-  DeliveryCore::span_settled(gl, result, span, &acked);
+  bus_.delivery_.span_settled(gl, result, span, &acked);
   if (acked > 0) {
     gl->acked.store(gl->acked.load(std::memory_order_relaxed) + acked, std::memory_order_relaxed);
-    if (bus_.options.metrics) {
-      const std::int64_t now = now_ns();
-      for (std::size_t i = 0; i < acked; ++i) {
-        const std::int64_t d = now - gl->buffer[head + i].header.created_at_ns;
-        gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
-      }
-    }
     for (std::size_t i = 0; i < acked; ++i) (void)topic_after(run, -1);  // each leaves the buffer
     run.handled += static_cast<std::uint32_t>(acked);
   }
@@ -500,7 +493,9 @@ DurableRunner::TopicStep DurableRunner::topic_after(TopicRun& run, std::int64_t 
 bool DurableRunner::topic_run_end(TopicRun& run) {
   GroupLane* gl = run.gl;
   gl->done_pos = run.done_upto();
-  const bool holds_more = gl->buffer_index < gl->buffer.size() && !run.retry_pending;
+  // Never while the consumer is being closed or the bus shut down: no later run may come to commit it.
+  const bool holds_more = gl->buffer_index < gl->buffer.size() && !run.retry_pending &&
+                          run.c->enabled.load(std::memory_order_seq_cst) && !bus_.closing();
   if (gl->done_pos > gl->committed_sent &&
       (!holds_more || RetryTimer::now_ns() - gl->committed_sent_ns >= kTopicCommitDelayNs))
     commit_topic_position(gl);
@@ -1102,13 +1097,8 @@ std::size_t DurableRunner::queue_call_span(QueueRun& run, std::size_t i, Consume
   const std::span<const MessageView> span(views, n);
   const BatchOutcome result = bus_.delivery_.invoke_span(c, gl, span);
   std::size_t acked = 0;
-  const std::size_t settled = DeliveryCore::span_settled(gl, result, span, &acked);
-  const std::int64_t now = bus_.options.metrics && acked > 0 ? now_ns() : 0;
+  const std::size_t settled = bus_.delivery_.span_settled(gl, result, span, &acked);
   for (std::size_t k = 0; k < acked; ++k) {
-    if (now != 0) {
-      const std::int64_t d = now - claims[i + k].message.header.created_at_ns;
-      gl->latency.record(d > 0 ? static_cast<std::uint64_t>(d) : 0);
-    }
     run.submit(QueueSettle::Kind::Ack, i + k);
     run.commit();
   }
