@@ -19,7 +19,8 @@
 // per second, measured from just before the first publish until the last
 // handler call (lanebus) / last dequeue (baselines) of EVERY group, so a
 // fan-out case delivers groups x msgs in that time. Throughput runs repeat
-// (default 3) and report the median with the spread min..max.
+// (default 3) and report the median with the spread min..max; BENCH_EACH=1
+// also prints each run's rate to stderr, in order.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -757,7 +758,11 @@ struct Runs {
 
 Runs repeat(int times, const std::function<double()>& f) {
   Runs r;
-  for (int i = 0; i < times; ++i) r.v.push_back(f());
+  const bool each = std::getenv("BENCH_EACH") != nullptr;
+  for (int i = 0; i < times; ++i) {
+    r.v.push_back(f());
+    if (each) std::fprintf(stderr, "run %d: %.2f M msg/s\n", i, r.v.back() / 1e6);
+  }
   return r;
 }
 

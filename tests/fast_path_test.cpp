@@ -192,6 +192,7 @@ TEST_CASE("plain groups: acks, retries, exceptions and rejects in one run keep p
 // publisher takes it over for good; the owner gives it back when destroyed.
 
 #include "bus_impl.hpp"
+#include "clock_bound.hpp"
 #include "wall_clock.hpp"
 
 namespace {
@@ -478,57 +479,10 @@ TEST_CASE("publish_batch through a Publisher appends solo, and keeps order when 
 
 TEST_CASE("WallClock stays within 50 us of CLOCK_REALTIME on every thread") {
   using lanebus::detail::WallClock;
-  // Past the first 100 ms of calibration.
+  // Past the first calibration (5 ms; tests/wall_clock_test.cpp checks it from a fresh process).
   const std::int64_t start = WallClock::realtime_ns();
-  while (WallClock::realtime_ns() - start < 120'000'000) (void)WallClock::now_ns();
-  // The bound holds except after a step of the system clock, which shows
-  // until the next re-anchor (wall_clock.hpp: within 2^27 TSC ticks, under
-  // 70 ms). A VM's clock is stepped by its host now and then: once, two test
-  // processes running side by side under ASan saw errors up to 490 us at the
-  // same moment. So one burst of errors is allowed if it ends within 100 ms
-  // and a further 150 ms is then clean; errors that last longer, or come
-  // back, fail.
-  struct Window {
-    std::atomic<std::int64_t> bad{0}, worst{0};
-    std::atomic<std::int64_t> first_bad{INT64_MAX}, last_bad{0};
-  };
-  auto run = [](Window& w) {
-    const std::int64_t until = WallClock::realtime_ns() + 150'000'000;
-    for (;;) {
-      const std::int64_t before = WallClock::realtime_ns();
-      const std::int64_t now = WallClock::now_ns();
-      const std::int64_t after = WallClock::realtime_ns();
-      const std::int64_t err = now < before ? before - now : (now > after ? now - after : 0);
-      if (err > w.worst.load()) w.worst.store(err);
-      if (err > 50'000) {
-        w.bad.fetch_add(1);
-        std::int64_t f = w.first_bad.load();
-        while (before < f && !w.first_bad.compare_exchange_weak(f, before)) {
-        }
-        std::int64_t l = w.last_bad.load();
-        while (after > l && !w.last_bad.compare_exchange_weak(l, after)) {
-        }
-      }
-      if (after > until) break;
-    }
-  };
-  auto two_threads = [&](Window& w) {
-    std::thread t([&] { run(w); });
-    run(w);
-    t.join();
-  };
-  Window first;
-  two_threads(first);
-  MESSAGE("largest error against CLOCK_REALTIME: " << first.worst.load() << " ns; TSC scaled: " << WallClock::scaled());
-  if (first.bad.load() == 0) return;
-  const std::int64_t burst = first.last_bad.load() - first.first_bad.load();
-  MESSAGE("a burst of " << first.bad.load() << " reads off by more than 50 us over " << burst / 1000
-                        << " us (a step of the system clock?): checking that the next re-anchor ended it");
-  CHECK(burst <= 100'000'000);
-  Window second;
-  two_threads(second);
-  MESSAGE("after it: largest error " << second.worst.load() << " ns");
-  CHECK(second.bad.load() == 0);
+  while (WallClock::realtime_ns() - start < 20'000'000) (void)WallClock::now_ns();
+  lanebus::test::check_clock_bound();
 }
 
 // ---------------------------------------------------------------- batch handlers

@@ -16,6 +16,7 @@
 #include "lanebus/lease.hpp"
 #include "names.hpp"
 #include "trace.hpp"
+#include "wall_clock.hpp"
 
 namespace lanebus {
 
@@ -236,6 +237,9 @@ Result<std::unique_ptr<Bus>> Bus::open(const BusOptions& options) {
         return Status(Code::InvalidArgument, "bus \"" + options.name + "\": namespace \"" + m.name + "\" is mapped twice");
     }
   }
+  // The message clock's calibration starts at the process's first read (wall_clock.hpp):
+  // the bus's first messages, a few ms on, are stamped from the TSC.
+  (void)detail::WallClock::now_ns();
   auto core = std::make_shared<detail::BusCore>(options);
   if (Status s = core->start(); !s.ok()) return s;
   auto bus = std::unique_ptr<Bus>(new Bus(std::move(core)));

@@ -29,21 +29,31 @@ std::atomic<bool> g_refreshing{false};
 // Writer state (guarded by g_refreshing): the base the mult is measured from.
 std::uint64_t g_base_tsc = 0;
 std::int64_t g_base_ns = 0;
+// The last measure that disagreed with the rate (0: none since the last agreement).
+std::uint64_t g_rejected = 0;
 // Before the first calibration: no re-anchor attempt (and its flag) until then.
 std::atomic<std::int64_t> g_calibrate_at_ns{0};
 
-constexpr std::int64_t kFirstSpanNs = 100'000'000;   // calibrate over at least 100 ms
+// Calibrate over at least 5 ms (the process's first Bus::open starts it):
+// with both ends of the span read in under kCalibrationTicks, the rate is
+// off by at most 2 × 512 ticks over 5 ms, 1.4·10^-4 at 1.5 GHz and less
+// on faster TSCs, and it improves as the span grows. It was 100 ms with
+// loose pairs; a process's first 100 ms then read CLOCK_REALTIME per
+// message, half the hot path's rate (doc/performance.md, tenth round).
+constexpr std::int64_t kFirstSpanNs = 5'000'000;
 constexpr std::int64_t kSlideSpanNs = 10'000'000'000;  // then measure over up to the last ~10 s
+constexpr std::uint64_t kAnchorTicks = std::uint64_t{1} << 16;  // ~22 µs at 3 GHz
+constexpr std::uint64_t kCalibrationTicks = std::uint64_t{1} << 10;  // ~340 ns at 3 GHz
 
 /// A (TSC, CLOCK_REALTIME) pair read close together: the TSC at the middle
-/// of the clock read, retried while a preemption spreads the reads over more
-/// than 2^16 ticks (~22 µs at 3 GHz). False when no tight pair came.
-bool sample(std::uint64_t* tsc, std::int64_t* ns) noexcept {
-  for (int tries = 0; tries < 4; ++tries) {
+/// of the clock read, retried while a preemption spreads the reads over
+/// `max_ticks` or more. False when no pair that tight came.
+bool sample(std::uint64_t* tsc, std::int64_t* ns, std::uint64_t max_ticks, int tries) noexcept {
+  for (; tries > 0; --tries) {
     const std::uint64_t t1 = __rdtsc();
     const std::int64_t n = WallClock::realtime_ns();
     const std::uint64_t t2 = __rdtsc();
-    if (t2 >= t1 && t2 - t1 < (std::uint64_t{1} << 16)) {
+    if (t2 >= t1 && t2 - t1 < max_ticks) {
       *tsc = t1 + (t2 - t1) / 2;
       *ns = n;
       return true;
@@ -61,11 +71,21 @@ bool usable() noexcept {
 std::int64_t WallClock::refresh() noexcept {
   std::uint64_t tsc;
   std::int64_t ns;
-  if (!usable() || !sample(&tsc, &ns)) return realtime_ns();
+  if (!usable() || !sample(&tsc, &ns, kAnchorTicks, 4)) return realtime_ns();
   if (ns < g_calibrate_at_ns.load(std::memory_order_relaxed)) return ns;  // too early for a rate
   if (g_refreshing.exchange(true, std::memory_order_acquire)) return ns;  // another thread re-anchors
+  // The ends of a rate's span are tight pairs; a loose one only anchors.
+  std::uint64_t tight_tsc;
+  std::int64_t tight_ns;
+  const bool tight = sample(&tight_tsc, &tight_ns, kCalibrationTicks, 8);
+  if (tight) {
+    tsc = tight_tsc;
+    ns = tight_ns;
+  }
   std::uint64_t mult = anchor_.mult.load(std::memory_order_relaxed);
-  if (g_base_tsc == 0 || tsc <= g_base_tsc || ns <= g_base_ns) {
+  if (!tight) {
+    // Anchor with the loose pair, measure nothing.
+  } else if (g_base_tsc == 0 || tsc <= g_base_tsc || ns <= g_base_ns) {
     g_base_tsc = tsc;  // the first sample, or the clock stepped back: measure from here
     g_base_ns = ns;
     if (mult == 0) g_calibrate_at_ns.store(ns + kFirstSpanNs, std::memory_order_relaxed);
@@ -73,12 +93,19 @@ std::int64_t WallClock::refresh() noexcept {
     const auto m = static_cast<std::uint64_t>((static_cast<u128>(span) << 32) / (tsc - g_base_tsc));
     if (mult == 0 || (m > mult ? m - mult : mult - m) <= mult / 1000) {
       mult = m;  // within 0.1 % of the last rate: NTP's slew, or a better measure
+      g_rejected = 0;
       if (span >= kSlideSpanNs) {
         g_base_tsc = tsc;
         g_base_ns = ns;
       }
+    } else if (g_rejected != 0 && (m > g_rejected ? m - g_rejected : g_rejected - m) <= g_rejected / 1000) {
+      mult = m;  // two spans in a row agree against it: the rate was measured across a step
+      g_rejected = 0;
+      g_base_tsc = tsc;
+      g_base_ns = ns;
     } else {
-      g_base_tsc = tsc;  // a step of the system clock: keep the rate, measure again from here
+      g_rejected = m;  // a step of the system clock: keep the rate, measure again from here
+      g_base_tsc = tsc;
       g_base_ns = ns;
     }
   }
@@ -94,8 +121,11 @@ std::int64_t WallClock::refresh() noexcept {
   g_refreshing.store(false, std::memory_order_release);
   return ns;
 }
+
+bool WallClock::tsc_usable() noexcept { return usable(); }
 #else
 std::int64_t WallClock::refresh() noexcept { return realtime_ns(); }
+bool WallClock::tsc_usable() noexcept { return false; }
 #endif
 
 }  // namespace lanebus::detail

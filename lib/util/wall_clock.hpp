@@ -11,18 +11,23 @@
 //   kRefreshTicks (2^27, 45-70 ms at 2-3 GHz) past tsc0 re-anchors: it reads
 //   a tight (TSC, CLOCK_REALTIME) pair (retried while a preemption spreads
 //   it) and, if it wins a flag, publishes the new anchor.
-// - mult is measured over at least the first 100 ms of the process, then
-//   over a base that slides every ~10 s. A measure more than 0.1 % off the
-//   last one is a step of the system clock: the rate stays, the base moves.
-// - Until the first 100 ms have passed, and where the TSC is not the
-//   kernel's clocksource (it may then be unstable), now_ns() is
-//   clock_gettime itself.
+// - mult is measured from the first clock read of the process (Bus::open
+//   makes one) over at least 5 ms, then over a base that slides every
+//   ~10 s. Both ends of a measured span are tight pairs (read within 2^10
+//   ticks). A measure more than 0.1 % off the last one is a step of the
+//   system clock: the rate stays, the base moves; two such measures in a
+//   row that agree replace the rate (the first one spanned a step).
+// - Until those 5 ms have passed, and where the TSC is not the kernel's
+//   clocksource (it may then be unstable), now_ns() is clock_gettime
+//   itself. (It was 100 ms: the first 100 ms of every process ran the hot
+//   path at half its rate.)
 //
-// Error bound (tested in tests/fast_path_test.cpp): within 50 µs of
-// CLOCK_REALTIME read at the same moment. Between re-anchors the error grows
-// with the mult's error (under 2·10^-4 after 100 ms: ±11 µs of anchor
-// jitter) and NTP's slew (at most 500 ppm): at most ~45 µs over 70 ms; a step
-// of the system clock shows after the next re-anchor. Every thread reads the
+// Error bound (tested in tests/fast_path_test.cpp and, from a fresh
+// process, tests/wall_clock_test.cpp): within 50 µs of CLOCK_REALTIME read
+// at the same moment. Between re-anchors the error grows with the mult's
+// error (under 1.4·10^-4 after 5 ms at 1.5 GHz and less as the span grows;
+// ±11 µs of anchor jitter) and NTP's slew (at most 500 ppm): at most ~45 µs
+// over 70 ms; a step of the system clock shows after the next re-anchor. Every thread reads the
 // same anchor, so an interval between two stamps (a latency) errs by at most
 // 0.07 % of the interval plus an anchor change between them.
 #pragma once
@@ -98,6 +103,8 @@ class WallClock {
   }
 
   /// True when now_ns() scales the TSC (after calibration, on a TSC clocksource).
+  /// The TSC's use: it is the kernel's clocksource (else now_ns() is clock_gettime).
+  static bool tsc_usable() noexcept;
   static bool scaled() noexcept { return anchor_.mult.load(std::memory_order_relaxed) != 0; }
 
  private:
