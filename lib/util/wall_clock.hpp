@@ -13,21 +13,23 @@
 //   it) and, if it wins a flag, publishes the new anchor.
 // - mult is measured from the first clock read of the process (Bus::open
 //   makes one) over at least 5 ms, then over a base that slides every
-//   ~10 s. Both ends of a measured span are tight pairs (read within 2^10
-//   ticks). A measure more than 0.1 % off the last one is a step of the
+//   ~10 s, and only over a span of at least 10^4 times the widths of its
+//   two pairs (the TSC ticks around each clock read): a rate errs by at
+//   most 10^-4 whatever the clock read costs (under valgrind it waits
+//   longer). A measure more than 0.1 % off the last one is a step of the
 //   system clock: the rate stays, the base moves; two such measures in a
 //   row that agree replace the rate (the first one spanned a step).
-// - Until those 5 ms have passed, and where the TSC is not the kernel's
+// - Until that first rate, and where the TSC is not the kernel's
 //   clocksource (it may then be unstable), now_ns() is clock_gettime
-//   itself. (It was 100 ms: the first 100 ms of every process ran the hot
-//   path at half its rate.)
+//   itself. (The first span was a fixed 100 ms: the first 100 ms of every
+//   process ran the hot path at half its rate.)
 //
 // Error bound (tested in tests/fast_path_test.cpp and, from a fresh
 // process, tests/wall_clock_test.cpp): within 50 µs of CLOCK_REALTIME read
 // at the same moment. Between re-anchors the error grows with the mult's
-// error (under 1.4·10^-4 after 5 ms at 1.5 GHz and less as the span grows;
-// ±11 µs of anchor jitter) and NTP's slew (at most 500 ppm): at most ~45 µs
-// over 70 ms; a step of the system clock shows after the next re-anchor. Every thread reads the
+// error (under 10^-4, less as the span grows; ±11 µs of anchor jitter)
+// and NTP's slew (at most 500 ppm): at most ~45 µs over 70 ms; a step of
+// the system clock shows after the next re-anchor. Every thread reads the
 // same anchor, so an interval between two stamps (a latency) errs by at most
 // 0.07 % of the interval plus an anchor change between them.
 #pragma once
