@@ -487,17 +487,30 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
   // A due time or an expiry (delayed.cpp), with this link's magazine: as
   // publish_via_general would, without its link search.
   if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, p.take_id(), nullptr, &p, &lp->mag);
+  // A namespace with a publish quota: this thread's credit admits the
+  // message (doc/tenancy.md), and it is counted in the publisher's tally below.
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
-  if (nsp->pub_limited.load(std::memory_order_relaxed)) [[unlikely]] return publish_via_general(p, m, may_block, fill);
+  const bool limited = nsp->pub_limited.load(std::memory_order_relaxed);
+  if (limited) [[unlikely]] {
+    if (Status q = nsp->admit_credit(need, may_block && options.backpressure == Backpressure::Block,
+                                     options.block_timeout);
+        !q.ok())
+      return q;
+  }
   // Shutdown: read once, after the slot is taken (the Dekker below); a slot
   // taken while closing goes back to the pool.
   Slot* const s = pool.take(lp->mag);  // plain loads and stores unless the magazine refills
-  // No slot in hand: the general path refills or waits under the topic's backpressure.
-  if (s == nullptr) [[unlikely]] return publish_via_general(p, m, may_block, fill);
+  // No slot in hand: the general path refills or waits under the topic's
+  // backpressure (and admits the message itself).
+  if (s == nullptr) [[unlikely]] {
+    if (limited) nsp->give_back_credit(need);
+    return publish_via_general(p, m, may_block, fill);
+  }
   // The slot counts in in_use now; then read closing (shutdown's Dekker, as below).
   AsymmetricFence::light();
   if (bus->closing()) [[unlikely]] {
     pool.free(s);
+    if (limited) nsp->give_back_credit(need);
     return shut_down();
   }
   lp->mag.note_lines(need);
@@ -517,9 +530,8 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   if (lp == nullptr) [[unlikely]] return publish(m, may_block, id, fill);
   PublisherLink& link = *lp;
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
-  // A typed topic checks the record, a namespace with a publish quota
-  // admits the message: the checked (shared) path. So does a publisher
-  // without a slot (more than kPublisherSlots at once).
+  // A typed topic checks the record: the checked (shared) path. So does a
+  // publisher without a slot (more than kPublisherSlots at once).
   // So do a payload beyond the slot (a block of the payload pool), bytes to
   // a topic of typed objects (publish refuses them), and a typed object
   // that does not fit the slot. A typed object that does is constructed in
@@ -531,7 +543,6 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   // A due time or an expiry: delayed.cpp, with this publisher's magazine.
   if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, id, fill, &p, &link.mag);
   if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
-      nsp->pub_limited.load(std::memory_order_relaxed) ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
       (fill == nullptr ? need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)
                        : inline_object_offset(keys, *fill, options.slot_bytes) == 0))
@@ -539,10 +550,24 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   if (fill == nullptr && m.payload.empty())
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
   if (bus->closing()) return shut_down();
+  // A namespace with a publish quota: the credit admits the message here,
+  // and every refusal below gives it back (the tally counts it at the end).
+  // Not the shared path: a topic published to there is shared for good.
+  const bool limited = nsp->pub_limited.load(std::memory_order_relaxed);
+  if (limited) {
+    if (Status q = nsp->admit_credit(need, may_block && options.backpressure == Backpressure::Block,
+                                     options.block_timeout);
+        !q.ok())
+      return q;
+  }
+  const auto refuse = [&](Status st) {
+    if (limited) nsp->give_back_credit(need);
+    return st;
+  };
   const std::uint32_t lane = lane_index(m.key, options.lanes);
   Slot* s = pool.take(link.mag);  // plain loads and stores unless the magazine refills
   if (s == nullptr) s = acquire_slot(lane, may_block);
-  if (s == nullptr) return no_slot(may_block);
+  if (s == nullptr) return refuse(no_slot(may_block));
   // The slot counts in in_use now; then read closing (shutdown's Dekker:
   // shutdown sets closing, runs the heavy fence, then counts slots).
   const bool asym_ok = p.asym;
@@ -553,13 +578,13 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   }
   if (bus->closing()) [[unlikely]] {
     pool.free(s);
-    return shut_down();
+    return refuse(shut_down());
   }
   fill_slot(s, m, lane, id, now_ns(), m.schema_version, fill == nullptr);
   if (fill != nullptr) {
     if (Status st = place_large(*this, s, m, fill, lane, may_block); !st.ok()) {
       pool.free(s);
-      return st;
+      return refuse(st);
     }
   }
 

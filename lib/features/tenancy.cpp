@@ -344,21 +344,25 @@ std::uint64_t NamespaceState::bytes_in() const noexcept {
 
 Status NamespaceState::admit_publish(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept {
   if (pub_limited.load(std::memory_order_relaxed)) {
-    // The common case: this thread's credit covers the message (no atomic write).
-    PublishCredit& c = tl_credit[0];
-    const double need_m = pub_msgs.per_unit();
-    const double need_b = static_cast<double>(bytes) * pub_bytes.per_unit();
-    if (c.ns == this && c.msgs_ns >= need_m && c.bytes_ns >= need_b &&
-        c.epoch == policy_epoch.load(std::memory_order_relaxed) && c.owner == tenancy->uid()) {
-      c.msgs_ns -= need_m;
-      c.bytes_ns -= need_b;
-    } else if (Status s = admit_limited(bytes, may_block, timeout); !s.ok()) {
-      return s;
-    }
+    if (Status s = admit_credit(bytes, may_block, timeout); !s.ok()) return s;
   }
   live.msgs_in.fetch_add(1, std::memory_order_relaxed);
   live.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
   return Status();
+}
+
+Status NamespaceState::admit_credit(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept {
+  // The common case: this thread's credit covers the message (no atomic write).
+  PublishCredit& c = tl_credit[0];
+  const double need_m = pub_msgs.per_unit();
+  const double need_b = static_cast<double>(bytes) * pub_bytes.per_unit();
+  if (c.ns == this && c.msgs_ns >= need_m && c.bytes_ns >= need_b &&
+      c.epoch == policy_epoch.load(std::memory_order_relaxed) && c.owner == tenancy->uid()) {
+    c.msgs_ns -= need_m;
+    c.bytes_ns -= need_b;
+    return Status();
+  }
+  return admit_limited(bytes, may_block, timeout);
 }
 
 Status NamespaceState::admit_limited(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept {
@@ -417,14 +421,16 @@ Status NamespaceState::admit_limited(std::size_t bytes, bool may_block, std::chr
 }
 
 void NamespaceState::unadmit_publish(std::size_t bytes) noexcept {
-  if (pub_limited.load(std::memory_order_relaxed)) {
-    // Back into this thread's credit (the admission just filled it).
-    PublishCredit& c = credit_of(this);
-    c.msgs_ns += pub_msgs.per_unit();
-    c.bytes_ns += static_cast<double>(bytes) * pub_bytes.per_unit();
-  }
+  if (pub_limited.load(std::memory_order_relaxed)) give_back_credit(bytes);
   live.msgs_in.fetch_sub(1, std::memory_order_relaxed);
   live.bytes_in.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+void NamespaceState::give_back_credit(std::size_t bytes) noexcept {
+  // Back into this thread's credit (the admission just filled it).
+  PublishCredit& c = credit_of(this);
+  c.msgs_ns += pub_msgs.per_unit();
+  c.bytes_ns += static_cast<double>(bytes) * pub_bytes.per_unit();
 }
 
 void NamespaceState::delivered(std::uint64_t msgs, std::uint64_t bytes) noexcept {

@@ -135,8 +135,14 @@ struct NamespaceState {
   /// to `timeout` for the quota (Backpressure::Block), else refuse at once.
   Status admit_publish(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept;
   void unadmit_publish(std::size_t bytes) noexcept;
+  /// The publish quota's part of admit_publish alone (a limited namespace):
+  /// for a slotted publisher, which counts the message itself
+  /// (count_in_slot) once the topic took it. give_back_credit undoes it.
+  Status admit_credit(std::size_t bytes, bool may_block, std::chrono::milliseconds timeout) noexcept;
+  void give_back_credit(std::size_t bytes) noexcept;
   /// A slotted publisher (`slot` < kPublisherTallies) counts `bytes` of one
-  /// accepted message in an unlimited namespace: usage only, no atomic RMW.
+  /// accepted message (admitted by admit_credit in a limited namespace):
+  /// usage only, no atomic RMW.
   /// One thread per slot at a time.
   void count_in_slot(std::uint32_t slot, std::uint64_t msgs, std::uint64_t bytes) noexcept {
     PublisherTally& t = pub_tally[slot];
