@@ -362,6 +362,16 @@ TEST_CASE("typed refusals: other types, bytes, throwing constructors") {
   Status th = throwing.publish(t);
   CHECK(th.code() == Code::InvalidArgument);
   CHECK(contains(th.message(), "threw"));
+  // Again, now that this thread's publisher has the topic as its last one:
+  // the publisher's own path (publish_via) constructs in the slot too, and
+  // gives the slot back when the constructor throws.
+  for (int i = 0; i < 100; ++i) {
+    Status again = throwing.publish(t);
+    CHECK(again.code() == Code::InvalidArgument);
+    CHECK(contains(again.message(), "threw"));
+  }
+  for (const TopicStats& ts : bus->stats().topics)
+    if (ts.name == "t.throws") CHECK(ts.slots_in_use == 0);
   CHECK(TypedTopic<Tick>().publish(Tick{}).code() == Code::InvalidArgument);
   CHECK(ticks.publish(Tick{}, OutgoingMessage{.payload = "x"}).code() == Code::InvalidArgument);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -476,17 +476,20 @@ void TopicImpl::route_due(PublisherState* p, Slot* const* slots, std::uint32_t n
 Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool may_block,
                               const PayloadFill* fill) noexcept {
   PublisherLink* const lp = p.last_link;
-  const std::size_t need = m.key.size() + m.idempotency_key.size() + m.payload.size();
-  // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the general path refuses it.)
-  if (fill != nullptr || lp == nullptr || lp->topic != this || p.slot == kNoPublisherSlot || !p.asym ||
-      m.payload.empty() || need > options.slot_bytes ||
+  const std::size_t keys = m.key.size() + m.idempotency_key.size();
+  const std::size_t need = keys + (fill == nullptr ? m.payload.size() : fill->size);
+  // Bytes that fit the slot, or a typed object (TypedTopic<T>) constructed
+  // in it; anything else takes the general path. (A key beyond kMaxKeyBytes
+  // fits a slot of more than 64 KiB: the general path refuses it.)
+  if (lp == nullptr || lp->topic != this || p.slot == kNoPublisherSlot || !p.asym ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
-      schema.load(std::memory_order_relaxed) != nullptr || objects_only.load(std::memory_order_relaxed))
-      [[unlikely]]
+      schema.load(std::memory_order_relaxed) != nullptr ||
+      (fill == nullptr ? m.payload.empty() || need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)
+                       : inline_object_offset(keys, *fill, options.slot_bytes) == 0)) [[unlikely]]
     return publish_via_general(p, m, may_block, fill);
   // A due time or an expiry (delayed.cpp), with this link's magazine: as
   // publish_via_general would, without its link search.
-  if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, p.take_id(), nullptr, &p, &lp->mag);
+  if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, p.take_id(), fill, &p, &lp->mag);
   // A namespace with a publish quota: this thread's credit admits the
   // message (doc/tenancy.md), and it is counted in the publisher's tally below.
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
@@ -515,7 +518,15 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
   }
   lp->mag.note_lines(need);
   const std::uint32_t lane = lane_of(m.key);
-  fill_slot(s, m, lane, p.take_id(), now_ns(), m.schema_version);
+  fill_slot(s, m, lane, p.take_id(), now_ns(), m.schema_version, fill == nullptr);
+  if (fill != nullptr) [[unlikely]] {
+    if (!place_payload(s, bus->payloads(), PayloadPool::kNil, m.payload, fill, options.slot_bytes)) {
+      pool.free(s);
+      if (limited) nsp->give_back_credit(need);
+      return Status::from_literal(Code::InvalidArgument,
+                                  "publish: constructing the typed object in the slot threw (nothing published)");
+    }
+  }
   const bool solo = open_window(*this, p.slot);  // "Solo publishers", bus_impl.hpp
   route_one(s, lane, solo);
   if (solo) close_window(*this, p.slot);
