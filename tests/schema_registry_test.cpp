@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "access.hpp"
+#include "asym_fence.hpp"
+#include "bus_impl.hpp"
 #include "lanebus/lanebus.hpp"
 #include "scratch_dir.hpp"
 #include "wait.hpp"
@@ -97,10 +99,12 @@ TEST_CASE("publish: a record that does not match the latest version is refused a
     Topic t = bus->create_topic(name, to).value();
     // Untyped until a schema is registered.
     std::vector<std::string> seen;
+    std::vector<std::uint16_t> versions;  // the schema version each message was stamped with
     std::mutex mu;
     auto sub = bus->subscribe(t, "g", [&](const MessageView& m) {
                      std::lock_guard l(mu);
                      seen.emplace_back(m.payload());
+                     versions.push_back(m.schema_version());
                      return Outcome::ack();
                    }).value();
     CHECK(t.publish({.payload = "raw bytes"}).ok());
@@ -128,6 +132,14 @@ TEST_CASE("publish: a record that does not match the latest version is refused a
       CHECK(seen[0] == "raw bytes");
       CHECK(seen[1] == good);
       CHECK(seen[2] == good);
+      CHECK(versions[0] == 0);  // before the schema
+      CHECK(versions[1] == 1);  // the latest, stamped at publish
+      CHECK(versions[2] == 1);
+    }
+    if (!durable) {
+      // The checked publishes took this thread's publisher's own path: the
+      // topic is still its solo publisher's (1 = made shared for good).
+      if (detail::AsymmetricFence::available()) CHECK(detail::Access::core(*bus)->find(name)->owner.load() >= 2);
     }
     CHECK(bus->shutdown(ShutdownMode::Drain).ok());
   }

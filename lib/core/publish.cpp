@@ -483,13 +483,18 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
   // fits a slot of more than 64 KiB: the general path refuses it.)
   if (lp == nullptr || lp->topic != this || p.slot == kNoPublisherSlot || !p.asym ||
       (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
-      schema.load(std::memory_order_relaxed) != nullptr ||
       (fill == nullptr ? m.payload.empty() || need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)
-                       : inline_object_offset(keys, *fill, options.slot_bytes) == 0)) [[unlikely]]
+                       : inline_object_offset(keys, *fill, options.slot_bytes) == 0 ||
+                             schema.load(std::memory_order_relaxed) != nullptr)) [[unlikely]]
     return publish_via_general(p, m, may_block, fill);
   // A due time or an expiry (delayed.cpp), with this link's magazine: as
   // publish_via_general would, without its link search.
   if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, p.take_id(), fill, &p, &lp->mag);
+  // A topic with a schema (doc/schemas.md) checks the record first.
+  std::uint16_t schema_version = m.schema_version;
+  if (schema.load(std::memory_order_relaxed) != nullptr) [[unlikely]] {
+    if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  }
   // A namespace with a publish quota: this thread's credit admits the
   // message (doc/tenancy.md), and it is counted in the publisher's tally below.
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
@@ -518,7 +523,7 @@ Status TopicImpl::publish_via(PublisherState& p, const OutgoingMessage& m, bool 
   }
   lp->mag.note_lines(need);
   const std::uint32_t lane = lane_of(m.key);
-  fill_slot(s, m, lane, p.take_id(), now_ns(), m.schema_version, fill == nullptr);
+  fill_slot(s, m, lane, p.take_id(), now_ns(), schema_version, fill == nullptr);
   if (fill != nullptr) [[unlikely]] {
     if (!place_payload(s, bus->payloads(), PayloadPool::kNil, m.payload, fill, options.slot_bytes)) {
       pool.free(s);
@@ -541,8 +546,8 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   if (lp == nullptr) [[unlikely]] return publish(m, may_block, id, fill);
   PublisherLink& link = *lp;
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
-  // A typed topic checks the record: the checked (shared) path. So does a
-  // publisher without a slot (more than kPublisherSlots at once).
+  // A publisher without a slot (more than kPublisherSlots at once) takes
+  // the shared path, and so does a typed object on a topic with a schema.
   // So do a payload beyond the slot (a block of the payload pool), bytes to
   // a topic of typed objects (publish refuses them), and a typed object
   // that does not fit the slot. A typed object that does is constructed in
@@ -553,13 +558,19 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   // path refuses it.)
   // A due time or an expiry: delayed.cpp, with this publisher's magazine.
   if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, id, fill, &p, &link.mag);
-  if (p.slot == kNoPublisherSlot || schema.load(std::memory_order_relaxed) != nullptr ||
-      (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
+  if (p.slot == kNoPublisherSlot || (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
       (fill == nullptr ? need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)
-                       : inline_object_offset(keys, *fill, options.slot_bytes) == 0))
+                       : inline_object_offset(keys, *fill, options.slot_bytes) == 0 ||
+                             schema.load(std::memory_order_relaxed) != nullptr))
     return publish(m, may_block, id, fill);
   if (fill == nullptr && m.payload.empty())
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
+  // A topic with a schema checks the record here, not on the shared path
+  // (a topic published to there is shared for good).
+  std::uint16_t schema_version = m.schema_version;
+  if (schema.load(std::memory_order_relaxed) != nullptr) {
+    if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  }
   if (bus->closing()) return shut_down();
   // A namespace with a publish quota: the credit admits the message here,
   // and every refusal below gives it back (the tally counts it at the end).
@@ -591,7 +602,7 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
     pool.free(s);
     return refuse(shut_down());
   }
-  fill_slot(s, m, lane, id, now_ns(), m.schema_version, fill == nullptr);
+  fill_slot(s, m, lane, id, now_ns(), schema_version, fill == nullptr);
   if (fill != nullptr) {
     if (Status st = place_large(*this, s, m, fill, lane, may_block); !st.ok()) {
       pool.free(s);
