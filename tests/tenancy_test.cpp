@@ -504,8 +504,11 @@ TEST_CASE("quota: a topic in a namespace with a publish quota keeps its solo pub
                   handled.fetch_add(1);
                   return Outcome::ack();
                 }).value();
-  constexpr int kMessages = 5000;
-  for (int i = 0; i < kMessages; ++i) REQUIRE(t.publish(msg("payload-16-bytes")).ok());
+  constexpr int kMessages = 5000, kBatch = 64;
+  for (int i = 0; i < kMessages - kBatch; ++i) REQUIRE(t.publish(msg("payload-16-bytes")).ok());
+  // publish_batch admits each message on the same path.
+  std::vector<OutgoingMessage> batch(kBatch, msg("payload-16-bytes"));
+  REQUIRE(t.publish_batch(batch).published == kBatch);
   const std::uintptr_t owner = detail::Access::core(*bus)->find("metered.events")->owner.load();
   if (detail::AsymmetricFence::available()) {
     CHECK(owner >= 2);  // this thread's publisher's slot + 2; 1 = made shared

@@ -671,10 +671,10 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
   const BatchScan sc = scan_batch(ms, options.slot_bytes, default_ttl_ns);
   if (schema.load(std::memory_order_acquire) != nullptr || nsp->pub_limited.load(std::memory_order_relaxed) ||
       sc.slow) {
-    // A typed topic checks each record, a namespace with a publish quota
-    // admits each message, a payload beyond the slot takes a block: publish
-    // them one by one (same result as the fast path: the published prefix
-    // and the first refusal).
+    // A topic with a schema checks each record, a namespace with a publish
+    // quota admits each message, a payload beyond the slot takes a block:
+    // publish them one by one (same result as the fast path: the published
+    // prefix and the first refusal).
     BatchPublishResult r;
     for (const OutgoingMessage& m : ms) {
       if (m.payload.empty()) {
@@ -690,7 +690,9 @@ BatchPublishResult TopicImpl::publish_batch(std::span<const OutgoingMessage> ms,
       }
     }
     for (const OutgoingMessage& m : ms) {
-      Status st = publish(m, may_block, first_id + r.published);
+      // Through the thread's publisher where there is one: the shared path
+      // would make the topic shared for good.
+      Status st = p != nullptr ? publish_via(*p, m, may_block) : publish(m, may_block, first_id + r.published);
       if (!st.ok()) {
         r.status = st;
         return r;
