@@ -56,6 +56,20 @@ void use_fake_clock(Bus& bus) {
   detail::Access::core(bus)->tenancy()->set_clock(detail::TenancyClock{&fake_now, &fake_sleep});
 }
 
+// A namespace policy with a publish quota of `msgs_per_s`, burst `burst_s`.
+NamespacePolicy publish_quota(double msgs_per_s, double burst_s) {
+  NamespacePolicy p;
+  p.publish.msgs_per_s = msgs_per_s;
+  p.publish.burst_s = burst_s;
+  return p;
+}
+
+TopicOptions fail_fast_options() {
+  TopicOptions o;
+  o.backpressure = Backpressure::FailFast;
+  return o;
+}
+
 const std::vector<Grant> kTenantA = {Grant{"tenant-a", true, true, true}};
 const std::vector<Grant> kTenantB = {Grant{"tenant-b", true, true, true}};
 
@@ -334,12 +348,9 @@ TEST_CASE("quota: tenant A at 500 msg/s, normal 80 msg/s, flash sale offering 20
   lanebus::test::TempDir dir;
   auto bus = open_bus(dir.file("store"), false, 1);
   use_fake_clock(*bus);
-  NamespacePolicy p;
-  p.publish.msgs_per_s = 500;
-  p.publish.burst_s = 0.1;
+  NamespacePolicy p = publish_quota(500, 0.1);
   REQUIRE(bus->namespaces()->create("tenant-a", p).ok());
-  TopicOptions fail_fast;
-  fail_fast.backpressure = Backpressure::FailFast;
+  const TopicOptions fail_fast = fail_fast_options();
   Topic t = bus->create_topic("tenant-a.orders", fail_fast).value();
 
   auto offer = [&](double rate, int seconds, std::uint64_t* accepted, std::uint64_t* refused) {
@@ -491,12 +502,9 @@ TEST_CASE("quota: credit chunks keep high quotas exact") {
 TEST_CASE("quota: a topic in a namespace with a publish quota keeps its solo publisher, and usage stays exact") {
   lanebus::test::TempDir dir;
   auto bus = open_bus(dir.file("store"), false, 1);
-  NamespacePolicy p;
-  p.publish.msgs_per_s = 1e9;
-  p.publish.burst_s = 1;
+  NamespacePolicy p = publish_quota(1e9, 1);
   REQUIRE(bus->namespaces()->create("metered", p).ok());
-  TopicOptions o;
-  o.backpressure = Backpressure::FailFast;
+  TopicOptions o = fail_fast_options();
   o.capacity = 1 << 14;
   Topic t = bus->create_topic("metered.events", o).value();
   std::atomic<int> handled{0};
@@ -521,9 +529,7 @@ TEST_CASE("quota: a topic in a namespace with a publish quota keeps its solo pub
   CHECK(u.bytes_in == kMessages * std::string_view("kpayload-16-bytes").size());
   CHECK(u.refused == 0);
   // The same path refuses past the quota, and a refusal is not counted in.
-  p.publish.msgs_per_s = 1;
-  p.publish.burst_s = 1;
-  REQUIRE(bus->namespaces()->set_policy("metered", p).ok());
+  REQUIRE(bus->namespaces()->set_policy("metered", publish_quota(1, 1)).ok());
   int accepted = 0;
   for (int i = 0; i < 100; ++i) accepted += t.publish(msg("x")).ok() ? 1 : 0;
   CHECK(accepted <= 2);
