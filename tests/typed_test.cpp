@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "asym_fence.hpp"
+#include "bus_impl.hpp"
 #include "lanebus/lanebus.hpp"
 #include "lanebus/record_codec.hpp"
 #include "temp_dir.hpp"
@@ -212,6 +214,10 @@ TEST_CASE("bytes payloads beyond slot_bytes use blocks up to max_payload") {
   }
   REQUIRE(wait_until([&] { return bytes.load() == sent; }));
   CHECK(intact.load());
+  // Blocks are placed on this thread's publisher's path: the topic is still
+  // its solo publisher's (1 = made shared for good by the shared path).
+  if (lanebus::detail::AsymmetricFence::available())
+    CHECK(lanebus::detail::Access::core(*bus)->find("blobs")->owner.load() >= 2);
   // A batch with a large message goes one by one.
   std::string big(5 * 1024, 5);
   OutgoingMessage batch[2] = {{.key = "k", .payload = std::string_view(big).substr(0, 1024)},

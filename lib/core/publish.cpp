@@ -547,11 +547,10 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   PublisherLink& link = *lp;
   NamespaceState* const nsp = ns.load(std::memory_order_acquire);
   // A publisher without a slot (more than kPublisherSlots at once) takes
-  // the shared path, and so does a typed object on a topic with a schema.
-  // So do a payload beyond the slot (a block of the payload pool), bytes to
-  // a topic of typed objects (publish refuses them), and a typed object
-  // that does not fit the slot. A typed object that does is constructed in
-  // the slot here.
+  // the shared path, and so do a typed object on a topic with a schema and
+  // bytes to a topic of typed objects (publish refuses them). A payload
+  // beyond the slot takes a block of the payload pool here; a typed object
+  // is constructed in the slot or in such a block.
   const std::size_t keys = m.key.size() + m.idempotency_key.size();
   const std::size_t need = keys + (fill != nullptr ? fill->size : m.payload.size());
   // (A key beyond kMaxKeyBytes fits a slot of more than 64 KiB: the shared
@@ -559,9 +558,8 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   // A due time or an expiry: delayed.cpp, with this publisher's magazine.
   if (has_times(m, default_ttl_ns)) [[unlikely]] return timed.publish(m, may_block, id, fill, &p, &link.mag);
   if (p.slot == kNoPublisherSlot || (m.key.size() | m.idempotency_key.size()) > Slot::kMaxKeyBytes ||
-      (fill == nullptr ? need > options.slot_bytes || objects_only.load(std::memory_order_relaxed)
-                       : inline_object_offset(keys, *fill, options.slot_bytes) == 0 ||
-                             schema.load(std::memory_order_relaxed) != nullptr))
+      (fill == nullptr ? objects_only.load(std::memory_order_relaxed)
+                       : schema.load(std::memory_order_relaxed) != nullptr))
     return publish(m, may_block, id, fill);
   if (fill == nullptr && m.payload.empty())
     return Status::from_literal(Code::InvalidArgument, "publish: the payload is empty");
@@ -570,6 +568,12 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
   std::uint16_t schema_version = m.schema_version;
   if (schema.load(std::memory_order_relaxed) != nullptr) {
     if (Status st = check_schema(m, &schema_version); !st.ok()) return st;
+  }
+  // Bytes beyond the slot, or an object that does not fit it: a block of
+  // the payload pool (large_payload.cpp), also here rather than shared.
+  const bool large = fill == nullptr ? need > options.slot_bytes : inline_object_offset(keys, *fill, options.slot_bytes) == 0;
+  if (large) {
+    if (Status st = check_large(*this, m, fill); !st.ok()) return st;
   }
   if (bus->closing()) return shut_down();
   // A namespace with a publish quota: the credit admits the message here,
@@ -602,8 +606,8 @@ Status TopicImpl::publish_via_general(PublisherState& p, const OutgoingMessage& 
     pool.free(s);
     return refuse(shut_down());
   }
-  fill_slot(s, m, lane, id, now_ns(), schema_version, fill == nullptr);
-  if (fill != nullptr) {
+  fill_slot(s, m, lane, id, now_ns(), schema_version, fill == nullptr && !large);
+  if (fill != nullptr || large) {
     if (Status st = place_large(*this, s, m, fill, lane, may_block); !st.ok()) {
       pool.free(s);
       return refuse(st);
