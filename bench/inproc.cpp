@@ -766,13 +766,47 @@ Runs repeat(int times, const std::function<double()>& f) {
   return r;
 }
 
+/// `times` rounds of every side, one run each per round, instead of all of
+/// one side's runs and then all of the next's. This VM moves its two vCPUs
+/// between a near and a far placement for seconds at a time, which halves
+/// some rates (doc/benchmarks.md): run in blocks, a side could have all its
+/// runs in one placement and its baseline all in the other, and the ratio
+/// measured the placement. In rounds, run i of every side is taken within a
+/// second or so of the others, so the ratio of round i (pair_ratio) compares
+/// like with like. The order rotates by one each round, so every side runs
+/// in every position equally often (the second of two runs gained up to
+/// 40 % on this VM: run_tenancy_overhead). Returns one Runs per side.
+std::vector<Runs> interleave(int times, const std::vector<std::function<double()>>& sides) {
+  std::vector<Runs> out(sides.size());
+  const bool each = std::getenv("BENCH_EACH") != nullptr;
+  for (int i = 0; i < times; ++i) {
+    for (std::size_t j = 0; j < sides.size(); ++j) {
+      const std::size_t k = (j + static_cast<std::size_t>(i)) % sides.size();
+      out[k].v.push_back(sides[k]());
+      if (each) std::fprintf(stderr, "round %d side %zu: %.2f M msg/s\n", i, k, out[k].v.back() / 1e6);
+    }
+  }
+  return out;
+}
+
+/// One result line. `ratio` is the ratio of the two medians; with `paired`
+/// (both sides from interleave) the line also gives pair_ratio_median, the
+/// median of the rounds' own ratios, and pair_ratio_spread.
 void print_line(const char* name, std::uint64_t n, const Runs& lb, const char* baseline, const Runs& base,
-                const std::string& extra) {
+                const std::string& extra, bool paired = false) {
+  std::string pairs;
+  if (paired && lb.v.size() == base.v.size() && !lb.v.empty()) {
+    Runs r;
+    for (std::size_t i = 0; i < lb.v.size(); ++i) r.v.push_back(lb.v[i] / base.v[i]);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " pair_ratio_median=%.2f pair_ratio_spread=%.2f..%.2f", r.median(), r.min(), r.max());
+    pairs = buf;
+  }
   std::printf(
       "bench=inproc case=%s msgs=%llu lanebus_msgs_per_sec=%.0f baseline=%s baseline_msgs_per_sec=%.0f ratio=%.2f "
-      "lanebus_spread=%.0f..%.0f baseline_spread=%.0f..%.0f%s\n",
+      "lanebus_spread=%.0f..%.0f baseline_spread=%.0f..%.0f%s%s\n",
       name, static_cast<unsigned long long>(n), lb.median(), baseline, base.median(), lb.median() / base.median(),
-      lb.min(), lb.max(), base.min(), base.max(), extra.c_str());
+      lb.min(), lb.max(), base.min(), base.max(), pairs.c_str(), extra.c_str());
   std::fflush(stdout);
 }
 
@@ -852,19 +886,25 @@ void run_1to1(const Config& cfg) {
   const std::uint64_t n = cfg.msgs;
   // 1 producer + 1 worker = 2 threads, the same as the baselines' 1 producer + 1 consumer.
   const int w = workers_for(cfg, 1);
-  Runs lb = repeat(cfg.repeats, [&] { return lanebus_throughput(1, 1, w, n, cfg); });
-  Runs mc = repeat(cfg.repeats, [&] { return mc_throughput(1, 1, n, cfg); });
+  std::vector<std::function<double()>> sides = {
+      [&] { return lanebus_throughput(1, 1, w, n, cfg); },
+      [&] { return mc_throughput(1, 1, n, cfg); },
+      [&] { return asio_throughput(1, 1, w, n, cfg); },
+      [&] { return mutex_throughput(1, 1, w, n, cfg); },
+  };
+#if BENCH_HAVE_ZMQ
+  sides.push_back([&] { return zmq_throughput(n, cfg); });
+#endif
+  const std::vector<Runs> r = interleave(cfg.repeats, sides);  // rounds, not blocks
+  const Runs& lb = r[0];
   std::string extra = " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
                       " baseline_threads=2" + oversub(std::max(1 + w, 2));
-  print_line("1to1", n, lb, "moodycamel", mc, extra);
-  Runs as = repeat(cfg.repeats, [&] { return asio_throughput(1, 1, w, n, cfg); });
-  print_line("1to1", n, lb, "asio_strand", as, extra);
-  Runs mq = repeat(cfg.repeats, [&] { return mutex_throughput(1, 1, w, n, cfg); });
-  print_line("1to1", n, lb, "mutex_queue", mq, extra);
+  print_line("1to1", n, lb, "moodycamel", r[1], extra, true);
+  print_line("1to1", n, lb, "asio_strand", r[2], extra, true);
+  print_line("1to1", n, lb, "mutex_queue", r[3], extra, true);
 #if BENCH_HAVE_ZMQ
-  Runs zq = repeat(cfg.repeats, [&] { return zmq_throughput(n, cfg); });
   // zmq also runs an I/O thread per context (idle for inproc).
-  print_line("1to1", n, lb, "zmq", zq, extra);
+  print_line("1to1", n, lb, "zmq", r[4], extra, true);
 #else
   std::printf("bench=inproc case=1to1 baseline=zmq skipped (built without libzmq)\n");
 #endif
@@ -874,17 +914,18 @@ void run_2to2(const Config& cfg) {
   const std::uint64_t n = cfg.msgs / 2 * 2;
   // 2 workers, as the baseline has 2 consumers; both sides run 4 threads on the machine.
   const int w = workers_for(cfg, 2);
-  Runs lb = repeat(cfg.repeats, [&] { return lanebus_throughput(2, 2, w, n, cfg); });
-  Runs mc = repeat(cfg.repeats, [&] { return mc_throughput(2, 2, n, cfg); });
-  print_line("2to2", n, lb, "moodycamel", mc,
+  const std::vector<Runs> r = interleave(cfg.repeats, {[&] { return lanebus_throughput(2, 2, w, n, cfg); },
+                                                      [&] { return mc_throughput(2, 2, n, cfg); },
+                                                      [&] { return asio_throughput(2, 2, w, n, cfg); },
+                                                      [&] { return mutex_throughput(2, 2, w, n, cfg); }});
+  print_line("2to2", n, r[0], "moodycamel", r[1],
              " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(2 + w) +
-                 " baseline_threads=4" + oversub(std::max(2 + w, 4)));
+                 " baseline_threads=4" + oversub(std::max(2 + w, 4)),
+             true);
   const std::string same = " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(2 + w) +
                            " baseline_threads=" + std::to_string(2 + w) + oversub(2 + w);
-  Runs as = repeat(cfg.repeats, [&] { return asio_throughput(2, 2, w, n, cfg); });
-  print_line("2to2", n, lb, "asio_strand", as, same);
-  Runs mq = repeat(cfg.repeats, [&] { return mutex_throughput(2, 2, w, n, cfg); });
-  print_line("2to2", n, lb, "mutex_queue", mq, same);
+  print_line("2to2", n, r[0], "asio_strand", r[2], same, true);
+  print_line("2to2", n, r[0], "mutex_queue", r[3], same, true);
 }
 
 void run_fanout(const Config& cfg) {
@@ -892,18 +933,19 @@ void run_fanout(const Config& cfg) {
   // lanebus: 2 workers (the default pool size on 2 cores) serve 4 groups; the
   // baseline needs a consumer thread per queue: 5 threads on the machine.
   const int w = workers_for(cfg, 2);
-  Runs lb = repeat(cfg.repeats, [&] { return lanebus_throughput(1, 4, w, n, cfg); });
-  Runs mc = repeat(cfg.repeats, [&] { return mc_throughput(1, 4, n, cfg); });
-  print_line("fanout1to4", n, lb, "moodycamel", mc,
+  const std::vector<Runs> r = interleave(cfg.repeats, {[&] { return lanebus_throughput(1, 4, w, n, cfg); },
+                                                      [&] { return mc_throughput(1, 4, n, cfg); },
+                                                      [&] { return asio_throughput(1, 4, w, n, cfg); },
+                                                      [&] { return mutex_throughput(1, 4, w, n, cfg); }});
+  print_line("fanout1to4", n, r[0], "moodycamel", r[1],
              " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
-                 " baseline_threads=5" + oversub(std::max(1 + w, 5)));
+                 " baseline_threads=5" + oversub(std::max(1 + w, 5)),
+             true);
   // Asio and the mutex queue run on the lanebus worker count (1 + w threads).
   const std::string same = " lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
                            " baseline_threads=" + std::to_string(1 + w) + oversub(1 + w);
-  Runs as = repeat(cfg.repeats, [&] { return asio_throughput(1, 4, w, n, cfg); });
-  print_line("fanout1to4", n, lb, "asio_strand", as, same);
-  Runs mq = repeat(cfg.repeats, [&] { return mutex_throughput(1, 4, w, n, cfg); });
-  print_line("fanout1to4", n, lb, "mutex_queue", mq, same);
+  print_line("fanout1to4", n, r[0], "asio_strand", r[2], same, true);
+  print_line("fanout1to4", n, r[0], "mutex_queue", r[3], same, true);
 }
 
 void run_latency(const Config& cfg) {
@@ -927,15 +969,16 @@ void run_latency(const Config& cfg) {
 void run_1to1_batch64(const Config& cfg) {
   const std::uint64_t n = cfg.msgs;
   const int w = workers_for(cfg, 1);
-  Runs lb = repeat(cfg.repeats, [&] { return lanebus_batch_throughput(w, n, cfg); });
-  Runs mc = repeat(cfg.repeats, [&] { return mc_bulk_throughput(n, cfg); });
-  print_line("1to1_batch64", n, lb, "moodycamel_bulk", mc,
+  // Third side: the gain of batching itself, the same bus with one publish per message.
+  const std::vector<Runs> r = interleave(cfg.repeats, {[&] { return lanebus_batch_throughput(w, n, cfg); },
+                                                      [&] { return mc_bulk_throughput(n, cfg); },
+                                                      [&] { return lanebus_throughput(1, 1, w, n, cfg); }});
+  print_line("1to1_batch64", n, r[0], "moodycamel_bulk", r[1],
              " batch=64 lanebus_workers=" + std::to_string(w) + " lanebus_threads=" + std::to_string(1 + w) +
-                 " baseline_threads=2" + oversub(std::max(1 + w, 2)));
-  // The gain of batching itself: the same bus with one publish per message, in this run.
-  Runs single = repeat(cfg.repeats, [&] { return lanebus_throughput(1, 1, w, n, cfg); });
-  print_line("1to1_batch64", n, lb, "lanebus_publish", single,
-             " batch=64 lanebus_workers=" + std::to_string(w) + " baseline_threads=" + std::to_string(1 + w));
+                 " baseline_threads=2" + oversub(std::max(1 + w, 2)),
+             true);
+  print_line("1to1_batch64", n, r[0], "lanebus_publish", r[2],
+             " batch=64 lanebus_workers=" + std::to_string(w) + " baseline_threads=" + std::to_string(1 + w), true);
 }
 
 void run_metrics_overhead(const Config& cfg) {
