@@ -5,7 +5,10 @@
 // on a shared VM swing by 2x; instruction counts do not.
 //
 // Usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch]
-//                [--stream 0|1] [--delay-us D]
+//                [--stream 0|1] [--delay-us D] [--payload BYTES]
+//   --payload BYTES: the payload's size (8 to 1024, default 64). With a 56-byte
+//   slot header and a 5- or 6-byte key, up to 2 bytes of payload fill one
+//   cache line, 66 two and 130 three (doc/performance.md, "Lines per message").
 //   --delay-us D: every message published with OutgoingMessage::delay of D µs
 //   (doc/delays.md): Publisher::publish then counts the timed publish and the
 //   publisher's releases of due messages (release_inline).
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
   bool batch_handler = false;
   bool stream = false;
   std::int64_t delay_us = 0;
+  std::uint32_t payload_bytes = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string_view a = argv[i];
     const char* v = argv[i + 1];
@@ -46,14 +50,15 @@ int main(int argc, char** argv) {
     else if (a == "--handler") batch_handler = std::string_view(v) == "batch";
     else if (a == "--stream") stream = std::atoi(v) != 0;
     else if (a == "--delay-us") delay_us = std::atoll(v);
+    else if (a == "--payload") payload_bytes = static_cast<std::uint32_t>(std::atoi(v));
     else {
       std::fprintf(stderr,
                    "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch] "
-                   "[--stream 0|1] [--delay-us D]\n");
+                   "[--stream 0|1] [--delay-us D] [--payload BYTES]\n");
       return 2;
     }
   }
-  if (batch == 0 || batch > 1024 || groups == 0 || delay_us < 0) return 2;
+  if (batch == 0 || batch > 1024 || groups == 0 || delay_us < 0 || payload_bytes < 8 || payload_bytes > 1024) return 2;
   // spin = 0: the worker lingers 1 µs on an emptied lane and parks at once,
   // so the wait between rounds adds no spinning to the counts.
   // --stream 1 (for perf): one unbroken stream under the topic's backpressure,
@@ -64,7 +69,10 @@ int main(int argc, char** argv) {
                                  .metrics = metrics})
                  .value();
   // Delayed messages hold their slots for the delay (doc/delays.md, "Sizing").
-  auto topic = bus->create_topic("hotpath", {.lanes = 8, .capacity = delay_us > 0 ? 65536u : 4096u}).value();
+  auto topic = bus->create_topic("hotpath", {.lanes = 8,
+                                             .capacity = delay_us > 0 ? 65536u : 4096u,
+                                             .slot_bytes = std::max<std::uint32_t>(256, payload_bytes + 16)})
+                   .value();
   // The handlers' counter on a line of its own: on main's stack beside the
   // publisher's locals, every handler's increment cost the publisher a miss.
   struct alignas(64) Counter : std::atomic<std::uint64_t> {
@@ -109,7 +117,8 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> keys;
   for (int k = 0; k < 16; ++k) keys.push_back("key-" + std::to_string(k));
-  char payload[64] = {};
+  std::vector<char> payload_buf(payload_bytes);
+  char* const payload = payload_buf.data();
   std::vector<lanebus::OutgoingMessage> span(1024);
   lanebus::Publisher pub = bus->publisher();
   const std::uint64_t kRound = stream ? msgs : 1024;
@@ -122,7 +131,7 @@ int main(int argc, char** argv) {
         const std::uint64_t seq = done + i + j;
         std::memcpy(payload, &seq, sizeof seq);
         span[j] = {.key = keys[seq % keys.size()],
-                   .payload = std::string_view(payload, sizeof payload),
+                   .payload = std::string_view(payload, payload_bytes),
                    .delay = std::chrono::microseconds(delay_us)};
         if (batch == 1 && !pub.publish(topic, span[0]).ok()) return 1;
       }
@@ -138,10 +147,10 @@ int main(int argc, char** argv) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   (void)bus->shutdown(lanebus::ShutdownMode::Drain);
-  std::printf("bench=hotpath msgs=%llu batch=%u groups=%u metrics=%d stream=%d delay_us=%lld handled=%llu "
+  std::printf("bench=hotpath msgs=%llu batch=%u groups=%u metrics=%d stream=%d delay_us=%lld payload=%u handled=%llu "
               "msgs_per_sec=%.0f\n",
               static_cast<unsigned long long>(msgs), batch, groups, metrics ? 1 : 0, stream ? 1 : 0,
-              static_cast<long long>(delay_us),
+              static_cast<long long>(delay_us), payload_bytes,
               static_cast<unsigned long long>(handled.load()), static_cast<double>(msgs) / secs);
   return 0;
 }
