@@ -594,7 +594,10 @@ TEST_CASE("durable: messages delayed less than the writer's queue go straight to
     CHECK_MESSAGE(i > last[i % 2], p << " after s" << last[i % 2] << " of its key");
     last[i % 2] = i;
     std::lock_guard l(mu);
-    CHECK(created.at(p) >= published_at.at(p));  // its due time: never before the publish + 1 us
+    // Its due time: never before the publish + 1 us. The due time is read
+    // from WallClock and published_at from CLOCK_REALTIME: the two agree
+    // within WallClock's bound, 50 us (lib/util/wall_clock.hpp).
+    CHECK(created.at(p) >= published_at.at(p) - 50'000);
     CHECK(seen.at(p) >= created.at(p) - 1'000'000);  // never early (the store's clock against ours: 1 ms)
     // Key k0 holds "late" too: due-time order (a loaded machine may publish past its due time).
     if (i % 2 == 0) CHECK_MESSAGE(late_seen == (created.at(p) > later_due), p << " and \"late\" out of due-time order");

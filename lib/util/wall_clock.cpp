@@ -9,6 +9,19 @@ namespace lanebus::detail {
 
 WallClock::Anchor WallClock::anchor_;
 
+namespace {
+// set_source_for_testing: the clock sample() and refresh() read (nullptr: CLOCK_REALTIME).
+std::atomic<std::int64_t (*)() noexcept> g_source{nullptr};
+std::int64_t source_ns() noexcept {
+  std::int64_t (*const f)() noexcept = g_source.load(std::memory_order_acquire);
+  return f != nullptr ? f() : WallClock::realtime_ns();
+}
+}  // namespace
+
+void WallClock::set_source_for_testing(std::int64_t (*source)() noexcept) noexcept {
+  g_source.store(source, std::memory_order_release);
+}
+
 #if LANEBUS_HAVE_TSC
 namespace {
 /// The TSC is usable only where the kernel itself keeps time with it.
@@ -58,7 +71,7 @@ bool sample(std::uint64_t* tsc, std::int64_t* ns, std::uint64_t* width) noexcept
   std::uint64_t best = kAnchorTicks;
   for (int tries = 0; tries < 4 && best >= kTightTicks; ++tries) {
     const std::uint64_t t1 = __rdtsc();
-    const std::int64_t n = WallClock::realtime_ns();
+    const std::int64_t n = source_ns();
     const std::uint64_t t2 = __rdtsc();
     if (t2 < t1 || t2 - t1 >= best) continue;
     best = t2 - t1;
@@ -78,7 +91,7 @@ bool usable() noexcept {
 std::int64_t WallClock::refresh() noexcept {
   std::uint64_t tsc = 0, width = 0;
   std::int64_t ns = 0;
-  if (!usable() || !sample(&tsc, &ns, &width)) return realtime_ns();
+  if (!usable() || !sample(&tsc, &ns, &width)) return source_ns();
   if (ns < g_calibrate_at_ns.load(std::memory_order_relaxed)) return ns;  // too early for a rate
   if (g_refreshing.exchange(true, std::memory_order_acquire)) return ns;  // another thread re-anchors
   std::uint64_t mult = anchor_.mult.load(std::memory_order_relaxed);
@@ -134,7 +147,7 @@ std::int64_t WallClock::refresh() noexcept {
 
 bool WallClock::tsc_usable() noexcept { return usable(); }
 #else
-std::int64_t WallClock::refresh() noexcept { return realtime_ns(); }
+std::int64_t WallClock::refresh() noexcept { return source_ns(); }
 bool WallClock::tsc_usable() noexcept { return false; }
 #endif
 

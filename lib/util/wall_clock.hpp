@@ -8,9 +8,10 @@
 //   per message. A TSC read costs about 16 ns; scaling it is a multiply.
 // - One anchor for the process: (tsc0, ns0, mult), mult = ns per tick in
 //   32.32 fixed point, under a sequence lock. A reader whose TSC is more than
-//   kRefreshTicks (2^27, 45-70 ms at 2-3 GHz) past tsc0 re-anchors: it reads
-//   a tight (TSC, CLOCK_REALTIME) pair (retried while a preemption spreads
-//   it) and, if it wins a flag, publishes the new anchor.
+//   kRefreshTicks (2^19, 175-260 µs at 2-3 GHz) past tsc0 re-anchors: it
+//   reads a tight (TSC, CLOCK_REALTIME) pair (retried while a preemption
+//   spreads it) and, if it wins a flag, publishes the new anchor. At 25 M
+//   stamps a second that is one clock_gettime per ~5,000 stamps.
 // - mult is measured from the first clock read of the process (Bus::open
 //   makes one) over at least 5 ms, then over a base that slides every
 //   ~10 s, and only over a span of at least 10^4 times the widths of its
@@ -26,12 +27,21 @@
 //
 // Error bound (tested in tests/fast_path_test.cpp and, from a fresh
 // process, tests/wall_clock_test.cpp): within 50 µs of CLOCK_REALTIME read
-// at the same moment. Between re-anchors the error grows with the mult's
-// error (under 10^-4, less as the span grows; ±11 µs of anchor jitter)
-// and NTP's slew (at most 500 ppm): at most ~45 µs over 70 ms; a step of
-// the system clock shows after the next re-anchor. Every thread reads the
-// same anchor, so an interval between two stamps (a latency) errs by at most
-// 0.07 % of the interval plus an anchor change between them.
+// at the same moment. Each re-anchor starts from a fresh pair (±11 µs of
+// anchor jitter at worst, the pair's half width: usually well under 1 µs);
+// between re-anchors the error grows by the difference between the mult
+// and the system clock's current rate times the time since the anchor.
+// That difference is the mult's own error (under 10^-4) plus any change of
+// the clock's rate since it was measured: NTP's or chrony's slew (chrony
+// slews at up to 8.3 %, adjtimex's tick allows ±10 %), which the mult,
+// averaged over up to 10 s, follows only slowly. Re-anchoring every 2^19
+// ticks keeps that under 10 % × 260 µs = 26 µs. (It was 2^27 ticks, up to
+// 70 ms: a clock whose rate changed by 0.5 % then drifted up to 350 µs from
+// CLOCK_REALTIME before the next anchor, and a CI run caught created_at
+// 240-430 µs behind it.) A step of the system clock shows until the next
+// re-anchor. Every thread reads the same anchor, so an interval between two
+// stamps (a latency) errs by at most the rate difference times the interval
+// plus an anchor change between them.
 #pragma once
 
 #include <atomic>
@@ -104,13 +114,19 @@ class WallClock {
     return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
   }
 
+  /// Tests only: the clock that calibration and re-anchoring read instead of
+  /// CLOCK_REALTIME (nullptr: CLOCK_REALTIME again). For a test that makes
+  /// the "system clock" change its rate (tests/wall_clock_test.cpp).
+  static void set_source_for_testing(std::int64_t (*source)() noexcept) noexcept;
+
   /// True when now_ns() scales the TSC (after calibration, on a TSC clocksource).
   /// The TSC's use: it is the kernel's clocksource (else now_ns() is clock_gettime).
   static bool tsc_usable() noexcept;
   static bool scaled() noexcept { return anchor_.mult.load(std::memory_order_relaxed) != 0; }
 
  private:
-  static constexpr std::uint64_t kRefreshTicks = std::uint64_t{1} << 27;  // d * mult stays within 64 bits
+  // 175-260 µs at 2-3 GHz: the error bound above. (d * mult stays within 64 bits up to 2^27.)
+  static constexpr std::uint64_t kRefreshTicks = std::uint64_t{1} << 19;
   static std::int64_t refresh() noexcept;
 
   struct alignas(64) Anchor {
