@@ -8,7 +8,7 @@
 //                [--stream 0|1] [--delay-us D] [--payload BYTES]
 //   --payload BYTES: the payload's size (8 to 1024, default 64). With a 56-byte
 //   slot header and a 5- or 6-byte key, up to 2 bytes of payload fill one
-//   cache line, 66 two and 130 three (doc/performance.md, "Lines per message").
+//   cache line, 66 two and 130 three (doc/performance.md, eleventh round: "The lines a message fills").
 //   --delay-us D: every message published with OutgoingMessage::delay of D µs
 //   (doc/delays.md): Publisher::publish then counts the timed publish and the
 //   publisher's releases of due messages (release_inline).

@@ -76,7 +76,7 @@ TEST_CASE("the bound holds while the system clock's rate changes (a slew of 5 %)
     const std::int64_t before = slewing_clock();
     const std::int64_t now = WallClock::now_ns();
     const std::int64_t after = slewing_clock();
-    const std::int64_t err = now < before ? before - now : (now > after ? now - after : 0);
+    const std::int64_t err = lanebus::test::clock_error(before, now, after);
     worst = std::max(worst, err);
     ++reads;
   }

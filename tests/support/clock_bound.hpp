@@ -15,6 +15,12 @@
 
 namespace lanebus::test {
 
+/// How far `now` (a WallClock read) lies outside [before, after], the
+/// reference clock read on either side of it; 0 inside.
+inline std::int64_t clock_error(std::int64_t before, std::int64_t now, std::int64_t after) {
+  return now < before ? before - now : (now > after ? now - after : 0);
+}
+
 /// Every read within 50 µs of CLOCK_REALTIME. A VM's clock is stepped by
 /// its host now and then (once, two test processes running side by side
 /// under ASan saw errors up to 490 µs at the same moment), and a step shows
@@ -35,7 +41,7 @@ inline void check_clock_bound() {
       const std::int64_t before = WallClock::realtime_ns();
       const std::int64_t now = WallClock::now_ns();
       const std::int64_t after = WallClock::realtime_ns();
-      const std::int64_t err = now < before ? before - now : (now > after ? now - after : 0);
+      const std::int64_t err = clock_error(before, now, after);
       if (err > w.worst.load()) w.worst.store(err);
       if (err > 50'000) {
         w.bad.fetch_add(1);
