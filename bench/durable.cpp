@@ -27,7 +27,10 @@
 //   e2e_latency_queue publish_async -> handler latency on a Sync durable queue at a paced
 //             10k msg/s (steady-clock stamp in the payload) vs lmdb_commit (latency of
 //             one raw LMDB put + fsynced commit: the floor of any durable hop);
-//             here ratio = lanebus p50 / lmdb_commit p50 (lower is better)
+//             here ratio = lanebus p50 / lmdb_commit p50 (lower is better);
+//             hop_p50_us / hop_p90_us: a publish's completion (its commit) to its
+//             handler call; hop_over_commit_pct: the messages whose hop is longer than
+//             one raw commit (doc/performance.md, "The hop after the commit")
 //   e2e_latency_queue_xproc the same with the publisher in a child process (this binary,
 //             --publish-child): the consumer is woken by the commit (wake.shm) or, as
 //             its baseline in the same run, finds the messages by its 50 ms poll alone
@@ -929,6 +932,9 @@ Run sqlite_batch_ack(std::uint64_t n, const std::string& dir) {
 struct Latency {
   double p50_us = 0, p99_us = 0, p999_us = 0, msgs_per_sec = 0;
   std::uint64_t sent = 0, handled = 0;
+  // e2e_latency_queue only: the hop from a publish's completion (its commit)
+  // to its handler call, in ns, one per handled message.
+  std::vector<std::uint64_t> hops;
 };
 
 Latency percentiles(std::vector<std::uint64_t>& v) {
@@ -960,12 +966,20 @@ struct LatencyQueue {
     if (!q.ok()) die((std::string(what) + " create_queue").c_str(), q.status());
     queue = *q;
     auto s = bus->consume(queue, [this](const lanebus::MessageView& m) {
-      std::uint64_t t0 = 0;
+      std::uint64_t t0 = 0, seq = 0;
       std::memcpy(&t0, m.payload().data(), sizeof t0);
-      std::uint64_t d = steady_ns() - t0;
+      std::memcpy(&seq, m.payload().data() + sizeof t0, sizeof seq);
+      const std::uint64_t now = steady_ns();
+      std::uint64_t d = now - t0;
       // Relaxed: each handler call owns its slot; `lat` is read after close() joins the calls.
       std::size_t i = slot.fetch_add(1, std::memory_order_relaxed);
       if (i < cap) lat[i] = d;
+      if (i < cap && seq < cap) {
+        // The completion ran on the writer thread after the commit; 0: not
+        // yet (the handler ran first), a hop of 0.
+        const std::uint64_t done = done_at[seq].load(std::memory_order_acquire);
+        hop[i] = done != 0 && now > done ? now - done : 0;
+      }
       handled.fetch_add(1, std::memory_order_release);
       return lanebus::Outcome::ack();
     });
@@ -986,7 +1000,9 @@ struct LatencyQueue {
     (void)sub.close();
     (void)bus->shutdown(lanebus::ShutdownMode::Abandon, std::chrono::seconds(10));
     lat.resize(std::min(handled.load(), cap));
+    hop.resize(lat.size());
     Latency l = percentiles(lat);
+    l.hops = std::move(hop);
     l.sent = sent;
     l.handled = handled.load();
     l.msgs_per_sec = msgs_per_sec;
@@ -996,6 +1012,10 @@ struct LatencyQueue {
   const char* what;
   std::size_t cap;
   std::vector<std::uint64_t> lat;
+  // done_at[seq]: steady_ns() when message seq's publish completed (0: not
+  // yet); hop[i]: handler call i's time since its message's completion.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> done_at = std::make_unique<std::atomic<std::uint64_t>[]>(cap);
+  std::vector<std::uint64_t> hop = std::vector<std::uint64_t>(cap);
   std::atomic<std::size_t> slot{0}, handled{0};
   std::unique_ptr<lanebus::Bus> bus;
   lanebus::Topic queue;
@@ -1003,14 +1023,16 @@ struct LatencyQueue {
 };
 
 // Publishes to `q` at `rate` msg/s for `seconds` with publish_async, each
-// payload stamped with steady_ns() at its head; failed completions counted
-// in `failed`. Returns the count sent and the seconds it took.
+// payload stamped with steady_ns() at its head and its sequence number after
+// it; failed completions counted in `failed`. `done_at` (when not null, `cap`
+// entries): each completion's steady_ns() at its sequence number. Returns the
+// count sent and the seconds it took.
 struct Paced {
   std::uint64_t sent = 0;
   double seconds = 0;
 };
 Paced publish_paced(const lanebus::Topic& q, double rate, double seconds, std::atomic<std::uint64_t>& failed,
-                    const char* what) {
+                    const char* what, std::atomic<std::uint64_t>* done_at = nullptr, std::size_t cap = 0) {
   std::string payload = kPayload;
   auto start = Clock::now();
   auto until = start + std::chrono::duration<double>(seconds);
@@ -1020,8 +1042,11 @@ Paced publish_paced(const lanebus::Topic& q, double rate, double seconds, std::a
     std::this_thread::sleep_until(next);
     std::uint64_t now = steady_ns();
     std::memcpy(payload.data(), &now, sizeof now);
+    const std::uint64_t seq = r.sent;
+    std::memcpy(payload.data() + sizeof now, &seq, sizeof seq);
     std::string key = "key" + std::to_string(r.sent % 256);
-    auto st = q.publish_async({.key = key, .payload = payload}, [&failed](const lanebus::Status& s, std::uint64_t) {
+    auto st = q.publish_async({.key = key, .payload = payload}, [&failed, done_at, cap, seq](const lanebus::Status& s, std::uint64_t) {
+      if (done_at != nullptr && seq < cap) done_at[seq].store(steady_ns(), std::memory_order_release);
       if (!s.ok()) failed.fetch_add(1, std::memory_order_relaxed);
     });
     if (!st.ok()) die(what, st);
@@ -1034,7 +1059,7 @@ Paced publish_paced(const lanebus::Topic& q, double rate, double seconds, std::a
 Latency e2e_queue(double rate, const std::string& dir) {
   LatencyQueue c(rate, dir, true, "e2e");
   std::atomic<std::uint64_t> failed{0};
-  const Paced p = publish_paced(c.queue, rate, g_seconds, failed, "e2e publish");
+  const Paced p = publish_paced(c.queue, rate, g_seconds, failed, "e2e publish", c.done_at.get(), c.cap);
   const std::uint64_t sent = p.sent;
   const double send_elapsed = p.seconds;
   c.drain(sent);
@@ -1356,7 +1381,7 @@ int main(int argc, char** argv) {
   }
   if (want("e2e_latency_queue")) {
     const double kRate = g_rate;
-    std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate;
+    std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate, hop50, hop90, hop_slow;
     std::uint64_t sent = 0, handled = 0;
     for (int r = 0; r < g_repeats; ++r) {
       Latency l = e2e_queue(kRate, fresh_dir("e2e_latency"));
@@ -1364,15 +1389,26 @@ int main(int argc, char** argv) {
       p50.push_back(l.p50_us), p99.push_back(l.p99_us), p999.push_back(l.p999_us), rate.push_back(l.msgs_per_sec);
       floor50.push_back(f.p50_us), floor99.push_back(f.p99_us), floor999.push_back(f.p999_us);
       sent += l.sent, handled += l.handled;
+      // The hop from completion to handler, and the share of messages whose
+      // hop is longer than one raw commit (they waited for a later commit).
+      if (!l.hops.empty()) {
+        std::size_t slow = 0;
+        for (std::uint64_t h : l.hops) slow += static_cast<double>(h) > f.p50_us * 1e3;
+        hop_slow.push_back(100.0 * static_cast<double>(slow) / static_cast<double>(l.hops.size()));
+        hop50.push_back(static_cast<double>(pct(l.hops, 0.50)) / 1e3);
+        hop90.push_back(static_cast<double>(pct(l.hops, 0.90)) / 1e3);
+      }
     }
     std::printf("bench=durable case=e2e_latency_queue repeats=%d target_rate=%.0f offered_msg_per_s=%.0f sent=%llu handled=%llu "
                 "p50_us=%.1f p50_us_spread=%.1f..%.1f p99_us=%.1f p99_us_spread=%.1f..%.1f p999_us=%.1f p999_us_spread=%.1f..%.1f "
-                "lmdb_commit_p50_us=%.1f lmdb_commit_p99_us=%.1f lmdb_commit_p999_us=%.1f ratio=%.2f\n",
+                "lmdb_commit_p50_us=%.1f lmdb_commit_p99_us=%.1f lmdb_commit_p999_us=%.1f ratio=%.2f "
+                "hop_p50_us=%.1f hop_p90_us=%.1f hop_over_commit_pct=%.1f\n",
                 g_repeats, kRate, spread(rate).median, static_cast<unsigned long long>(sent),
                 static_cast<unsigned long long>(handled), spread(p50).median, spread(p50).min, spread(p50).max,
                 spread(p99).median, spread(p99).min, spread(p99).max, spread(p999).median, spread(p999).min,
                 spread(p999).max, spread(floor50).median, spread(floor99).median, spread(floor999).median,
-                spread(floor50).median > 0 ? spread(p50).median / spread(floor50).median : 0.0);
+                spread(floor50).median > 0 ? spread(p50).median / spread(floor50).median : 0.0, spread(hop50).median,
+                spread(hop90).median, spread(hop_slow).median);
     std::fflush(stdout);
   }
   if (want("e2e_latency_queue_xproc")) {
