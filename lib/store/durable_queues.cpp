@@ -181,10 +181,6 @@ Status QueueClaims::ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t l
     if (!ds.ok() && ds.code() != Code::NotFound) return ds;
     rec.committed += 1;
   }
-  // The lane's head moved: what waits behind it may be claimed for an armed
-  // mailbox in this same commit (claim_ahead_in).
-  const std::uint64_t k = WriteCtx::lk(group.topic_id, lane);
-  if (ctx.heads_acked.empty() || ctx.heads_acked.back() != k) ctx.heads_acked.push_back(k);
   return ctx.put_cursor(group.topic_id, group.group_id, lane, rec);
 }
 
@@ -271,27 +267,14 @@ void QueueClaims::claim_ahead_in(WriteCtx& ctx) {
     claim_for(box);
     if (!ctx.dead.ok()) return;  // the batch fails; the request's completion wakes the lane
   }
-  auto claim_lane = [&](std::uint64_t k) {
+  for (const auto& [k, appended] : ctx.dirty) {
+    if (!appended) continue;
     auto it = ahead_.find(k);
-    if (it == ahead_.end()) return;
+    if (it == ahead_.end()) continue;
     for (ClaimAhead* box : it->second) {
       claim_for(box);
       if (!ctx.dead.ok()) return;
     }
-  };
-  for (const auto& [k, appended] : ctx.dirty) {
-    if (appended) claim_lane(k);
-    if (!ctx.dead.ok()) return;
-  }
-  // Lanes whose head an ack of this batch moved: the messages behind it were
-  // appended while it was in flight (an ordered claim stopped there), and
-  // would otherwise wait for the lane's next append or its consumer's
-  // request, one more commit (doc/performance.md, "The hop after the commit").
-  std::sort(ctx.heads_acked.begin(), ctx.heads_acked.end());
-  ctx.heads_acked.erase(std::unique(ctx.heads_acked.begin(), ctx.heads_acked.end()), ctx.heads_acked.end());
-  for (std::uint64_t k : ctx.heads_acked) {
-    claim_lane(k);
-    if (!ctx.dead.ok()) return;
   }
 }
 

@@ -163,9 +163,6 @@ struct DurableStore::WriteCtx {
   std::uint64_t retention_deleted = 0;
   std::uint64_t claims = 0, redeliveries = 0, acks = 0;
   std::vector<ClaimAhead*> ahead_requests{};  // QueueClaims::request: claim for these at the batch's end
-  // Lanes (lk) whose queue cursor an ack advanced in this batch: their armed
-  // mailboxes are claimed for at the batch's end too (QueueClaims::claim_ahead_in).
-  std::vector<std::uint64_t> heads_acked{};
   // A cursor on the log per lane appended to in this batch (the first
   // kLogCursors lanes; later ones use mdb_put). A lane's next record sorts
   // right after its last, so LMDB finds its page from the cursor's page

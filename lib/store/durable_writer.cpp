@@ -242,7 +242,7 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       ++applied;
       if (!ctx.dead.ok()) break;
     }
-    if (ctx.dead.ok() && (!ctx.dirty.empty() || !ctx.ahead_requests.empty() || !ctx.heads_acked.empty())) {
+    if (ctx.dead.ok() && (!ctx.dirty.empty() || !ctx.ahead_requests.empty())) {
       if (!ahead.owns_lock()) ahead = s_.claims_->lock_ahead();
       if (ahead.owns_lock()) s_.claims_->claim_ahead_in(ctx);
     }
