@@ -24,6 +24,7 @@
 //       COUNT messages "PREFIX-I" one by one, printing "published PAYLOAD"
 //       when each publish returned (committed). With COUNT 0 it publishes
 //       nothing, waits until nothing is left to handle, prints
+//       "dead PAYLOAD CLASS ATTEMPTS" for each dead letter,
 //       "stats CLAIMS CLAIMS_AHEAD" (the store's counters), "idle", and exits.
 //   durable_child readers DIR
 //       until killed: opens the LMDB environment (which reserves 2 reader
@@ -211,6 +212,14 @@ int bus_queue(int argc, char** argv) {
       quiet = drained() ? quiet + 1 : 0;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    // Dead letters: a message whose claims were lost to kills poison_after_crashes
+    // times (DlqOptions, 3 by default) is dead-lettered as poison without a call.
+    auto dlq = (*bus)->dead_letters();
+    if (!dlq.ok()) return 6;
+    auto dead = (*dlq)->list();
+    if (!dead.ok()) return 6;
+    for (const lanebus::DlqEntry& e : *dead)
+      say("dead " + e.payload + " " + lanebus::to_string(e.error_class) + " " + std::to_string(e.attempts));
     const auto c = lanebus::detail::Access::core(**bus)->store()->counters();
     say("stats " + std::to_string(c.claims) + " " + std::to_string(c.claims_ahead));
     say("idle");

@@ -271,6 +271,7 @@ TEST_CASE("crash loop: a Bus that publishes to and consumes a durable queue, kil
   const std::string store_dir = dir.file("bus");
   std::set<std::string> published;
   std::map<std::string, std::uint32_t> last_attempt;  // payload -> highest attempt handled
+  std::set<std::string> dead;  // payloads dead-lettered as poison (the finisher's "dead" lines)
   std::uint64_t handled_lines = 0, skipped_attempts = 0;
   auto account = [&](const std::vector<std::string>& lines) {
     for (const std::string& line : lines) {
@@ -289,6 +290,14 @@ TEST_CASE("crash loop: a Bus that publishes to and consumes a durable queue, kil
         if (attempt > before + 1) ++skipped_attempts;  // claimed, then killed before the call
         last_attempt[w[1]] = attempt;
         ++handled_lines;
+      } else if (w[0] == "dead") {
+        // Its claims were lost to kills poison_after_crashes times (3 by
+        // default; a kill between the claim's commit and the call counts as
+        // a crash, doc/dlq.md): dead-lettered as poison, not lost.
+        REQUIRE(w.size() == 4);
+        CHECK_MESSAGE(w[2] == "poison", line);
+        CHECK_MESSAGE(std::stoul(w[3]) >= 3, line);
+        dead.insert(w[1]);
       } else {
         REQUIRE_MESSAGE((w[0] == "ready" || w[0] == "idle" || w[0] == "stats"), line);
       }
@@ -315,7 +324,10 @@ TEST_CASE("crash loop: a Bus that publishes to and consumes a durable queue, kil
   REQUIRE(stats.size() == 3);
   CHECK(stats[0] == "stats");
   CHECK(stats[1] == stats[2]);  // the finisher's claims were all made by the writer
-  for (const std::string& p : published) CHECK_MESSAGE(last_attempt.count(p) == 1, "never handled: " << p);
+  // Every committed publish was handled, or is in the DLQ as poison.
+  for (const std::string& p : published)
+    CHECK_MESSAGE((last_attempt.count(p) == 1 || dead.count(p) == 1), "never handled nor dead-lettered: " << p);
+  for (const std::string& p : dead) CHECK_MESSAGE(published.count(p) == 1, "dead-lettered, never published: " << p);
   {
     auto store = open_store(store_dir);
     auto q = store->find_topic("crash.bus");
@@ -331,7 +343,8 @@ TEST_CASE("crash loop: a Bus that publishes to and consumes a durable queue, kil
     }
   }
   MESSAGE("cycles=" << cycles << " published=" << published.size() << " handler calls=" << handled_lines
-                    << " attempts lost to a kill before the call=" << skipped_attempts);
+                    << " attempts lost to a kill before the call=" << skipped_attempts
+                    << " dead-lettered as poison=" << dead.size());
   lanebus::test::print_figures("durable_crash_bus_queue", static_cast<std::uint64_t>(cycles), published.size(), t0);
 }
 
