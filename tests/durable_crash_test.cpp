@@ -324,10 +324,11 @@ TEST_CASE("crash loop: a Bus that publishes to and consumes a durable queue, kil
   REQUIRE(stats.size() == 3);
   CHECK(stats[0] == "stats");
   CHECK(stats[1] == stats[2]);  // the finisher's claims were all made by the writer
-  // Every committed publish was handled, or is in the DLQ as poison.
+  // Every committed publish was handled, or is in the DLQ as poison. (A dead
+  // letter, like a handled message, may be one whose publish committed but
+  // whose child was killed before it printed "published".)
   for (const std::string& p : published)
     CHECK_MESSAGE((last_attempt.count(p) == 1 || dead.count(p) == 1), "never handled nor dead-lettered: " << p);
-  for (const std::string& p : dead) CHECK_MESSAGE(published.count(p) == 1, "dead-lettered, never published: " << p);
   {
     auto store = open_store(store_dir);
     auto q = store->find_topic("crash.bus");
