@@ -269,6 +269,75 @@ TEST_CASE("a durable queue's consumer never waits for a claim: the writer claims
   CHECK(c.claims_ahead == c.claims);  // every claim made by the writer, none by a waiting worker
 }
 
+TEST_CASE("a durable queue's mailbox is pipelined: messages published while the lane's head is handled are claimed in their own commit, in order, and a retry of the head sends them back") {
+  TempDir tmp;
+  auto bus = Bus::open(durable_bus(tmp.path)).value();
+  auto queue = bus->create_queue("jobs", {.lanes = 1, .durable = true}).value();
+  auto* store = detail::Access::core(*bus)->store();
+  std::mutex mu;
+  std::vector<std::string> seen;  // payload@attempt, in handler order
+  std::atomic<bool> head_in{false}, go{false};
+  GroupOptions go_opts;
+  go_opts.max_attempts = 5;
+  go_opts.backoff_initial = 1ms;
+  go_opts.visibility = 5min;
+  auto sub = bus->consume(queue, [&](const MessageView& m) {
+                  const std::string p(m.payload());
+                  {
+                    std::lock_guard l(mu);
+                    seen.push_back(p + "@" + std::to_string(m.attempt()));
+                  }
+                  if (p == "h" && m.attempt() == 1) {
+                    head_in = true;
+                    while (!go) std::this_thread::sleep_for(1ms);
+                    return Outcome::retry("once");  // the messages claimed behind it go back
+                  }
+                  if (p == "a" && m.attempt() == 1) {
+                    head_in = true;
+                    while (!go) std::this_thread::sleep_for(1ms);
+                  }
+                  return Outcome::ack();
+                }, go_opts).value();
+
+  // The head's handler is running; two publishes commit meanwhile. Each is
+  // claimed in its own append's commit, behind the head (passed), before
+  // publish returns.
+  REQUIRE(queue.publish({.key = "k", .payload = "a"}).ok());
+  REQUIRE(wait_until([&] { return head_in.load(); }));
+  const auto before = store->counters();
+  REQUIRE(queue.publish({.key = "k", .payload = "b"}).ok());
+  REQUIRE(queue.publish({.key = "k", .payload = "c"}).ok());
+  const auto after = store->counters();
+  CHECK(after.claims_passed - before.claims_passed == 2);
+  CHECK(after.claims - before.claims == 2);
+  go = true;
+  REQUIRE(wait_until([&] {
+    std::lock_guard l(mu);
+    return seen.size() == 3;
+  }));
+  {
+    std::lock_guard l(mu);
+    CHECK(seen == std::vector<std::string>{"a@1", "b@1", "c@1"});
+    seen.clear();
+  }
+
+  // A head that is retried: what was claimed behind it is given back
+  // uncounted and handled after the head's second attempt.
+  head_in = false;
+  go = false;
+  REQUIRE(queue.publish({.key = "k", .payload = "h"}).ok());
+  REQUIRE(wait_until([&] { return head_in.load(); }));
+  REQUIRE(queue.publish({.key = "k", .payload = "x"}).ok());
+  REQUIRE(queue.publish({.key = "k", .payload = "y"}).ok());
+  go = true;
+  REQUIRE(wait_until([&] {
+    std::lock_guard l(mu);
+    return seen.size() == 4;
+  }));
+  std::lock_guard l(mu);
+  CHECK(seen == std::vector<std::string>{"h@1", "h@2", "x@1", "y@1"});
+}
+
 TEST_CASE("claims made ahead and never taken go back at a clean shutdown and when the last consumer leaves") {
   TempDir tmp;
   BusOptions o = durable_bus(tmp.path);

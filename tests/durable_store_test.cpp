@@ -508,6 +508,106 @@ TEST_CASE("claims in the append's transaction: a closed mailbox's claims are giv
   CHECK(store->request_claims(&box).code() == Code::ShutDown);
 }
 
+TEST_CASE("claims in the append's transaction: a pipelined mailbox claims behind its own claims in flight, in order") {
+  TempDir dir;
+  auto store = must_open(options_for(dir.path()));
+  auto q = store->open_topic("jobs", TopicSpec{1, true, {}});
+  REQUIRE(q.ok());
+  auto g = store->open_group(*q, "workers");
+  REQUIRE(g.ok());
+  using lanebus::detail::ClaimedMessage;
+  lanebus::detail::ClaimAhead box(*q, *g, 0);
+  store->watch_claims(&box);
+  box.open();
+  box.arm(2, std::chrono::minutes(5), true);
+  auto in_flight = [&] { return (*store->group_info(*g))[0].in_flight; };
+  std::vector<ClaimedMessage> head, got;
+  REQUIRE(store->append(request(*q, "k", "job0")).ok());
+  REQUIRE(box.take(&head));
+  REQUIRE(head.size() == 1);
+
+  // job0 is in flight, handed to this mailbox: the commits of the next
+  // appends claim behind it, and the mailbox stays armed.
+  REQUIRE(store->append(request(*q, "k", "job1")).ok());
+  REQUIRE(store->append(request(*q, "k", "job2")).ok());
+  REQUIRE(box.take(&got));
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].message.payload == "job1");
+  CHECK(got[1].message.payload == "job2");
+  CHECK(got[1].attempt == 1);
+  CHECK(store->counters().claims_passed == 2);
+  CHECK(in_flight() == 3);
+
+  // At most `max` (2) wait in the mailbox: the third append is not claimed.
+  std::vector<ClaimedMessage> waiting;
+  for (int i = 3; i <= 5; ++i) REQUIRE(store->append(request(*q, "k", "job" + std::to_string(i))).ok());
+  CHECK(in_flight() == 5);
+
+  // The consumer retries job0: it disarms (a new generation) and gives back
+  // what waits and what it had taken behind job0.
+  box.disarm(&waiting);
+  REQUIRE(waiting.size() == 2);
+  CHECK(waiting[0].message.payload == "job3");
+  REQUIRE(store->give_back_claims(waiting, *g, 0).ok());
+  REQUIRE(store->give_back_claims(got, *g, 0).ok());
+  REQUIRE(store->release(*g, 0, 0, 1, std::chrono::milliseconds(0)).ok());
+  CHECK(in_flight() == 1);  // job0, deliverable again
+
+  // A claim made under the old generation (a commit that was under way) is
+  // refused and left for the writer to give back.
+  std::uint32_t max = 0;
+  ClaimOptions wo;
+  std::uint64_t old_gen = 0;
+  box.arm(2, std::chrono::minutes(5), true);
+  REQUIRE(box.wanted(&max, &wo, &old_gen));
+  CHECK(max == 2);
+  std::vector<ClaimedMessage> none;
+  box.disarm(&none);
+  std::vector<ClaimedMessage> late(1);
+  late[0].message.offset = 6;
+  CHECK_FALSE(box.offer(&late, old_gen));
+  CHECK(late.size() == 1);
+
+  // Armed again: job0 comes back alone at attempt 2, and a redelivery is
+  // never passed: the next append claims nothing behind it.
+  box.arm(2, std::chrono::minutes(5), true);
+  REQUIRE(store->append(request(*q, "k", "job6")).ok());
+  head.clear();
+  REQUIRE(box.take(&head));
+  REQUIRE(head.size() == 1);
+  CHECK(head[0].message.payload == "job0");
+  CHECK(head[0].attempt == 2);
+  REQUIRE(store->append(request(*q, "k", "job7")).ok());
+  CHECK_FALSE(box.has_ready());
+
+  // job0 acked and settled: the next append claims from job1 on, first attempts.
+  REQUIRE(store->ack(*g, 0, 0, 2).ok());
+  box.settled_through(0);
+  REQUIRE(store->append(request(*q, "k", "job8")).ok());
+  got.clear();
+  REQUIRE(box.take(&got));
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].message.payload == "job1");
+  CHECK(got[0].attempt == 1);
+  CHECK(got[1].message.payload == "job2");
+
+  // Another consumer's claim is never passed.
+  for (const auto& cm : got) REQUIRE(store->ack(*g, 0, cm.message.offset, cm.attempt).ok());
+  box.settled_through(2);
+  ClaimOptions other;
+  other.visibility = std::chrono::minutes(5);
+  auto theirs = store->claim_batch(*g, 0, 1, other);
+  REQUIRE(theirs.ok());
+  REQUIRE(theirs->size() == 1);
+  CHECK((*theirs)[0].message.payload == "job3");
+  REQUIRE(store->append(request(*q, "k", "job9")).ok());
+  CHECK_FALSE(box.has_ready());
+
+  box.close(&got);
+  store->unwatch_claims(&box);
+  REQUIRE(store->close().ok());
+}
+
 TEST_CASE("queue: the attempt is stored before claim returns; ack advances; expiry redelivers; stale acks are refused") {
   TempDir dir;
   auto store = must_open(options_for(dir.path()));

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -57,7 +58,10 @@ std::unique_ptr<LeaseTable> open_or_die(const std::string& path,
 
 LeaseOwner owner_or_die() {
   auto o = LeaseOwner::generate();
-  if (!o.ok()) std::exit(3);
+  if (!o.ok()) {
+    say("error owner %s", o.status().to_string().c_str());
+    std::exit(3);
+  }
   return *o;
 }
 
@@ -115,7 +119,10 @@ int contend(const std::string& table_path, const std::string& sink_dir, const st
   auto table = open_or_die(table_path);
   LeaseOwner me = owner_or_die();
   std::FILE* log = std::fopen(log_path.c_str(), "w");
-  if (log == nullptr) return 3;
+  if (log == nullptr) {
+    say("error log %s: %s", log_path.c_str(), std::strerror(errno));
+    return 3;
+  }
   std::mt19937_64 rng(seed);
   std::map<std::string, std::unique_ptr<FencedSink>> sinks;
   const std::int64_t ttl_ns = ttl_ms * 1000000;

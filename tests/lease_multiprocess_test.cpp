@@ -133,7 +133,12 @@ ContentionResult run_contention(bool fence, std::uint64_t seed, long seconds) {
         // check ptrace-stops the process, and a SIGSTOP/SIGCONT arriving
         // then can leave it stopped for good (seen in fence_multiprocess_test).
         std::to_string(seconds * 1000 + 2000), std::to_string(w)}));
-    REQUIRE(kids.back()->read_line() == "ready");
+    const std::string line = kids.back()->read_line();
+    if (line != "ready") {
+      Child& k = *kids.back();
+      FAIL("contention worker " << w << " did not start: it said \"" << line << "\", "
+                                << (k.started() ? "exit status " + std::to_string(k.wait()) : std::string("spawn failed")));
+    }
   }
   ContentionResult res;
   std::mt19937_64 rng(seed);

@@ -848,6 +848,7 @@ class DurableRunner {
   struct QueueRun;
   bool claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, QueueBatch& batch, bool* full, bool ahead);
   void give_back_claims_ahead(GroupLane* gl);
+  void break_claims_ahead(GroupLane* gl);
   bool queue_before_call(QueueRun& run, std::size_t i, std::uint32_t poison_after, std::uint32_t* outcomes);
   void queue_call(QueueRun& run, std::size_t i, Consumer* c, std::uint32_t outcomes,
                   std::set<std::string_view>& keys_done);

@@ -37,6 +37,11 @@ constexpr std::int64_t kTopicCommitDelayNs = 20'000'000;
 
 bool poison_on(const DlqStore* dlq) noexcept { return dlq != nullptr && dlq->options().poison_after_crashes > 0; }
 
+// Claims ahead are pipelined (claim_ahead.hpp) unless one crash makes a
+// message poison: a message claimed behind another is charged that one's
+// crash too.
+bool pipelined_claims(const DlqStore* dlq) noexcept { return !poison_on(dlq) || dlq->options().poison_after_crashes > 1; }
+
 }  // namespace
 
 void DurableRunner::run_durable_lane(GroupLane* gl) {
@@ -890,7 +895,7 @@ bool DurableRunner::claim_queue_batch(GroupLane* gl, std::uint32_t claim_max, Qu
     }
     // None: ask for a claim in the writer's next commit and do not wait for
     // it; its hand-over schedules the lane.
-    if (box.request(claim_max, g->options.visibility)) {
+    if (box.request(claim_max, g->options.visibility, pipelined_claims(bus_.dlq_.get()))) {
       if (Status s = bus_.store_->request_claims(&box); !s.ok()) {
         (void)box.answered();
         gl->errors.fetch_add(1, std::memory_order_relaxed);
@@ -1124,6 +1129,29 @@ void DurableRunner::give_back_claims_ahead(GroupLane* gl) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);  // they expire after their visibility
 }
 
+// A run broke off (a retry, a hold): what the writer claimed behind it goes
+// back uncounted without waiting for the commit, after the run's own
+// settles (the writer applies them in order), and the mailbox's new
+// generation refuses the claims of a commit under way (claim_ahead.hpp,
+// invariant 4). Its next run requests claims again.
+void DurableRunner::break_claims_ahead(GroupLane* gl) {
+  std::vector<ClaimedMessage> back;
+  gl->claim_ahead->disarm(&back);
+  if (back.empty()) return;
+  const GroupRef group = gl->group->store_group;
+  const std::uint32_t lane = gl->lane;
+  Status s = bus_.store_->write_async(
+      [back = std::move(back), group, lane](StoreTxn& t) -> Status {
+        for (const ClaimedMessage& cm : back) {
+          Status us = t.unclaim(group, lane, cm.message.offset, cm.attempt);
+          if (!us.ok() && !message_level(us.code())) return us;  // else not ours any more
+        }
+        return Status();
+      },
+      [](const Status&) {});
+  if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);  // they expire after their visibility
+}
+
 bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   GroupImpl* g = gl->group;
   // The end offset this claim will see (at least): appends after it wake the
@@ -1178,7 +1206,14 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
     queue_call(run, i, c, outcomes, keys_done);
   }
   if (gl->probing) bus_.outages_.end_probe(gl);
-  if (ahead && !run.again && !run.broken) gl->claim_ahead->arm(max, g->options.visibility);
+  if (ahead) {
+    if (run.broken) {
+      break_claims_ahead(gl);
+    } else {
+      gl->claim_ahead->settled_through(batch.claims.back().message.offset);
+      if (!run.again) gl->claim_ahead->arm(max, g->options.visibility, pipelined_claims(bus_.dlq_.get()));
+    }
+  }
   return run.again;
 }
 

@@ -24,8 +24,25 @@
 //     the commit, and close() returns what was not taken, for the caller to
 //     give back. So no claim is left waiting out its visibility by a clean
 //     close or shutdown; only a dead process's claims expire, as ever.
-//  3. Ordered claims never pass an in-flight head, so the writer's claims and
-//     the consumer's own can never overlap or reorder a lane.
+//  3. An ordered claim passes an in-flight message only when it was handed
+//     to this mailbox in its current generation, at its first attempt, with
+//     the deadline the store still holds (holds()), and only for a
+//     pipelined mailbox. So the writer's claims and the consumer's own never
+//     overlap, and a mailbox gets its lane's claims in offset order.
+//  4. disarm() and close() start a new generation and forget what was
+//     handed: a claim made under an older generation (in the commit under
+//     way) is refused by offer() and given back by the writer. A consumer
+//     that breaks off a run (a retry) disarms, so nothing claimed behind the
+//     message it retries reaches it before that message again.
+//
+// Pipelined mailboxes (arm(..., true)): the writer claims for one while
+// claims it handed earlier are still being handled, behind them, as long as
+// fewer than `max` wait in `ready`; offer() leaves it armed. Without it a
+// message appended while its lane's head is in flight waited for the head's
+// ack and a request: one or two commits more (doc/performance.md, "The hop
+// after the commit"). A message claimed behind others waits for them, so
+// its visibility runs while they are handled (as the later messages of a
+// batch claim's do).
 //
 // Thread safety: arm/take/open/close from the consumer's side (any thread;
 // the lane's owner in practice), offer from the writer thread; all under mu_.
@@ -62,22 +79,28 @@ class ClaimAhead {
   void close(std::vector<ClaimedMessage>* out) {
     std::lock_guard l(mu_);
     open_ = false;
-    armed_ = false;
-    move_ready(out);
+    reset_locked(out);
   }
   /// Disarmed (it stays open), and the claims not taken moved to *out
   /// (appended) for the caller to give back: the consumer stopped claiming
-  /// ahead for a while (its group paused).
+  /// ahead for a while (its group paused), or broke off a run (a retry).
   void disarm(std::vector<ClaimedMessage>* out) {
     std::lock_guard l(mu_);
-    armed_ = false;
-    move_ready(out);
+    reset_locked(out);
   }
   /// The next commit that appends to the lane claims up to `max` messages
-  /// for this mailbox (ordered claims, `visibility`). No-op when closed.
-  void arm(std::uint32_t max, std::chrono::milliseconds visibility) {
+  /// for this mailbox (ordered claims, `visibility`); `pipelined`: also
+  /// behind the claims it handed that are still in flight, and it stays
+  /// armed. No-op when closed.
+  void arm(std::uint32_t max, std::chrono::milliseconds visibility, bool pipelined = false) {
     std::lock_guard l(mu_);
-    (void)arm_locked(max, visibility);
+    (void)arm_locked(max, visibility, pipelined);
+  }
+  /// The consumer settled (or is settling) every claim it took up to
+  /// `offset`: they no longer let a claim pass.
+  void settled_through(std::uint64_t offset) {
+    std::lock_guard l(mu_);
+    while (handed_head_ != handed_tail_ && handed_[handed_head_ % kHanded].offset <= offset) ++handed_head_;
   }
   /// Moves the claims the writer made (appended to *out); false when none.
   bool take(std::vector<ClaimedMessage>* out) {
@@ -94,9 +117,9 @@ class ClaimAhead {
   /// Arms it and asks for a claim in the writer's next commit, appends or
   /// not (DurableStore::request_claims). False when closed or when a request
   /// is already outstanding: nothing to send.
-  bool request(std::uint32_t max, std::chrono::milliseconds visibility) {
+  bool request(std::uint32_t max, std::chrono::milliseconds visibility, bool pipelined = false) {
     std::lock_guard l(mu_);
-    if (!arm_locked(max, visibility)) return false;
+    if (!arm_locked(max, visibility, pipelined)) return false;
     if (requested_) {
       missed_ = true;  // answered() tells the writer to wake the lane
       return false;
@@ -113,14 +136,40 @@ class ClaimAhead {
 
   // ---- the writer's side (QueueClaims)
 
-  /// Armed: the claim to make (*max, *options). Stays armed until offer().
-  bool wanted(std::uint32_t* max, ClaimOptions* options) {
+  /// Armed: the claim to make (*max, *options) and the generation to pass
+  /// to offer(). Stays armed until offer(). A pipelined mailbox asks for
+  /// what fits beside the claims waiting in it; false when that is none.
+  bool wanted(std::uint32_t* max, ClaimOptions* options, std::uint64_t* gen) {
     std::lock_guard l(mu_);
     if (!armed_) return false;
     *max = max_;
+    if (pipelined_) {
+      if (ready_.size() >= max_) return false;
+      *max = max_ - static_cast<std::uint32_t>(ready_.size());
+    }
     options->visibility = visibility_;
     options->ordered = true;
+    *gen = gen_;
     return true;
+  }
+  /// May an ordered claim for this mailbox pass the in-flight message at
+  /// `offset` whose claim ends at `deadline_ns` (invariant 3)? The writer,
+  /// at its first attempt only.
+  bool holds(std::uint64_t offset, std::int64_t deadline_ns) {
+    std::lock_guard l(mu_);
+    if (!pipelined_) return false;
+    for (std::uint64_t i = handed_head_; i != handed_tail_; ++i) {
+      const Handed& h = handed_[i % kHanded];
+      if (h.offset == offset) return h.deadline_ns == deadline_ns;
+      if (h.offset > offset) return false;
+    }
+    return false;
+  }
+  /// Is a claim it handed at `offset` or later still unsettled? (The writer
+  /// does not claim a redelivery ahead of them for it.)
+  bool holds_from(std::uint64_t offset) {
+    std::lock_guard l(mu_);
+    return pipelined_ && handed_head_ != handed_tail_ && handed_[(handed_tail_ - 1) % kHanded].offset >= offset;
   }
   /// The writer's commit (or abort) that answered request() is over. True
   /// when a request was refused meanwhile: the lane must look again.
@@ -136,10 +185,18 @@ class ClaimAhead {
   /// After the commit: hands `claims` over and disarms. False when the
   /// mailbox closed meanwhile: the claims stay in *claims, for the writer to
   /// give back.
-  bool offer(std::vector<ClaimedMessage>* claims) {
+  bool offer(std::vector<ClaimedMessage>* claims, std::uint64_t gen) {
     std::lock_guard l(mu_);
-    if (!open_) return false;
-    armed_ = false;
+    if (!open_ || gen != gen_) return false;
+    if (!pipelined_) armed_ = false;
+    for (const ClaimedMessage& cm : *claims) {
+      if (!pipelined_) break;
+      // Offsets grow within a generation (a redelivery is claimed only
+      // when nothing handed is at or after it). A full record lets no
+      // claim pass the ones it could not note: safe.
+      if (handed_tail_ - handed_head_ == kHanded) break;
+      handed_[handed_tail_++ % kHanded] = Handed{cm.message.offset, cm.deadline_ns};
+    }
     if (ready_.empty()) {
       ready_.swap(*claims);
     } else {
@@ -150,13 +207,28 @@ class ClaimAhead {
   }
 
  private:
+  struct Handed {
+    std::uint64_t offset;
+    std::int64_t deadline_ns;
+  };
+  static constexpr std::uint64_t kHanded = 256;
+
   // false when closed (or max 0): nothing armed.
-  bool arm_locked(std::uint32_t max, std::chrono::milliseconds visibility) {
+  bool arm_locked(std::uint32_t max, std::chrono::milliseconds visibility, bool pipelined) {
     if (!open_ || max == 0) return false;
     armed_ = true;
     max_ = max;
     visibility_ = visibility;
+    if (pipelined != pipelined_) handed_head_ = handed_tail_ = 0;
+    pipelined_ = pipelined;
     return true;
+  }
+  // Disarmed, a new generation, nothing handed; the claims not taken to *out.
+  void reset_locked(std::vector<ClaimedMessage>* out) {
+    armed_ = false;
+    ++gen_;
+    handed_head_ = handed_tail_ = 0;
+    move_ready(out);
   }
   void move_ready(std::vector<ClaimedMessage>* out) {
     if (out->empty()) {
@@ -175,7 +247,13 @@ class ClaimAhead {
   bool armed_ = false;
   bool requested_ = false;
   bool missed_ = false;
+  bool pipelined_ = false;
+  std::uint64_t gen_ = 0;
   std::uint64_t errors_ = 0;
+  // Claims handed over in this generation and not yet settled_through, in
+  // offset order: [handed_head_, handed_tail_) modulo kHanded.
+  Handed handed_[kHanded];
+  std::uint64_t handed_head_ = 0, handed_tail_ = 0;
   std::uint32_t max_ = 0;
   std::chrono::milliseconds visibility_{0};
   std::vector<ClaimedMessage> ready_;

@@ -16,8 +16,10 @@ namespace lanebus::detail {
 // queues
 
 Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
-                              const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out) {
+                              const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out,
+                              ClaimAhead* box) {
   out->clear();
+  bool passed = false;  // went past an in-flight claim of `box` (claim_ahead.hpp, invariant 3)
   auto ls = ctx.lane(group.topic_id, lane);
   if (!ls.ok()) return ls.status();
   auto cur = ctx.cursor(group.topic_id, group.group_id, lane);
@@ -51,13 +53,20 @@ Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRe
       }
       continue;
     } else if ((*inf)->deadline_ns > ctx.now_ns) {
-      if (options.ordered) break;  // the lane's head is in flight
+      if (!options.ordered) continue;
+      // The lane's head is in flight: only the mailbox it was handed to, at
+      // its first attempt, may claim behind it.
+      if (box == nullptr || (*inf)->attempt != 1 || !box->holds(o, (*inf)->deadline_ns)) break;
+      passed = true;
       continue;
     } else {
       // A redelivery (its claim expired, or it was given back). Ordered
       // claims take it alone: if the process dies with it, only this message
-      // is charged a crash (poison detection), not a whole batch.
-      if (options.ordered && !out->empty()) break;
+      // is charged a crash (poison detection), not a whole batch. Never
+      // behind a passed claim (it would be charged that one's crash), nor
+      // for a mailbox whose consumer still holds a claim at or after it.
+      if (options.ordered && (!out->empty() || passed)) break;
+      if (box != nullptr && box->holds_from(o)) break;
       claim = **inf;
       claim.attempt += 1;
     }
@@ -84,6 +93,7 @@ Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRe
     cm.message.header.attempt = claim.attempt;
     ctx.claims += 1;
     if (claim.attempt > 1) ctx.redeliveries += 1;
+    if (passed) ctx.claims_passed += 1;
     const bool redelivery = claim.attempt > 1;
     out->push_back(std::move(cm));
     if (redelivery && options.ordered) break;
@@ -252,16 +262,17 @@ void QueueClaims::claim_ahead_in(WriteCtx& ctx) {
       if (p.box == box) return;  // appended to and requested: once
     std::uint32_t max = 0;
     ClaimOptions options;
-    if (!box->wanted(&max, &options)) return;
+    std::uint64_t gen = 0;
+    if (!box->wanted(&max, &options, &gen)) return;
     std::vector<ClaimedMessage> got;
-    Status s = claim_in(ctx, box->topic(), box->group(), box->lane(), options, max, &got);
+    Status s = claim_in(ctx, box->topic(), box->group(), box->lane(), options, max, &got, box);
     if (!ctx.dead.ok()) return;
     if (!s.ok()) {
       box->note_error();  // a damaged record: counted as the consumer's store error
       return;
     }
     if (got.empty()) return;  // nothing deliverable (the head is in flight): stays armed
-    ahead_pending_.push_back(AheadClaims{box, std::move(got)});
+    ahead_pending_.push_back(AheadClaims{box, gen, std::move(got)});
   };
   for (ClaimAhead* box : ctx.ahead_requests) {
     claim_for(box);
@@ -284,7 +295,7 @@ void QueueClaims::hand_over(bool committed) {
     for (AheadClaims& p : ahead_pending_) {
       n += p.claims.size();
       const std::uint64_t end = p.claims.back().message.offset + 1;
-      if (p.box->offer(&p.claims)) {
+      if (p.box->offer(&p.claims, p.gen)) {
         ahead_woken_.emplace_back(WriteCtx::lk(p.box->group().topic_id, p.box->lane()), end);
       } else {
         give_back_async(p.box->group(), p.box->lane(), p.claims);

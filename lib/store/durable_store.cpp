@@ -226,6 +226,7 @@ StoreCounters DurableStore::counters() const noexcept {
   c.claims = ld(counters_.claims);
   c.redeliveries = ld(counters_.redeliveries);
   c.claims_ahead = ld(counters_.claims_ahead);
+  c.claims_passed = ld(counters_.claims_passed);
   c.acks = ld(counters_.acks);
   c.stale_readers_cleared = ld(counters_.stale_readers_cleared);
   c.max_write_lock_wait_ns = ld(counters_.max_write_lock_wait_ns);

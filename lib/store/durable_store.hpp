@@ -215,6 +215,7 @@ struct StoreCounters {
   std::uint64_t claims = 0;        ///< Queue claims (every attempt).
   std::uint64_t redeliveries = 0;  ///< Claims with attempt > 1.
   std::uint64_t claims_ahead = 0;  ///< Of claims, made in the commit that appended them (claim_ahead.hpp).
+  std::uint64_t claims_passed = 0;  ///< Of claims_ahead, made behind in-flight claims of the same mailbox (pipelined).
   std::uint64_t acks = 0;
   std::uint64_t stale_readers_cleared = 0;  ///< Reader slots of dead processes cleared.
   std::uint64_t max_write_lock_wait_ns = 0;  ///< Longest wait for LMDB's writer lock (watchdog).
@@ -669,7 +670,7 @@ class DurableStore {
   struct AtomicCounters {
     std::atomic<std::uint64_t> appends{0}, append_failures{0}, commits{0}, fsyncs{0}, batched_ops{0},
         max_batch{0}, skipped_by_retention{0}, retention_deleted{0}, claims{0}, redeliveries{0}, acks{0},
-        claims_ahead{0}, stale_readers_cleared{0}, max_write_lock_wait_ns{0};
+        claims_ahead{0}, claims_passed{0}, stale_readers_cleared{0}, max_write_lock_wait_ns{0};
   };
   mutable AtomicCounters counters_;
 

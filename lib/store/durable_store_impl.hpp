@@ -161,7 +161,7 @@ struct DurableStore::WriteCtx {
   std::uint64_t id_next = 0;
   bool ids_dirty = false;
   std::uint64_t retention_deleted = 0;
-  std::uint64_t claims = 0, redeliveries = 0, acks = 0;
+  std::uint64_t claims = 0, redeliveries = 0, acks = 0, claims_passed = 0;
   std::vector<ClaimAhead*> ahead_requests{};  // QueueClaims::request: claim for these at the batch's end
   // A cursor on the log per lane appended to in this batch (the first
   // kLogCursors lanes; later ones use mdb_put). A lane's next record sorts
@@ -481,7 +481,8 @@ class QueueClaims : public StorePart {
                  std::chrono::milliseconds delay);
   // Inside a write transaction (the writer; StoreTxn for transactional consumers).
   Status claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRef& group, std::uint32_t lane,
-                  const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out);
+                  const ClaimOptions& options, std::uint32_t max, std::vector<ClaimedMessage>* out,
+                  ClaimAhead* box = nullptr);
   Status ack_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
                 std::uint32_t attempt);
   Status release_in(WriteCtx& ctx, const GroupRef& group, std::uint32_t lane, std::uint64_t offset,
@@ -510,6 +511,7 @@ class QueueClaims : public StorePart {
  private:
   struct AheadClaims {
     ClaimAhead* box = nullptr;
+    std::uint64_t gen = 0;  // the mailbox's generation when claimed (offer())
     std::vector<ClaimedMessage> claims;
   };
   void give_back_async(const GroupRef& group, std::uint32_t lane, const std::vector<ClaimedMessage>& claims);

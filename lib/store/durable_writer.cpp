@@ -267,6 +267,7 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       s_.counters_.claims.fetch_add(ctx.claims, std::memory_order_relaxed);
       s_.counters_.redeliveries.fetch_add(ctx.redeliveries, std::memory_order_relaxed);
       s_.counters_.acks.fetch_add(ctx.acks, std::memory_order_relaxed);
+      s_.counters_.claims_passed.fetch_add(ctx.claims_passed, std::memory_order_relaxed);
       if (ahead.owns_lock()) s_.claims_->hand_over(true);
       break;
     }
