@@ -338,6 +338,61 @@ TEST_CASE("a durable queue's mailbox is pipelined: messages published while the 
   CHECK(seen == std::vector<std::string>{"h@1", "h@2", "x@1", "y@1"});
 }
 
+TEST_CASE("a message claimed behind a head whose settle then fails goes back, though it was in a later batch: the acks stay in lane order") {
+  // The DLQ holds one entry and refuses more: a head's dead letter then
+  // fails when the writer applies it (DlqFull), after its handler returned,
+  // and the head stays in the queue for a second attempt. The message
+  // claimed behind it meanwhile (pipelined, another batch) was handled
+  // already; its ack is refused and it comes again after the head.
+  TempDir tmp;
+  BusOptions o = durable_bus(tmp.path);
+  o.dlq.max_entries = 1;
+  auto bus = Bus::open(o).value();
+  auto queue = bus->create_queue("jobs", {.lanes = 1, .durable = true}).value();
+  auto* store = detail::Access::core(*bus)->store();
+  std::mutex mu;
+  std::vector<std::string> seen, acked;
+  std::atomic<bool> head_in{false}, go{false};
+  auto sub = bus->consume(queue, [&](const MessageView& m) {
+                  const std::string p(m.payload());
+                  {
+                    std::lock_guard l(mu);
+                    seen.push_back(p);
+                  }
+                  if (p == "first") return Outcome::reject("fills the DLQ");
+                  if (p == "x" && m.attempt() == 1) {
+                    head_in = true;
+                    while (!go) std::this_thread::sleep_for(1ms);
+                    return Outcome::reject("the DLQ is full: stays");
+                  }
+                  std::lock_guard l(mu);
+                  acked.push_back(p);
+                  return Outcome::ack();
+                }).value();
+  REQUIRE(queue.publish({.key = "k", .payload = "first"}).ok());
+  auto* dlq = bus->dead_letters().value();
+  REQUIRE(wait_until([&] { return dlq->counters().value().pending == 1; }));
+  REQUIRE(queue.publish({.key = "k", .payload = "x"}).ok());
+  REQUIRE(wait_until([&] { return head_in.load(); }));
+  const auto before = store->counters().claims_passed;
+  REQUIRE(queue.publish({.key = "k", .payload = "y"}).ok());
+  CHECK(store->counters().claims_passed - before == 1);  // y claimed behind x
+  go = true;
+  // y's first ack is refused (y was claimed before x failed to settle),
+  // so y comes again after x's second attempt.
+  const bool all = wait_until([&] {
+    std::lock_guard l(mu);
+    return seen.size() >= 5;
+  }, 10s);
+  std::lock_guard l(mu);
+  std::string order;
+  for (const std::string& p : seen) order += p + " ";
+  INFO("handler calls: " << order);
+  CHECK(all);
+  CHECK(seen == std::vector<std::string>{"first", "x", "y", "x", "y"});
+  CHECK(acked == std::vector<std::string>{"y", "x", "y"});
+}
+
 TEST_CASE("claims made ahead and never taken go back at a clean shutdown and when the last consumer leaves") {
   TempDir tmp;
   BusOptions o = durable_bus(tmp.path);

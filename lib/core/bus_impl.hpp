@@ -240,6 +240,11 @@ struct alignas(64) GroupLane : TimerEntry {
   // commit that appended to it (claim_ahead.hpp); watched from the queue's
   // creation to the bus's shutdown, open while the queue has consumers.
   std::unique_ptr<ClaimAhead> claim_ahead;
+  // Durable queues, the writer thread's (apply_queue_settle): the lowest
+  // offset whose settle failed (kept, lost or given back) and when. A claim
+  // of the lane behind it made before then goes back when it settles.
+  std::uint64_t settle_break_offset = ~std::uint64_t{0};
+  std::int64_t settle_break_ns = 0;
 
   // Field-usage audit (schema_usage.hpp): written by the lane's running worker.
   UsageTap usage;
@@ -865,6 +870,7 @@ class DurableRunner {
   /// Durable queues: settle message `k` of a claimed batch in the writer's
   /// transaction, and account for it after the commit (durable_lane.cpp).
   Status apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k);
+  Status settle_queue_op(StoreTxn& t, QueueBatch& batch, std::size_t k);
   void settled_queue_message(QueueBatch& batch, std::size_t k, const Status& st) noexcept;
   /// Durable queues with key_parallel_retry: heads given back to the store that are due or lost.
   void recheck_released_heads(GroupLane* gl) noexcept;

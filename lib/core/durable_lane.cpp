@@ -639,6 +639,25 @@ Status settle_dead_letter(StoreTxn& t, DlqStore* dlq, const GroupRef& group, std
 // DLQ), every later op of the batch gives its message back instead, so
 // nothing is acked past a message that stays.
 Status DurableRunner::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::size_t k) {
+  const Status s = settle_queue_op(t, batch, k);
+  const SettleResult r = batch.results[k];
+  GroupLane* gl = batch.gl;
+  if (r == SettleResult::Conflict || r == SettleResult::Lost || r == SettleResult::DlqFull ||
+      r == SettleResult::GivenBack) {
+    // The message stays (or went elsewhere): claims of the lane made before
+    // now behind it go back when they settle, whatever batch they are in.
+    const std::int64_t now = t.now_ns();
+    const std::int64_t visibility_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(gl->group->options.visibility).count();
+    if (now - gl->settle_break_ns > visibility_ns) gl->settle_break_offset = ~std::uint64_t{0};  // those expired
+    gl->settle_break_offset = std::min(gl->settle_break_offset, batch.claims[batch.ops[k].index].message.offset);
+    gl->settle_break_ns = now;
+  }
+  return s;
+}
+
+// One settle op of apply_queue_settle.
+Status DurableRunner::settle_queue_op(StoreTxn& t, QueueBatch& batch, std::size_t k) {
   GroupLane* gl = batch.gl;
   GroupImpl* g = gl->group;
   const GroupRef& group = g->store_group;
@@ -657,6 +676,11 @@ Status DurableRunner::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::si
         r == SettleResult::GivenBack)
       broken = true;
   }
+  // Across batches too: a claim made behind a message of the lane before
+  // that one failed to settle (pipelined claims, claim_ahead.hpp). Ordered
+  // groups only; with key_parallel_retry keys do not wait for each other.
+  if (!g->options.key_parallel_retry && m.offset > gl->settle_break_offset && cm.claimed_ns < gl->settle_break_ns)
+    broken = true;
   auto give_back = [&](SettleResult as) -> Status {
     Status us = t.unclaim(group, gl->lane, m.offset, cm.attempt);
     if (!us.ok() && !message_level(us.code())) return us;
@@ -1182,7 +1206,10 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   batch.ops.reserve(batch.claims.size());
   batch.results.assign(batch.claims.size(), SettleResult::Pending);
   std::set<std::string_view> keys_done;  // idempotency keys acked earlier in this batch
-  run.again = full || g->options.key_parallel_retry;
+  // An ordered claim takes a redelivery alone: what waits behind it is
+  // claimed when the lane looks again, not by the next append only.
+  const bool redelivery = !g->options.key_parallel_retry && batch.claims.back().attempt > 1;
+  run.again = full || g->options.key_parallel_retry || redelivery;
   // A batch handler gets spans of the claims where each would otherwise go
   // through only the handler call and its settle (as topic spans, plus no
   // transactional handler).
@@ -1209,9 +1236,8 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   if (ahead) {
     if (run.broken) {
       break_claims_ahead(gl);
-    } else {
-      gl->claim_ahead->settled_through(batch.claims.back().message.offset);
-      if (!run.again) gl->claim_ahead->arm(max, g->options.visibility, pipelined_claims(bus_.dlq_.get()));
+    } else if (!run.again) {
+      gl->claim_ahead->arm(max, g->options.visibility, pipelined_claims(bus_.dlq_.get()));
     }
   }
   return run.again;

@@ -96,12 +96,6 @@ class ClaimAhead {
     std::lock_guard l(mu_);
     (void)arm_locked(max, visibility, pipelined);
   }
-  /// The consumer settled (or is settling) every claim it took up to
-  /// `offset`: they no longer let a claim pass.
-  void settled_through(std::uint64_t offset) {
-    std::lock_guard l(mu_);
-    while (handed_head_ != handed_tail_ && handed_[handed_head_ % kHanded].offset <= offset) ++handed_head_;
-  }
   /// Moves the claims the writer made (appended to *out); false when none.
   bool take(std::vector<ClaimedMessage>* out) {
     std::lock_guard l(mu_);
@@ -165,11 +159,11 @@ class ClaimAhead {
     }
     return false;
   }
-  /// Is a claim it handed at `offset` or later still unsettled? (The writer
-  /// does not claim a redelivery ahead of them for it.)
-  bool holds_from(std::uint64_t offset) {
+  /// The writer: the claims it handed below `offset` were acked (the
+  /// group's committed offset passed them); they no longer let a claim pass.
+  void settled_below(std::uint64_t offset) {
     std::lock_guard l(mu_);
-    return pipelined_ && handed_head_ != handed_tail_ && handed_[(handed_tail_ - 1) % kHanded].offset >= offset;
+    while (handed_head_ != handed_tail_ && handed_[handed_head_ % kHanded].offset < offset) ++handed_head_;
   }
   /// The writer's commit (or abort) that answered request() is over. True
   /// when a request was refused meanwhile: the lane must look again.
@@ -191,9 +185,11 @@ class ClaimAhead {
     if (!pipelined_) armed_ = false;
     for (const ClaimedMessage& cm : *claims) {
       if (!pipelined_) break;
-      // Offsets grow within a generation (a redelivery is claimed only
-      // when nothing handed is at or after it). A full record lets no
-      // claim pass the ones it could not note: safe.
+      // Kept in offset order: a claim at or below the last noted one (a
+      // redelivery) restarts the record. A full record lets no claim pass
+      // the ones it could not note: safe.
+      if (handed_head_ != handed_tail_ && handed_[(handed_tail_ - 1) % kHanded].offset >= cm.message.offset)
+        handed_head_ = handed_tail_;
       if (handed_tail_ - handed_head_ == kHanded) break;
       handed_[handed_tail_++ % kHanded] = Handed{cm.message.offset, cm.deadline_ns};
     }
@@ -250,8 +246,8 @@ class ClaimAhead {
   bool pipelined_ = false;
   std::uint64_t gen_ = 0;
   std::uint64_t errors_ = 0;
-  // Claims handed over in this generation and not yet settled_through, in
-  // offset order: [handed_head_, handed_tail_) modulo kHanded.
+  // Claims handed over in this generation and not yet seen acked
+  // (settled_below), in offset order: [handed_head_, handed_tail_) modulo kHanded.
   Handed handed_[kHanded];
   std::uint64_t handed_head_ = 0, handed_tail_ = 0;
   std::uint32_t max_ = 0;

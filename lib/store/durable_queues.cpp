@@ -34,6 +34,8 @@ Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRe
     rec.committed = (*ls)->first;
     cursor_dirty = true;
   }
+  // What the mailbox's consumer acked no longer lets a claim pass.
+  if (box != nullptr) box->settled_below(rec.committed);
   const std::int64_t visibility_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options.visibility).count();
   std::uint64_t end = std::min<std::uint64_t>((*ls)->next, rec.committed + options.scan_limit);
   for (std::uint64_t o = rec.committed; o < end && out->size() < max; ++o) {
@@ -62,11 +64,9 @@ Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRe
     } else {
       // A redelivery (its claim expired, or it was given back). Ordered
       // claims take it alone: if the process dies with it, only this message
-      // is charged a crash (poison detection), not a whole batch. Never
-      // behind a passed claim (it would be charged that one's crash), nor
-      // for a mailbox whose consumer still holds a claim at or after it.
+      // is charged a crash (poison detection), not a whole batch; never
+      // behind a passed claim (it would be charged that one's crash).
       if (options.ordered && (!out->empty() || passed)) break;
-      if (box != nullptr && box->holds_from(o)) break;
       claim = **inf;
       claim.attempt += 1;
     }
@@ -90,6 +90,7 @@ Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRe
     if (!ps.ok()) return ps;
     cm.attempt = claim.attempt;
     cm.deadline_ns = claim.deadline_ns;
+    cm.claimed_ns = ctx.now_ns;
     cm.message.header.attempt = claim.attempt;
     ctx.claims += 1;
     if (claim.attempt > 1) ctx.redeliveries += 1;

@@ -198,6 +198,7 @@ struct ClaimedMessage {
   StoredMessage message;  ///< message.header.attempt = attempt.
   std::uint32_t attempt = 0;
   std::int64_t deadline_ns = 0;
+  std::int64_t claimed_ns = 0;  ///< The claiming transaction's time (wall clock).
 };
 
 /// Counters since open, read with relaxed loads (each is monotonic; a snapshot
