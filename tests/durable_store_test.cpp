@@ -73,6 +73,15 @@ AppendRequest request(const TopicRef& t, std::string key, std::string payload) {
 }
 
 // Every message of every lane, from the earliest retained offset.
+// The queue "jobs" of `lanes` lanes and its group "workers", both opened.
+std::pair<lanebus::Result<TopicRef>, lanebus::Result<GroupRef>> open_jobs(DurableStore& s, std::uint32_t lanes) {
+  auto q = s.open_topic("jobs", TopicSpec{lanes, true, {}});
+  REQUIRE(q.ok());
+  auto g = s.open_group(*q, "workers");
+  REQUIRE(g.ok());
+  return {std::move(q), std::move(g)};
+}
+
 std::vector<lanebus::detail::StoredMessage> read_all(DurableStore& s, const TopicRef& t, std::uint32_t lane) {
   std::vector<lanebus::detail::StoredMessage> out;
   std::uint64_t from = 0;
@@ -511,10 +520,7 @@ TEST_CASE("claims in the append's transaction: a closed mailbox's claims are giv
 TEST_CASE("claims in the append's transaction: a pipelined mailbox claims behind its own claims in flight, in order") {
   TempDir dir;
   auto store = must_open(options_for(dir.path()));
-  auto q = store->open_topic("jobs", TopicSpec{1, true, {}});
-  REQUIRE(q.ok());
-  auto g = store->open_group(*q, "workers");
-  REQUIRE(g.ok());
+  auto [q, g] = open_jobs(*store, 1);
   using lanebus::detail::ClaimedMessage;
   lanebus::detail::ClaimAhead box(*q, *g, 0);
   store->watch_claims(&box);
