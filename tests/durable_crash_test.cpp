@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "durable_store.hpp"
+#include "lanebus/dlq.hpp"
 #include "lmdb_store.hpp"
 #include "process.hpp"
 #include "seed.hpp"
@@ -291,12 +292,12 @@ TEST_CASE("crash loop: a Bus that publishes to and consumes a durable queue, kil
         last_attempt[w[1]] = attempt;
         ++handled_lines;
       } else if (w[0] == "dead") {
-        // Its claims were lost to kills poison_after_crashes times (3 by
-        // default; a kill between the claim's commit and the call counts as
-        // a crash, doc/dlq.md): dead-lettered as poison, not lost.
+        // Its claims were lost to kills poison_after_crashes times (the
+        // child keeps the default; a kill between the claim's commit and the
+        // call counts as a crash, doc/dlq.md): dead-lettered as poison, not lost.
         REQUIRE(w.size() == 4);
         CHECK_MESSAGE(w[2] == "poison", line);
-        CHECK_MESSAGE(std::stoul(w[3]) >= 3, line);
+        CHECK_MESSAGE(std::stoul(w[3]) >= lanebus::DlqOptions{}.poison_after_crashes, line);
         dead.insert(w[1]);
       } else {
         REQUIRE_MESSAGE((w[0] == "ready" || w[0] == "idle" || w[0] == "stats"), line);
