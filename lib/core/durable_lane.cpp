@@ -593,6 +593,8 @@ struct QueueBatch {
   // The group's scope while the batch was delivered (a queue's options change
   // when a new first consumer attaches; the writer must not read them).
   IdempotencyImpl* idem = nullptr;
+  bool ordered = true;            // !key_parallel_retry (the cross-batch give-back applies)
+  std::int64_t visibility_ns = 0;  // GroupOptions::visibility
   std::vector<ClaimedMessage> claims;
   std::vector<QueueSettle> ops;
   std::vector<SettleResult> results;
@@ -647,9 +649,7 @@ Status DurableRunner::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::si
     // The message stays (or went elsewhere): claims of the lane made before
     // now behind it go back when they settle, whatever batch they are in.
     const std::int64_t now = t.now_ns();
-    const std::int64_t visibility_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(gl->group->options.visibility).count();
-    if (now - gl->settle_break_ns > visibility_ns) gl->settle_break_offset = ~std::uint64_t{0};  // those expired
+    if (now - gl->settle_break_ns > batch.visibility_ns) gl->settle_break_offset = ~std::uint64_t{0};  // those expired
     gl->settle_break_offset = std::min(gl->settle_break_offset, batch.claims[batch.ops[k].index].message.offset);
     gl->settle_break_ns = now;
   }
@@ -679,7 +679,7 @@ Status DurableRunner::settle_queue_op(StoreTxn& t, QueueBatch& batch, std::size_
   // Across batches too: a claim made behind a message of the lane before
   // that one failed to settle (pipelined claims, claim_ahead.hpp). Ordered
   // groups only; with key_parallel_retry keys do not wait for each other.
-  if (!g->options.key_parallel_retry && m.offset > gl->settle_break_offset && cm.claimed_ns < gl->settle_break_ns)
+  if (batch.ordered && m.offset > gl->settle_break_offset && cm.claimed_ns < gl->settle_break_ns)
     broken = true;
   auto give_back = [&](SettleResult as) -> Status {
     Status us = t.unclaim(group, gl->lane, m.offset, cm.attempt);
@@ -1194,6 +1194,8 @@ bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {
   QueueBatch& batch = *run.batch;
   batch.gl = gl;
   batch.idem = g->idempotency;
+  batch.ordered = !g->options.key_parallel_retry;
+  batch.visibility_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(g->options.visibility).count();
   bool full = false;
   // The writer claims for this lane (claim_ahead.hpp): in the commit that
   // appends its next messages (one fsynced commit before the handler instead
