@@ -585,6 +585,15 @@ enum class SettleResult : std::uint8_t {
   Pending, Acked, Duplicate, DeadLettered, Released, Unclaimed, GivenBack, Conflict, Lost, DlqFull
 };
 
+namespace {
+// The message could not be settled as decided and stays (or went to another
+// consumer): nothing claimed behind it may be acked past it.
+bool settle_failed(SettleResult r) noexcept {
+  return r == SettleResult::Conflict || r == SettleResult::Lost || r == SettleResult::DlqFull ||
+         r == SettleResult::GivenBack;
+}
+}  // namespace
+
 // A claimed batch of one queue lane and what its delivery decided. Shared
 // between the worker (which builds it) and the writer thread (which commits
 // it and runs the completion).
@@ -644,8 +653,7 @@ Status DurableRunner::apply_queue_settle(StoreTxn& t, QueueBatch& batch, std::si
   const Status s = settle_queue_op(t, batch, k);
   const SettleResult r = batch.results[k];
   GroupLane* gl = batch.gl;
-  if (r == SettleResult::Conflict || r == SettleResult::Lost || r == SettleResult::DlqFull ||
-      r == SettleResult::GivenBack) {
+  if (settle_failed(r)) {
     // The message stays (or went elsewhere): claims of the lane made before
     // now behind it go back when they settle, whatever batch they are in.
     const std::int64_t now = t.now_ns();
@@ -670,12 +678,8 @@ Status DurableRunner::settle_queue_op(StoreTxn& t, QueueBatch& batch, std::size_
   res = SettleResult::Pending;
   batch.committed_at = t.now_ns();
   bool broken = false;
-  for (std::size_t j = 0; j < k; ++j) {
-    const SettleResult r = batch.results[j];
-    if (r == SettleResult::Conflict || r == SettleResult::Lost || r == SettleResult::DlqFull ||
-        r == SettleResult::GivenBack)
-      broken = true;
-  }
+  for (std::size_t j = 0; j < k; ++j)
+    if (settle_failed(batch.results[j])) broken = true;
   // Across batches too: a claim made behind a message of the lane before
   // that one failed to settle (pipelined claims, claim_ahead.hpp). Ordered
   // groups only; with key_parallel_retry keys do not wait for each other.
@@ -1162,18 +1166,8 @@ void DurableRunner::break_claims_ahead(GroupLane* gl) {
   std::vector<ClaimedMessage> back;
   gl->claim_ahead->disarm(&back);
   if (back.empty()) return;
-  const GroupRef group = gl->group->store_group;
-  const std::uint32_t lane = gl->lane;
-  Status s = bus_.store_->write_async(
-      [back = std::move(back), group, lane](StoreTxn& t) -> Status {
-        for (const ClaimedMessage& cm : back) {
-          Status us = t.unclaim(group, lane, cm.message.offset, cm.attempt);
-          if (!us.ok() && !message_level(us.code())) return us;  // else not ours any more
-        }
-        return Status();
-      },
-      [](const Status&) {});
-  if (!s.ok()) gl->errors.fetch_add(1, std::memory_order_relaxed);  // they expire after their visibility
+  if (!bus_.store_->give_back_claims_async(std::move(back), gl->group->store_group, gl->lane).ok())
+    gl->errors.fetch_add(1, std::memory_order_relaxed);  // they expire after their visibility
 }
 
 bool DurableRunner::run_durable_queue_batch(GroupLane* gl, Consumer* c) {

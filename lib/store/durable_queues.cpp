@@ -331,14 +331,21 @@ Status unclaim_each(QueueClaims& q, StorePart::WriteCtx& ctx, std::span<const Cl
 }
 }  // namespace
 
+Status QueueClaims::give_back_later(std::vector<ClaimedMessage> claims, const GroupRef& group, std::uint32_t lane,
+                                    bool block) {
+  WriteOp op;
+  op.bookkeeping = true;
+  op.apply = [this, group, lane, claims = std::move(claims)](WriteCtx& ctx) {
+    return unclaim_each(*this, ctx, claims, group, lane);
+  };
+  return s_.writer_->enqueue(std::move(op), block);
+}
+
 void QueueClaims::give_back_async(const GroupRef& group, std::uint32_t lane, const std::vector<ClaimedMessage>& claims) {
   // The writer thread cannot wait for a write: queue it. Refused (closing, or
   // the queue is full) the claims expire after their visibility, as a dead
   // consumer's do.
-  WriteOp op;
-  op.bookkeeping = true;
-  op.apply = [this, group, lane, claims](WriteCtx& ctx) { return unclaim_each(*this, ctx, claims, group, lane); };
-  Status s = s_.writer_->enqueue(std::move(op), false);
+  Status s = give_back_later(claims, group, lane, false);
   if (!s.ok()) s_.log_failure("giving back the claims of a closed consumer (they expire)", s);
 }
 

@@ -398,6 +398,11 @@ Status DurableStore::give_back_claims(std::span<const ClaimedMessage> claims, co
   if (Status s = check_writable(); !s.ok()) return s;
   return claims_->give_back(claims, group, lane);
 }
+Status DurableStore::give_back_claims_async(std::vector<ClaimedMessage> claims, const GroupRef& group,
+                                            std::uint32_t lane) {
+  if (Status s = check_writable(); !s.ok()) return s;
+  return claims_->give_back_later(std::move(claims), group, lane, true);
+}
 
 Status DurableStore::run_retention() { return retention_->run(); }
 

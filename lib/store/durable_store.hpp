@@ -520,6 +520,11 @@ class DurableStore {
   /// ShutDown, Busy (writer thread), storage codes.
   [[nodiscard]] Status give_back_claims(std::span<const ClaimedMessage> claims, const GroupRef& group,
                                         std::uint32_t lane);
+  /// give_back_claims without waiting for the commit (queued to the writer;
+  /// blocks only while max_pending operations are queued). Errors: ShutDown,
+  /// read-only store; refused, the claims expire after their visibility.
+  [[nodiscard]] Status give_back_claims_async(std::vector<ClaimedMessage> claims, const GroupRef& group,
+                                              std::uint32_t lane);
 
   // ---------------------------------------------------------------- maintenance
 

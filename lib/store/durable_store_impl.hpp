@@ -493,6 +493,9 @@ class QueueClaims : public StorePart {
   void unwatch(ClaimAhead* box);  // waits for a batch that is claiming for it
   Status request(ClaimAhead* box);  // after box->request(): a claim in the next commit
   Status give_back(std::span<const ClaimedMessage> claims, const GroupRef& group, std::uint32_t lane);
+  /// give_back queued to the writer, not waited for; `block`: wait while the
+  /// queue is full (never on the writer thread).
+  Status give_back_later(std::vector<ClaimedMessage> claims, const GroupRef& group, std::uint32_t lane, bool block);
   /// The writer, for one batch: locked only when some mailbox is watched
   /// (held until hand_over, across the commit, so unwatch waits for it).
   std::unique_lock<std::mutex> lock_ahead();
