@@ -100,8 +100,13 @@ int main(int argc, char** argv) {
     std::atomic<int> analytics_first_run{0};
     {
       auto analytics = bus->subscribe(orders, "analytics", [&](const MessageView&) {
-                              if (analytics_first_run >= kOrders / 2) return Outcome::retry("stopping");
-                              ++analytics_first_run;
+                              // Handlers of different lanes run at once: take a place
+                              // below the half in one step, or two could both pass a
+                              // check at kOrders / 2 - 1 and ack one order too many.
+                              int seen = analytics_first_run.load();
+                              do {
+                                if (seen >= kOrders / 2) return Outcome::retry("stopping");
+                              } while (!analytics_first_run.compare_exchange_weak(seen, seen + 1));
                               return Outcome::ack();
                             },
                             {.max_attempts = 1000000, .backoff_initial = 50ms, .start = StartPosition::earliest()})

@@ -53,7 +53,12 @@ meson test -C "$dir" --print-errorlogs --num-processes 2 || rc=$?
 if [ "$mode" = plain ] && [ "$rc" -eq 0 ]; then
   # Consumer test: install to a temporary prefix; every public header alone, every example
   # built against lanebus.pc, through CMake's find_package and as a Meson subproject, and run.
-  scripts/consumer_check.sh "$dir" || rc=$?
+  # Its output also goes to a log: on a failure its last lines are repeated
+  # after the closing line, where .ci/run's summary picks them up (CI shows
+  # only the end of its output; stop 46's failure here left no reason there).
+  consumer_rc=0
+  scripts/consumer_check.sh "$dir" 2>&1 | tee "$dir/meson-logs/consumer_check.log" || consumer_rc=$?
+  [ "$consumer_rc" -eq 0 ] || rc=$consumer_rc
 fi
 # One plain closing line for readers (and CI): N passed, N failed.
 python3 - "$dir/meson-logs/testlog.json" <<'PY'
@@ -64,4 +69,8 @@ failed = sum(r in ("FAIL", "TIMEOUT", "UNEXPECTEDPASS", "ERROR") for r in result
 skipped = sum(r == "SKIP" for r in results)
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 PY
+if [ "${consumer_rc:-0}" -ne 0 ]; then
+  echo "consumer check failed (exit status $consumer_rc); its last lines:"
+  tail -n 25 "$dir/meson-logs/consumer_check.log" | sed 's/^/consumer check failed| /'
+fi
 exit "$rc"
