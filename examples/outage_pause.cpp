@@ -149,8 +149,10 @@ int main() {
     std::printf("   (the one DLQ entry of billing_paused is payment 1234, whose card number never parses)\n");
     // The example is a test: the paused group dead-letters only the poison
     // payment and charges every other one exactly once; the plain group
-    // dead-letters many.
-    if (!done || dlq_paused != 1 || once_paused != kPayments - 1 || twice != 0 || dlq_plain < 100 ||
+    // dead-letters many. How many depends on the disk: each dead letter is an
+    // fsynced write on a worker (hundreds on a fast disk, about 30 with 100 ms
+    // fsyncs); at least 10, against the paused group's 1, shows the difference.
+    if (!done || dlq_paused != 1 || once_paused != kPayments - 1 || twice != 0 || dlq_plain < 10 ||
         group_stats(after, "billing_paused").paused) {
       std::printf("FAILED\n");
       rc = 1;

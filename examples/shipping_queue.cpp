@@ -67,6 +67,12 @@ int main() {
     std::mutex mu;
     std::vector<std::string> handled;  // "carrier:n" in handling order
     std::atomic<int> outage_calls{0};
+    // The shipments are in the queue before the consumer starts: published after
+    // it, one fsync each, a slow disk could let dhl:0 finish its backoff before
+    // the other carriers' shipments were even stored.
+    for (int n = 0; n < 3; ++n)
+      for (const char* carrier : {"dhl", "ups", "fedex"})
+        (void)q.publish({.key = carrier, .payload = std::to_string(n)});
     auto sub = bus->consume(q,
                             [&](const MessageView& m) {
                               const std::string carrier(m.key());
@@ -79,9 +85,6 @@ int main() {
                             {.max_attempts = 5, .backoff_initial = 200ms, .backoff_jitter = 0,
                              .key_parallel_retry = true})
                    .value();
-    for (int n = 0; n < 3; ++n)
-      for (const char* carrier : {"dhl", "ups", "fedex"})
-        (void)q.publish({.key = carrier, .payload = std::to_string(n)});
     const bool done = wait_for(
         [&] {
           std::lock_guard l(mu);
