@@ -139,8 +139,14 @@ run_examples() {
       [ -x "$tool" ] || continue  # built with -Dtools=false: nothing to drive
       args=("$tool")
     fi
-    "$dir/$name" "${args[@]}" >"$dir/$name.log" 2>&1 ||
-      { echo "consumer_check ($way): examples/$name failed:" >&2; cat "$dir/$name.log" >&2; exit 1; }
+    # A time limit: a hung example is named here rather than stalling CI to
+    # its own limit (each takes seconds; ticket_booking's own deadline is 60 s).
+    local rc=0
+    timeout --kill-after=10 300 "$dir/$name" "${args[@]}" >"$dir/$name.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      [ "$rc" -eq 124 ] && echo "consumer_check ($way): examples/$name did not finish in 300 s" >&2
+      echo "consumer_check ($way): examples/$name failed (exit status $rc):" >&2; cat "$dir/$name.log" >&2; exit 1
+    fi
     ran=$((ran + 1))
   done
   echo "$ran"
