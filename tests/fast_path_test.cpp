@@ -234,7 +234,7 @@ TEST_CASE("a solo publisher's topic is taken over by a second Publisher and by T
     return Outcome::ack();
   });
   constexpr int kPerKey = 2500, kKeys = 8;
-  std::atomic<int> first_done{0}, owner_checked{0};
+  std::atomic<int> first_done{0}, owner_checked{0}, b_started{0}, c_started{0};
   std::thread a([&, pub = bus->publisher()]() mutable {
     for (int i = 0; i < kPerKey; ++i)
       for (int k = 0; k < kKeys; ++k) {
@@ -248,6 +248,13 @@ TEST_CASE("a solo publisher's topic is taken over by a second Publisher and by T
           first_done.store(1);
           while (owner_checked.load() == 0) std::this_thread::yield();
         }
+        if (i == kPerKey / 2 && k == 0) {
+          // b and c publish while a still owns the topic: on a loaded machine
+          // they could otherwise start only after a ended and gave it back,
+          // and nobody would ever contend (owner 0 at the end: seen with two
+          // copies of this test running side by side).
+          while (b_started.load() == 0 || c_started.load() == 0) std::this_thread::yield();
+        }
       }
   });
   while (first_done.load() == 0) std::this_thread::yield();
@@ -258,12 +265,14 @@ TEST_CASE("a solo publisher's topic is taken over by a second Publisher and by T
       for (int k = 0; k < kKeys; ++k) {
         const std::string key = "b" + std::to_string(k), p = payload_of(i);
         REQUIRE(pub.publish(topic, {.key = key, .payload = p}).ok());
+        b_started.store(1);
       }
   });
   std::thread c([&] {
     for (int i = 0; i < kPerKey / 5; ++i) {
       const std::string p = payload_of(i);
       REQUIRE(topic.publish({.key = "c", .payload = p}).ok());
+      c_started.store(1);
     }
   });
   a.join();
