@@ -86,6 +86,15 @@ int main() {
     // publish order (here latest-first), not held in the delayed index.
     std::atomic<int> pending{kUsers * kPerUser};
     std::atomic<bool> failed{false};
+    // A failure is reported once, whichever way it comes: in the completion,
+    // or up front (then there is no completion).
+    auto done = [&pending, &failed](const Status& st) {
+      if (!st.ok()) {
+        std::printf("publish failed: %s\n", std::string(st.message()).c_str());
+        failed = true;
+      }
+      pending.fetch_sub(1);
+    };
     for (int u = 0; u < kUsers; ++u) {
       for (int r = kPerUser - 1; r >= 0; --r) {  // published latest-first: delivery follows the due times
         const std::int64_t due = first_due + (std::int64_t{r} * kUsers + u) * 40'000'000;
@@ -94,16 +103,8 @@ int main() {
         const std::string user = "user-" + std::to_string(u);  // OutgoingMessage holds views: keep the string
         OutgoingMessage m{.key = user, .payload = body};
         m.deliver_at = due;
-        Status s = topic.publish_async(m, [&](const Status& st, std::uint64_t) {
-          if (!st.ok()) std::printf("publish failed: %s\n", std::string(st.message()).c_str());
-          if (!st.ok()) failed = true;
-          pending.fetch_sub(1);
-        });
-        if (!s.ok()) {  // refused up front: no callback
-          std::printf("publish failed: %s\n", std::string(s.message()).c_str());
-          failed = true;
-          pending.fetch_sub(1);
-        }
+        Status s = topic.publish_async(m, [done](const Status& st, std::uint64_t) { done(st); });
+        if (!s.ok()) done(s);
       }
     }
     while (pending.load() > 0) std::this_thread::sleep_for(1ms);

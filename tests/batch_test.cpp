@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "lanebus/lanebus.hpp"
+#include "acked.hpp"
 #include "wait.hpp"
 
 using namespace lanebus;
 using namespace std::chrono_literals;
+using lanebus::test::all_groups_acked;
 using lanebus::test::wait_until;
 
 namespace {
@@ -123,14 +125,7 @@ TEST_CASE("publish_batch keeps per-key order across chunks, producer threads and
   for (auto& th : threads) th.join();
   const int total = kThreads * kBatches * kPerBatch;
   REQUIRE(wait_until([&] { return a.seen.load() == total && b.seen.load() == total; }));
-  // An ack is counted after its handler returns: the last one may still be on
-  // its way into the counters when `seen` is complete (seen under TSan in CI).
-  REQUIRE(wait_until([&] {
-    const BusStats now = bus->stats();  // a named object: the loop below reads into it
-    for (const auto& g : now.topics.at(0).groups)
-      if (g.total.acked != static_cast<std::uint64_t>(total)) return false;
-    return true;
-  }));
+  REQUIRE(all_groups_acked(*bus, static_cast<std::uint64_t>(total)));  // acks counted after the handler returns
   CHECK(failures.load() == 0);
   CHECK(wrong_lane.load() == 0);
   CHECK(a.violations == 0);

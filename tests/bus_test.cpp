@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "lanebus/lanebus.hpp"
+#include "acked.hpp"
 #include "wait.hpp"
 
 using namespace lanebus;
 using namespace std::chrono_literals;
+using lanebus::test::all_groups_acked;
 using lanebus::test::wait_until;
 
 namespace {
@@ -144,13 +146,7 @@ TEST_CASE("fan-out: each of three groups receives every message exactly once") {
     REQUIRE(topic.publish({.key = "k" + std::to_string(i % 50), .payload = p}).ok());
   }
   REQUIRE(wait_until([&] { return count[0] == kMessages && count[1] == kMessages && count[2] == kMessages; }));
-  // An ack is counted after its handler returns: wait for the counters too.
-  REQUIRE(wait_until([&] {
-    const BusStats now = bus->stats();  // a named object: the loop below reads into it
-    for (const auto& g : now.topics.at(0).groups)
-      if (g.total.acked != static_cast<std::uint64_t>(kMessages)) return false;
-    return true;
-  }));
+  REQUIRE(all_groups_acked(*bus, static_cast<std::uint64_t>(kMessages)));  // acks counted after the handler returns
   for (int g = 0; g < 3; ++g) {
     int wrong = 0;
     for (int i = 0; i < kMessages; ++i) wrong += seen[g][i].load() != 1;
