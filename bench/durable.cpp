@@ -930,8 +930,11 @@ Run sqlite_batch_ack(std::uint64_t n, const std::string& dir) {
 // ---- end-to-end latency on a Sync durable queue ------------------------------
 
 struct Latency {
-  double p50_us = 0, p99_us = 0, p999_us = 0, msgs_per_sec = 0;
+  double p50_us = 0, p99_us = 0, p999_us = 0, mean_us = 0, msgs_per_sec = 0;
   std::uint64_t sent = 0, handled = 0;
+  // e2e_latency_queue only: the store's write transactions while it ran (a
+  // commit's time, begin to return, and the operations it carried).
+  double commit_avg_us = 0, ops_per_commit = 0;
   // e2e_latency_queue only: the hop from a publish's completion (its commit)
   // to its handler call, in ns, one per handled message.
   std::vector<std::uint64_t> hops;
@@ -942,6 +945,9 @@ Latency percentiles(std::vector<std::uint64_t>& v) {
   l.p50_us = static_cast<double>(pct(v, 0.50)) / 1e3;
   l.p99_us = static_cast<double>(pct(v, 0.99)) / 1e3;
   l.p999_us = static_cast<double>(pct(v, 0.999)) / 1e3;
+  double sum = 0;
+  for (std::uint64_t x : v) sum += static_cast<double>(x);
+  l.mean_us = v.empty() ? 0 : sum / static_cast<double>(v.size()) / 1e3;
   return l;
 }
 
@@ -1058,18 +1064,24 @@ Paced publish_paced(const lanebus::Topic& q, double rate, double seconds, std::a
 // One producer paced at `rate` msg/s with publish_async for g_seconds.
 Latency e2e_queue(double rate, const std::string& dir) {
   LatencyQueue c(rate, dir, true, "e2e");
+  const auto before = lanebus::detail::Access::core(*c.bus)->store()->counters();
   std::atomic<std::uint64_t> failed{0};
   const Paced p = publish_paced(c.queue, rate, g_seconds, failed, "e2e publish", c.done_at.get(), c.cap);
   const std::uint64_t sent = p.sent;
   const double send_elapsed = p.seconds;
   c.drain(sent);
+  const auto k = lanebus::detail::Access::core(*c.bus)->store()->counters();
+  const double commits = static_cast<double>(k.commits - before.commits);
   if (std::getenv("BENCH_DEBUG") != nullptr) {
-    auto k = lanebus::detail::Access::core(*c.bus)->store()->counters();
     std::fprintf(stderr, "e2e commits=%llu claims=%llu claims_ahead=%llu acks=%llu\n",
                  static_cast<unsigned long long>(k.commits), static_cast<unsigned long long>(k.claims),
                  static_cast<unsigned long long>(k.claims_ahead), static_cast<unsigned long long>(k.acks));
   }
   Latency l = c.finish(sent, static_cast<double>(sent) / send_elapsed);
+  if (commits > 0) {
+    l.commit_avg_us = static_cast<double>(k.commit_ns - before.commit_ns) / commits / 1e3;
+    l.ops_per_commit = static_cast<double>(k.batched_ops - before.batched_ops) / commits;
+  }
   if (failed.load() != 0) std::fprintf(stderr, "e2e: %llu publishes failed\n", static_cast<unsigned long long>(failed.load()));
   return l;
 }
@@ -1381,13 +1393,14 @@ int main(int argc, char** argv) {
   }
   if (want("e2e_latency_queue")) {
     const double kRate = g_rate;
-    std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate, hop50, hop90, hop_slow;
+    std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate, hop50, hop90, hop_slow, commit_avg, floor_avg, ops;
     std::uint64_t sent = 0, handled = 0;
     for (int r = 0; r < g_repeats; ++r) {
       Latency l = e2e_queue(kRate, fresh_dir("e2e_latency"));
       Latency f = lmdb_commit_latency(fresh_dir("lmdb_commit"));
       p50.push_back(l.p50_us), p99.push_back(l.p99_us), p999.push_back(l.p999_us), rate.push_back(l.msgs_per_sec);
       floor50.push_back(f.p50_us), floor99.push_back(f.p99_us), floor999.push_back(f.p999_us);
+      commit_avg.push_back(l.commit_avg_us), floor_avg.push_back(f.mean_us), ops.push_back(l.ops_per_commit);
       sent += l.sent, handled += l.handled;
       // The hop from completion to handler, and the share of messages whose
       // hop is longer than one raw commit (they waited for a later commit).
@@ -1402,13 +1415,16 @@ int main(int argc, char** argv) {
     std::printf("bench=durable case=e2e_latency_queue repeats=%d target_rate=%.0f offered_msg_per_s=%.0f sent=%llu handled=%llu "
                 "p50_us=%.1f p50_us_spread=%.1f..%.1f p99_us=%.1f p99_us_spread=%.1f..%.1f p999_us=%.1f p999_us_spread=%.1f..%.1f "
                 "lmdb_commit_p50_us=%.1f lmdb_commit_p99_us=%.1f lmdb_commit_p999_us=%.1f ratio=%.2f "
-                "hop_p50_us=%.1f hop_p90_us=%.1f hop_over_commit_pct=%.1f\n",
+                "hop_p50_us=%.1f hop_p90_us=%.1f hop_over_commit_pct=%.1f "
+                "commit_avg_us=%.1f lmdb_commit_avg_us=%.1f commit_over_lmdb=%.2f ops_per_commit=%.1f\n",
                 g_repeats, kRate, spread(rate).median, static_cast<unsigned long long>(sent),
                 static_cast<unsigned long long>(handled), spread(p50).median, spread(p50).min, spread(p50).max,
                 spread(p99).median, spread(p99).min, spread(p99).max, spread(p999).median, spread(p999).min,
                 spread(p999).max, spread(floor50).median, spread(floor99).median, spread(floor999).median,
                 spread(floor50).median > 0 ? spread(p50).median / spread(floor50).median : 0.0, spread(hop50).median,
-                spread(hop90).median, spread(hop_slow).median);
+                spread(hop90).median, spread(hop_slow).median, spread(commit_avg).median, spread(floor_avg).median,
+                spread(floor_avg).median > 0 ? spread(commit_avg).median / spread(floor_avg).median : 0.0,
+                spread(ops).median);
     std::fflush(stdout);
   }
   if (want("e2e_latency_queue_xproc")) {

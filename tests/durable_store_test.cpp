@@ -386,6 +386,25 @@ TEST_CASE("retention deletes in bounded batches while publishers keep appending"
   CHECK(store->counters().max_batch <= o.max_batch);
 }
 
+TEST_CASE("counters: each commit's time, begin to return, is summed in commit_ns") {
+  TempDir dir;
+  auto store = must_open(options_for(dir.path()));
+  auto t = store->open_topic("timed", TopicSpec{1, false, {}});
+  REQUIRE(t.ok());
+  const auto before = store->counters();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) REQUIRE(store->append(request(*t, "k", "p")).ok());  // one commit each
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  const auto after = store->counters();
+  CHECK(after.commits >= before.commits + 3);
+  CHECK(after.commit_ns > before.commit_ns);
+  // The writer commits one transaction at a time, and each append waited for
+  // its own: their sum cannot exceed the time around them (1 s for a commit
+  // of the writer's own that began before).
+  CHECK(after.commit_ns - before.commit_ns <
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count()) + 1'000'000'000);
+}
+
 TEST_CASE("claims in the append's transaction: an armed mailbox gets the claim before the append returns") {
   TempDir dir;
   auto store = must_open(options_for(dir.path()));

@@ -218,6 +218,7 @@ StoreCounters DurableStore::counters() const noexcept {
   c.appends = ld(counters_.appends);
   c.append_failures = ld(counters_.append_failures);
   c.commits = ld(counters_.commits);
+  c.commit_ns = ld(counters_.commit_ns);
   c.fsyncs = ld(counters_.fsyncs);
   c.batched_ops = ld(counters_.batched_ops);
   c.max_batch = ld(counters_.max_batch);

@@ -258,6 +258,10 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       // Relaxed: independent statistics.
       s_.counters_.appends.fetch_add(appends, std::memory_order_relaxed);
       s_.counters_.commits.fetch_add(1, std::memory_order_relaxed);
+      s_.counters_.commit_ns.fetch_add(
+          static_cast<std::uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()),
+          std::memory_order_relaxed);
       if (s_.options_.durability == Durability::Sync) s_.counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
       s_.counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
       std::uint64_t mb = s_.counters_.max_batch.load(std::memory_order_relaxed);
