@@ -115,11 +115,33 @@ TEST_CASE("reference story: deprecate, migrate, and remove a field on the audit'
       REQUIRE(topic.publish({.key = key, .payload = *b.finish()}).ok());
       ++published;
     }
-    REQUIRE(wait_until([&] {
+    const bool all_handled = wait_until([&] {
       for (auto& g : groups)
         if (g->handled.load() != published) return false;
       return true;
-    }));
+    });
+    if (!all_handled) {
+      // Name the group and what its counters say (dropped with no consumer,
+      // retried, still queued) before failing: seen once on a loaded CI run.
+      std::string why = "day " + std::to_string(day) + ", published " + std::to_string(published) + ":";
+      const BusStats st = bus->stats();
+      for (const auto& t : st.topics) {
+        why += " topic " + t.name + " published " + std::to_string(t.published) + " unrouted " + std::to_string(t.unrouted) +
+               " slots_in_use " + std::to_string(t.slots_in_use) + ";";
+        for (const auto& gs : t.groups) {
+          int handled = -1;
+          for (auto& g : groups)
+            if (g->name == gs.name) handled = g->handled.load();
+          why += " " + gs.name + " handled " + std::to_string(handled) + " consumers " + std::to_string(gs.consumers) +
+                 " [";
+          for (const auto& l : gs.lanes)
+            why += " d" + std::to_string(l.delivered) + "/a" + std::to_string(l.acked) + "/r" + std::to_string(l.retried) +
+                   "/x" + std::to_string(l.dropped) + "/q" + std::to_string(l.in_flight);
+          why += " ]";
+        }
+      }
+      FAIL(why);
+    }
     REQUIRE(schemas.flush_usage().ok());
   };
 

@@ -459,6 +459,17 @@ void LaneRunner::run_lane(GroupLane* gl) {
   end_run(gl, c, frees, &frees == &own_frees, handled, hold_ns);
 }
 
+namespace {
+// A subscription of the group is attached and enabled now (BusCore::attach
+// enables it before it returns; close() disables it first).
+bool has_enabled_consumer(const GroupImpl* g) noexcept {
+  const std::uint32_t n = g->consumers_hw.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (g->consumers[i].enabled.load(std::memory_order_acquire)) return true;
+  return false;
+}
+}  // namespace
+
 LaneRunner::PickStep LaneRunner::pick_next(GroupLane* gl, Consumer* c, bool single, FreeChain& frees, LanePick* pick,
                                      std::int64_t* hold_ns) {
   GroupImpl* g = gl->group;
@@ -530,7 +541,11 @@ std::int64_t LaneRunner::run_general(GroupLane* gl, Consumer* c, bool single, Fr
     std::uint32_t* attempts = pick.attempts;
     std::int64_t* first_failure = pick.first_failure;
     if (c == nullptr) {
-      // No consumer (the group was left, or shutdown abandons): discard.
+      // No consumer (the group was left, or shutdown abandons): discard. But
+      // a consumer that joined since this run began owns what was published
+      // after it joined: keep the head and run the lane again, with it (a
+      // run dropping a long backlog would otherwise drop those messages too).
+      if (!bus_.sched_.abandoning() && has_enabled_consumer(g)) break;
       gl->dropped.fetch_add(1, std::memory_order_relaxed);
       clear_pick(gl, pi);
       frees.release(s);
