@@ -199,7 +199,9 @@ class LANEBUS_API Subscription {
   /// returns (no timeout: a handler that never returns blocks close forever).
   /// Messages not yet handled stay with the group for its other consumers;
   /// when the last consumer of a group leaves, the group stops receiving and
-  /// its queued messages are discarded (counted as dropped).
+  /// its queued messages are discarded (counted as dropped). A subscription
+  /// that joins the group again receives every message published after its
+  /// subscribe returned, and any of the old queue not yet discarded.
   /// Errors: Busy when called from inside this subscription's own handler
   /// (the subscription is then detached but the running call is not awaited).
   /// Closing twice, or a moved-from subscription, is OK.
