@@ -31,6 +31,13 @@
 //             hop_p50_us / hop_p90_us: a publish's completion (its commit) to its
 //             handler call; hop_over_commit_pct: the messages whose hop is longer than
 //             one raw commit (doc/performance.md, "The hop after the commit")
+//             commit_call_avg_us / build_avg_us: of lanebus's average commit, the time in
+//             LMDB's commit call (page writes, fsyncs) and the time building the transaction
+//   layouts   (only with --run) prototype log layouts in raw LMDB, lanebus's 137-byte records
+//             at lanebus's own sync_4p / async_4p batch: lanebus's layout (lanes), one sequence
+//             with MDB_APPEND (seq), and seq with a dense per-lane index (seq_index), against
+//             the issue's baseline; small fsynced commits of 5 appends (time, bytes written);
+//             replay of the seq log whole and of the seq_index log lane by lane
 //   e2e_latency_queue_xproc the same with the publisher in a child process (this binary,
 //             --publish-child): the consumer is woken by the commit (wake.shm) or, as
 //             its baseline in the same run, finds the messages by its 50 ms poll alone
@@ -209,7 +216,26 @@ enum class RawLayout {
   // A prototype log format (*_lane_dbs): one named database per lane, 8-byte
   // offset keys, each lane appended with MDB_APPEND through a cursor of its own.
   LaneDbs,
+  // A prototype log format (*_seq, the `layouts` case): one sequence for the
+  // whole log, 8-byte keys appended with MDB_APPEND, each value the record
+  // with its lane (4 bytes) and lane offset (8) in front, since the key no
+  // longer carries them. No per-lane index: a reader walks the sequence.
+  Seq,
+  // Seq plus a dense per-lane index (*_seq_index): table "lane_index", key
+  // (topic, lane, offset) as lanebus's log key, value the 8-byte sequence
+  // number. The index's 8 lanes grow side by side (no MDB_APPEND), as the log
+  // does today, but with 24-byte entries instead of 153-byte ones.
+  SeqIndex,
 };
+
+// The *_seq layouts' value: lane and lane offset, then the record.
+std::string seq_value(std::string_view record, std::uint32_t lane, std::uint64_t offset) {
+  std::string v(12, '\0');
+  lanebus::detail::put_be32(v.data(), lane);
+  lanebus::detail::put_be64(v.data() + 4, offset);
+  v += record;
+  return v;
+}
 
 [[noreturn]] void raw_failed(const std::string& what) {
   std::fprintf(stderr, "lmdb baseline: %s\n", what.c_str());
@@ -219,7 +245,29 @@ enum class RawLayout {
 // Raw LMDB: one thread, write txns of `batch` puts each in `layout`
 // (doc/performance.md, "Two log formats tried in raw LMDB"). Message n goes
 // to lane n % 8 at offset n / 8 in the layouts with lanes.
-Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayout layout = RawLayout::Sequence) {
+// With `commit_probe`: exactly commit_probe->commits transactions, each timed
+// (begin to the commit's return) and the bytes the thread wrote for it read
+// from /proc/thread-self/io (wchar: LMDB's pwrite/writev of pages and meta).
+struct CommitProbe {
+  std::uint64_t commits = 0;
+  double avg_commit_us = 0;
+  double avg_written_kb = 0;
+};
+
+// This thread's bytes written so far (wchar of /proc/thread-self/io), 0 if unreadable.
+std::uint64_t thread_wchar() {
+  std::FILE* f = std::fopen("/proc/thread-self/io", "r");
+  if (f == nullptr) return 0;
+  char line[128];
+  std::uint64_t w = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "wchar: ", 7) == 0) w = std::strtoull(line + 7, nullptr, 10);
+  std::fclose(f);
+  return w;
+}
+
+Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayout layout = RawLayout::Sequence,
+             CommitProbe* commit_probe = nullptr) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;  // sparse: only written pages use disk
@@ -229,11 +277,17 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayou
   if (!env.ok()) std::exit(1);
   lanebus::detail::LmdbDbi dbi = 0;
   lanebus::detail::LmdbDbi lane_dbi[8] = {};
+  lanebus::detail::LmdbDbi index_dbi = 0;
   {
     auto txn = (*env)->begin_write();
     auto d = (*env)->open_dbi(*txn, "log", true);
     if (!d.ok()) std::exit(1);
     dbi = *d;
+    if (layout == RawLayout::SeqIndex) {
+      auto x = (*env)->open_dbi(*txn, "lane_index", true);
+      if (!x.ok()) std::exit(1);
+      index_dbi = *x;
+    }
     for (std::uint32_t l = 0; layout == RawLayout::LaneDbs && l < 8; ++l) {
       const std::string name = "log" + std::to_string(l);
       auto ld = (*env)->open_dbi(*txn, name.c_str(), true);
@@ -261,7 +315,16 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayou
     return std::string_view(key, 16);
   };
   std::string packed;
-  while (Clock::now() < until) {
+  // The *_seq layouts' values, one per lane (the lane offset is rewritten per put).
+  std::string seq_values[8];
+  for (std::uint32_t l = 0; l < 8; ++l) seq_values[l] = seq_value(value, l, 0);
+  char seq_key[8] = {};
+  char index_value[8] = {};
+  const bool probe = commit_probe != nullptr;
+  std::uint64_t commit_ns = 0, commits = 0, wchar_total = 0;
+  while (probe ? commits < commit_probe->commits : Clock::now() < until) {
+    std::uint64_t wchar_before = probe ? thread_wchar() : 0;
+    const auto t0 = Clock::now();
     auto txn = (*env)->begin_write();
     if (!txn.ok()) std::exit(1);
     switch (layout) {
@@ -304,8 +367,33 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayou
         for (MDB_cursor* cu : cur) mdb_cursor_close(cu);
         break;
       }
+      case RawLayout::Seq:
+      case RawLayout::SeqIndex:
+        for (std::uint64_t i = 0; i < batch; ++i, ++n) {
+          const auto lane = static_cast<std::uint32_t>(n % 8);
+          std::string& v = seq_values[lane];
+          lanebus::detail::put_be64(v.data() + 4, n / 8);
+          lanebus::detail::put_be64(seq_key, n);
+          if (auto st = txn->put_append(dbi, std::string_view(seq_key, 8), v); !st.ok()) raw_failed(st.to_string());
+          if (layout == RawLayout::SeqIndex) {
+            lanebus::detail::put_be64(index_value, n);
+            if (auto st = txn->put(index_dbi, log_key(lane, n / 8), std::string_view(index_value, 8)); !st.ok())
+              raw_failed(st.to_string());
+          }
+        }
+        break;
     }
     if (auto st = txn->commit(); !st.ok()) raw_failed(st.to_string());
+    if (probe) {
+      commit_ns += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+      wchar_total += thread_wchar() - wchar_before;
+      ++commits;
+    }
+  }
+  if (probe) {
+    commit_probe->avg_commit_us = static_cast<double>(commit_ns) / 1e3 / static_cast<double>(std::max<std::uint64_t>(commits, 1));
+    commit_probe->avg_written_kb =
+        static_cast<double>(wchar_total) / 1024.0 / static_cast<double>(std::max<std::uint64_t>(commits, 1));
   }
   if (no_sync && !(*env)->sync().ok()) std::exit(1);
   Run r;
@@ -586,6 +674,75 @@ Run lmdb_cursor_lane_batches(const std::string& dir, bool in_place, double* per_
       },
       &leaves);
   if (per_leaf != nullptr && leaves > 0) *per_leaf = static_cast<double>(out.msgs) / static_cast<double>(leaves);
+  return out;
+}
+
+// Replay of a *_seq log (the `layouts` case): one cursor over the whole
+// sequence, every record decoded and copied as lanebus's reader does, its lane
+// and offset taken from the value's prefix. What a topic-wide reader (one
+// group reading all lanes at once, as `replay` does) would cost.
+Run lmdb_cursor_seq(const std::string& dir) {
+  return scan_log(dir, [](lanebus::detail::LmdbCursor& cur) {
+    std::uint64_t n = 0, bytes = 0;
+    lanebus::detail::StoredMessage m;
+    for (auto r = cur.first(); r.ok() && *r; r = cur.next()) {
+      const std::string_view v = cur.value();
+      if (v.size() < 12 || !lanebus::detail::decode_log_record(v.substr(12), "bench", lanebus::detail::get_be32(v.data()),
+                                                                  lanebus::detail::get_be64(v.data() + 4), &m)
+                                 .ok()) {
+        std::fprintf(stderr, "seq replay: bad record\n");
+        std::exit(1);
+      }
+      bytes += m.payload.size();
+      ++n;
+    }
+    if (bytes == 0 && n > 0) std::exit(1);
+    return n;
+  });
+}
+
+// Replay of a *_seq_index log lane by lane, as a per-lane reader (a consumer
+// group's worker) would read it: a cursor over the lane's index entries and,
+// for each, a lookup of the record by its sequence number, decoded and copied.
+Run lmdb_lanes_through_index(const std::string& dir) {
+  lanebus::detail::LmdbEnv::Config c;
+  c.path = dir;
+  c.map_size_initial = 8ull << 30;
+  c.map_size_max = 8ull << 30;
+  c.read_only = true;
+  auto env = lanebus::detail::LmdbEnv::open(c);
+  if (!env.ok()) std::exit(1);
+  auto txn = (*env)->begin_read();
+  auto log = (*env)->open_dbi(*txn, "log", false);
+  auto index = (*env)->open_dbi(*txn, "lane_index", false);
+  if (!log.ok() || !index.ok()) std::exit(1);
+  auto cur = lanebus::detail::LmdbCursor::open(*txn, *index, dir);
+  if (!cur.ok()) std::exit(1);
+  const auto start = Clock::now();
+  std::uint64_t n = 0, bytes = 0;
+  lanebus::detail::StoredMessage m;
+  char from[16] = {};
+  for (std::uint32_t lane = 0; lane < 8; ++lane) {
+    lanebus::detail::put_be32(from, 1);
+    lanebus::detail::put_be32(from + 4, lane);
+    lanebus::detail::put_be64(from + 8, 0);
+    for (auto r = cur->seek(std::string_view(from, 16)); r.ok() && *r; r = cur->next()) {
+      const std::string_view k = cur->key();
+      if (k.size() != 16 || lanebus::detail::get_be32(k.data() + 4) != lane) break;
+      auto v = txn->get(*log, cur->value());
+      if (!v.ok() || v->size() < 12 ||
+          !lanebus::detail::decode_log_record(v->substr(12), "bench", lane, lanebus::detail::get_be64(k.data() + 8), &m).ok()) {
+        std::fprintf(stderr, "seq index replay: bad record\n");
+        std::exit(1);
+      }
+      bytes += m.payload.size();
+      ++n;
+    }
+  }
+  if (bytes == 0 && n > 0) std::exit(1);
+  Run out;
+  out.msgs = n;
+  out.msgs_per_sec = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
   return out;
 }
 
@@ -934,7 +1091,7 @@ struct Latency {
   std::uint64_t sent = 0, handled = 0;
   // e2e_latency_queue only: the store's write transactions while it ran (a
   // commit's time, begin to return, and the operations it carried).
-  double commit_avg_us = 0, ops_per_commit = 0;
+  double commit_avg_us = 0, commit_call_avg_us = 0, ops_per_commit = 0;
   // e2e_latency_queue only: the hop from a publish's completion (its commit)
   // to its handler call, in ns, one per handled message.
   std::vector<std::uint64_t> hops;
@@ -1080,6 +1237,7 @@ Latency e2e_queue(double rate, const std::string& dir) {
   Latency l = c.finish(sent, static_cast<double>(sent) / send_elapsed);
   if (commits > 0) {
     l.commit_avg_us = static_cast<double>(k.commit_ns - before.commit_ns) / commits / 1e3;
+    l.commit_call_avg_us = static_cast<double>(k.commit_call_ns - before.commit_call_ns) / commits / 1e3;
     l.ops_per_commit = static_cast<double>(k.batched_ops - before.batched_ops) / commits;
   }
   if (failed.load() != 0) std::fprintf(stderr, "e2e: %llu publishes failed\n", static_cast<unsigned long long>(failed.load()));
@@ -1239,7 +1397,9 @@ int main(int argc, char** argv) {
                   "       e2e_latency_queue_xproc (publisher in a child process; consumer woken by the commit or by the poll)\n"
                   "       batch_sweep (only with --run: Sync throughput of 4 producers against the group-commit batch)\n"
                   "       delayed_sync_4p (only with --run: sync_4p through a Bus with every message delayed 1 ms,\n"
-                  "       publish to delivery, against the same undelayed)\n");
+                  "       publish to delivery, against the same undelayed)\n"
+                  "       layouts (only with --run: prototype log layouts in raw LMDB, one sequence with and without\n"
+                  "       a per-lane index, against the baseline and lanebus's layout: appends, small commits, replay)\n");
       return 0;
     }
   }
@@ -1361,6 +1521,75 @@ int main(int argc, char** argv) {
     line("async_4p", x, "lmdb_nosync_lane_dbs", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_dbs"), RawLayout::LaneDbs),
          false);
   }
+  if (only == "layouts") {
+    // Prototype log layouts in raw LMDB (doc/performance.md, "One sequence for
+    // the log"): lanebus's record in lanebus's layout, in one sequence, and in
+    // one sequence with a per-lane index, against the issue's baseline, each at
+    // lanebus's own batch (sync_4p, async_4p); then small fsynced commits
+    // (the e2e_latency_queue shape: commit time and bytes written), then replay.
+    const Run xs = lanebus_publish(4, lanebus::Durability::Sync, fresh_dir("layouts_sync"));
+    const Run xa = lanebus_publish(4, lanebus::Durability::Async, fresh_dir("layouts_async"));
+    const auto bs = static_cast<std::uint64_t>(std::max(1.0, xs.avg_batch + 0.5));
+    const auto ba = static_cast<std::uint64_t>(std::max(1.0, xa.avg_batch + 0.5));
+    std::printf("bench=durable case=layouts note=\"lanebus sync_4p %.0f msg/s (batch %llu), async_4p %.0f msg/s (batch %llu)\"\n",
+                xs.msgs_per_sec, static_cast<unsigned long long>(bs), xa.msgs_per_sec, static_cast<unsigned long long>(ba));
+    struct L {
+      const char* name;
+      RawLayout layout;
+    };
+    const L layouts[] = {{"sequence", RawLayout::Sequence}, {"lanes", RawLayout::Lanes}, {"seq", RawLayout::Seq},
+                         {"seq_index", RawLayout::SeqIndex}};
+    std::vector<double> sync_rate[4], async_rate[4];
+    std::string seq_dir, seq_index_dir, sequence_dir;
+    for (int r = 0; r < g_repeats; ++r) {
+      for (int i = 0; i < 4; ++i) {
+        const std::string d = fresh_dir(std::string("layouts_") + layouts[i].name);
+        sync_rate[i].push_back(lmdb_raw(false, bs, d, layouts[i].layout).msgs_per_sec);
+        if (layouts[i].layout == RawLayout::Seq) seq_dir = d;
+        if (layouts[i].layout == RawLayout::SeqIndex) seq_index_dir = d;
+        if (layouts[i].layout == RawLayout::Sequence) sequence_dir = d;
+        async_rate[i].push_back(lmdb_raw(true, ba, fresh_dir(std::string("layouts_async_") + layouts[i].name),
+                                         layouts[i].layout)
+                                    .msgs_per_sec);
+      }
+    }
+    for (int i = 1; i < 4; ++i) {
+      const std::string a = std::string("layout_sync_") + layouts[i].name;
+      const std::string b = std::string("layout_async_") + layouts[i].name;
+      ratio_line(a.c_str(), "msg_per_s", sync_rate[i], "lmdb_fsync", sync_rate[0]);
+      ratio_line(b.c_str(), "msg_per_s", async_rate[i], "lmdb_nosync", async_rate[0]);
+    }
+    // Small fsynced commits: 5 appends each (e2e_latency_queue's commits carry
+    // about 5 appends and 5 claims or acks), 300 commits a layout, in rounds.
+    std::vector<double> commit_us[4], written_kb[4];
+    for (int r = 0; r < g_repeats; ++r) {
+      for (int i = 0; i < 4; ++i) {
+        CommitProbe probe;
+        probe.commits = 300;
+        lmdb_raw(false, 5, fresh_dir(std::string("layouts_commit_") + layouts[i].name), layouts[i].layout, &probe);
+        commit_us[i].push_back(probe.avg_commit_us);
+        written_kb[i].push_back(probe.avg_written_kb);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      const std::string a = std::string("layout_commit5_") + layouts[i].name;
+      char extra[64];
+      std::snprintf(extra, sizeof extra, "written_kb_per_commit=%.1f ", spread(written_kb[i]).median);
+      ratio_line(a.c_str(), "commit_us", commit_us[i], "sequence_commit_us", commit_us[0], extra);
+    }
+    // Replay: the seq log walked whole (a topic-wide reader), and the
+    // seq_index log read lane by lane through its index.
+    std::vector<double> base, copy_only, whole, by_lane;
+    for (int r = 0; r < g_repeats; ++r) {
+      base.push_back(lmdb_cursor(sequence_dir).msgs_per_sec);
+      copy_only.push_back(lmdb_cursor(seq_dir).msgs_per_sec);
+      whole.push_back(lmdb_cursor_seq(seq_dir).msgs_per_sec);
+      by_lane.push_back(lmdb_lanes_through_index(seq_index_dir).msgs_per_sec);
+    }
+    ratio_line("layout_replay_seq_copy_only", "msg_per_s", copy_only, "lmdb_cursor", base);
+    ratio_line("layout_replay_seq_whole", "msg_per_s", whole, "lmdb_cursor", base);
+    ratio_line("layout_replay_seq_index_by_lane", "msg_per_s", by_lane, "lmdb_cursor", base);
+  }
   if (want("queue_consume_4c") || want("tx_consume_4c")) {
     const std::string tmpl = fresh_dir("queue_template");
     const std::uint64_t n = prefill_queue(tmpl, g_queue_messages);
@@ -1393,7 +1622,7 @@ int main(int argc, char** argv) {
   }
   if (want("e2e_latency_queue")) {
     const double kRate = g_rate;
-    std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate, hop50, hop90, hop_slow, commit_avg, floor_avg, ops;
+    std::vector<double> p50, p99, p999, floor50, floor99, floor999, rate, hop50, hop90, hop_slow, commit_avg, commit_call, floor_avg, ops;
     std::uint64_t sent = 0, handled = 0;
     for (int r = 0; r < g_repeats; ++r) {
       Latency l = e2e_queue(kRate, fresh_dir("e2e_latency"));
@@ -1401,6 +1630,7 @@ int main(int argc, char** argv) {
       p50.push_back(l.p50_us), p99.push_back(l.p99_us), p999.push_back(l.p999_us), rate.push_back(l.msgs_per_sec);
       floor50.push_back(f.p50_us), floor99.push_back(f.p99_us), floor999.push_back(f.p999_us);
       commit_avg.push_back(l.commit_avg_us), floor_avg.push_back(f.mean_us), ops.push_back(l.ops_per_commit);
+      commit_call.push_back(l.commit_call_avg_us);
       sent += l.sent, handled += l.handled;
       // The hop from completion to handler, and the share of messages whose
       // hop is longer than one raw commit (they waited for a later commit).
@@ -1416,7 +1646,8 @@ int main(int argc, char** argv) {
                 "p50_us=%.1f p50_us_spread=%.1f..%.1f p99_us=%.1f p99_us_spread=%.1f..%.1f p999_us=%.1f p999_us_spread=%.1f..%.1f "
                 "lmdb_commit_p50_us=%.1f lmdb_commit_p99_us=%.1f lmdb_commit_p999_us=%.1f ratio=%.2f "
                 "hop_p50_us=%.1f hop_p90_us=%.1f hop_over_commit_pct=%.1f "
-                "commit_avg_us=%.1f lmdb_commit_avg_us=%.1f commit_over_lmdb=%.2f ops_per_commit=%.1f\n",
+                "commit_avg_us=%.1f lmdb_commit_avg_us=%.1f commit_over_lmdb=%.2f ops_per_commit=%.1f "
+                "commit_call_avg_us=%.1f build_avg_us=%.1f\n",
                 g_repeats, kRate, spread(rate).median, static_cast<unsigned long long>(sent),
                 static_cast<unsigned long long>(handled), spread(p50).median, spread(p50).min, spread(p50).max,
                 spread(p99).median, spread(p99).min, spread(p99).max, spread(p999).median, spread(p999).min,
@@ -1424,7 +1655,7 @@ int main(int argc, char** argv) {
                 spread(floor50).median > 0 ? spread(p50).median / spread(floor50).median : 0.0, spread(hop50).median,
                 spread(hop90).median, spread(hop_slow).median, spread(commit_avg).median, spread(floor_avg).median,
                 spread(floor_avg).median > 0 ? spread(commit_avg).median / spread(floor_avg).median : 0.0,
-                spread(ops).median);
+                spread(ops).median, spread(commit_call).median, spread(commit_avg).median - spread(commit_call).median);
     std::fflush(stdout);
   }
   if (want("e2e_latency_queue_xproc")) {

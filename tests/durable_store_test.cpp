@@ -386,7 +386,7 @@ TEST_CASE("retention deletes in bounded batches while publishers keep appending"
   CHECK(store->counters().max_batch <= o.max_batch);
 }
 
-TEST_CASE("counters: each commit's time, begin to return, is summed in commit_ns") {
+TEST_CASE("counters: each commit's time, begin to return, is summed in commit_ns, and LMDB's commit call in commit_call_ns") {
   TempDir dir;
   auto store = must_open(options_for(dir.path()));
   auto t = store->open_topic("timed", TopicSpec{1, false, {}});
@@ -403,6 +403,9 @@ TEST_CASE("counters: each commit's time, begin to return, is summed in commit_ns
   // of the writer's own that began before).
   CHECK(after.commit_ns - before.commit_ns <
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count()) + 1'000'000'000);
+  // The commit call is a part of each commit's time (Sync: it holds the fsyncs).
+  CHECK(after.commit_call_ns > before.commit_call_ns);
+  CHECK(after.commit_call_ns - before.commit_call_ns <= after.commit_ns - before.commit_ns);
 }
 
 TEST_CASE("claims in the append's transaction: an armed mailbox gets the claim before the append returns") {

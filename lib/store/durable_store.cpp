@@ -219,6 +219,7 @@ StoreCounters DurableStore::counters() const noexcept {
   c.append_failures = ld(counters_.append_failures);
   c.commits = ld(counters_.commits);
   c.commit_ns = ld(counters_.commit_ns);
+  c.commit_call_ns = ld(counters_.commit_call_ns);
   c.fsyncs = ld(counters_.fsyncs);
   c.batched_ops = ld(counters_.batched_ops);
   c.max_batch = ld(counters_.max_batch);

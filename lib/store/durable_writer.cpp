@@ -249,8 +249,10 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
     ctx.close_log_cursors();  // before the commit or abort below
     Status batch = ctx.dead;
     if (batch.ok()) batch = ctx.flush();
+    const auto t_commit = std::chrono::steady_clock::now();
     if (batch.ok()) batch = txn->commit();
     if (batch.ok()) {
+      const auto t_end = std::chrono::steady_clock::now();
       std::uint64_t appends = 0;
       for (const WriteOp& op : ops) {
         if (op.is_append && !op.excluded && op.status.ok() && !op.result.duplicate) appends += 1;
@@ -259,8 +261,10 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
       s_.counters_.appends.fetch_add(appends, std::memory_order_relaxed);
       s_.counters_.commits.fetch_add(1, std::memory_order_relaxed);
       s_.counters_.commit_ns.fetch_add(
-          static_cast<std::uint64_t>(
-              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()),
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t_end - t0).count()),
+          std::memory_order_relaxed);
+      s_.counters_.commit_call_ns.fetch_add(
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t_end - t_commit).count()),
           std::memory_order_relaxed);
       if (s_.options_.durability == Durability::Sync) s_.counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
       s_.counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
