@@ -250,6 +250,9 @@ std::string seq_value(std::string_view record, std::uint32_t lane, std::uint64_t
 // from /proc/thread-self/io (wchar: LMDB's pwrite/writev of pages and meta).
 struct CommitProbe {
   std::uint64_t commits = 0;
+  /// With no_meta_sync: sync() after every commit and time it with the
+  /// commit (an idle writer making its last commit durable).
+  bool sync_each = false;
   double avg_commit_us = 0;
   double avg_written_kb = 0;
 };
@@ -266,13 +269,17 @@ std::uint64_t thread_wchar() {
   return w;
 }
 
+// `no_meta_sync`: MDB_NOMETASYNC (lmdb_store.hpp), a commit durable after
+// the next one's fsync: what a writer that pipelines its acknowledgements
+// would pay per commit.
 Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayout layout = RawLayout::Sequence,
-             CommitProbe* commit_probe = nullptr) {
+             CommitProbe* commit_probe = nullptr, bool no_meta_sync = false) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;  // sparse: only written pages use disk
   c.map_size_max = 8ull << 30;
   c.no_sync = no_sync;
+  c.no_meta_sync = no_meta_sync;
   auto env = lanebus::detail::LmdbEnv::open(c);
   if (!env.ok()) std::exit(1);
   lanebus::detail::LmdbDbi dbi = 0;
@@ -384,6 +391,7 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayou
         break;
     }
     if (auto st = txn->commit(); !st.ok()) raw_failed(st.to_string());
+    if (probe && commit_probe->sync_each && !(*env)->sync().ok()) std::exit(1);
     if (probe) {
       commit_ns += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
       wchar_total += thread_wchar() - wchar_before;
@@ -395,7 +403,7 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayou
     commit_probe->avg_written_kb =
         static_cast<double>(wchar_total) / 1024.0 / static_cast<double>(std::max<std::uint64_t>(commits, 1));
   }
-  if (no_sync && !(*env)->sync().ok()) std::exit(1);
+  if ((no_sync || no_meta_sync) && !(*env)->sync().ok()) std::exit(1);
   Run r;
   r.msgs = n;
   r.msgs_per_sec = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
@@ -1553,6 +1561,12 @@ int main(int argc, char** argv) {
                                     .msgs_per_sec);
       }
     }
+    // The baseline's own layout with MDB_NOMETASYNC: one fsync per commit
+    // instead of two (data pages, then the meta page through O_DSYNC).
+    std::vector<double> sync_pipelined;
+    for (int r = 0; r < g_repeats; ++r)
+      sync_pipelined.push_back(lmdb_raw(false, bs, fresh_dir("layouts_nometasync"), RawLayout::Sequence, nullptr, true).msgs_per_sec);
+    ratio_line("layout_sync_sequence_nometasync", "msg_per_s", sync_pipelined, "lmdb_fsync", sync_rate[0]);
     for (int i = 1; i < 4; ++i) {
       const std::string a = std::string("layout_sync_") + layouts[i].name;
       const std::string b = std::string("layout_async_") + layouts[i].name;
@@ -1577,6 +1591,21 @@ int main(int argc, char** argv) {
       std::snprintf(extra, sizeof extra, "written_kb_per_commit=%.1f ", spread(written_kb[i]).median);
       ratio_line(a.c_str(), "commit_us", commit_us[i], "sequence_commit_us", commit_us[0], extra);
     }
+    // The same 5-append commits of the baseline's layout with MDB_NOMETASYNC:
+    // alone (a busy writer: each commit durable when the next one returns) and
+    // followed by a sync (an idle writer making its last commit durable).
+    std::vector<double> pipelined_us, idle_us;
+    for (int r = 0; r < g_repeats; ++r) {
+      CommitProbe probe;
+      probe.commits = 300;
+      lmdb_raw(false, 5, fresh_dir("layouts_commit_nometasync"), RawLayout::Sequence, &probe, true);
+      pipelined_us.push_back(probe.avg_commit_us);
+      probe.sync_each = true;
+      lmdb_raw(false, 5, fresh_dir("layouts_commit_nometasync_sync"), RawLayout::Sequence, &probe, true);
+      idle_us.push_back(probe.avg_commit_us);
+    }
+    ratio_line("layout_commit5_sequence_nometasync", "commit_us", pipelined_us, "sequence_commit_us", commit_us[0]);
+    ratio_line("layout_commit5_sequence_nometasync_then_sync", "commit_us", idle_us, "sequence_commit_us", commit_us[0]);
     // Replay: the seq log walked whole (a topic-wide reader), and the
     // seq_index log read lane by lane through its index.
     std::vector<double> base, copy_only, whole, by_lane;

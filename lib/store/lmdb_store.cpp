@@ -701,6 +701,7 @@ Result<MDB_env*> open_env_handle(const LmdbEnv::Config& config, std::uint64_t ma
   unsigned flags = MDB_NOTLS;
   if (config.read_only) flags |= MDB_RDONLY;
   if (config.no_sync) flags |= MDB_NOSYNC;
+  if (config.no_meta_sync) flags |= MDB_NOMETASYNC;
   // Opening can fail transiently while another process opens or closes the
   // same environment (an LMDB caveat): bounded retry.
   for (int attempt = 0;; ++attempt) {

@@ -199,6 +199,11 @@ class LmdbEnv {
     unsigned max_dbs = 16;
     bool read_only = false;
     bool no_sync = false;  ///< MDB_NOSYNC: commit without fsync (async durability).
+    /// MDB_NOMETASYNC: the commit fsyncs the data pages but writes the meta
+    /// page without a sync, so a commit is durable only after the next
+    /// commit's fsync or sync(). Not used by the store; bench/durable's
+    /// `layouts` case measures what pipelining acknowledgements that way would gain.
+    bool no_meta_sync = false;
     /// Reader slots this process reserves at open (read transactions open at
     /// once; more wait). 0: min(8, max(1, maxreaders / 16)). At most kMaxReadSlots.
     unsigned read_slots = 0;
