@@ -402,6 +402,8 @@ class StoreWriter : public StorePart {
  private:
   void writer_main();
   void process_batch(std::vector<WriteOp>& ops);
+  void count_commit(const std::vector<WriteOp>& ops, const WriteCtx& ctx, std::size_t applied,
+                    std::chrono::steady_clock::duration build, std::chrono::steady_clock::duration call);
   void wake_other_processes(const std::vector<WriteOp>& batch) noexcept;  // commit_wake.hpp
   void complete(std::vector<WriteOp>& batch,
                 const std::function<void(std::uint32_t, std::uint32_t, std::uint64_t)>& listener);

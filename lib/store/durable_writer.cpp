@@ -211,6 +211,34 @@ void StoreWriter::wake_other_processes(const std::vector<WriteOp>& batch) noexce
   }
 }
 
+// The counters of a committed batch: its appends, the commit's time (from
+// begin; `call` is LMDB's commit call alone), its size and what it carried.
+void StoreWriter::count_commit(const std::vector<WriteOp>& ops, const WriteCtx& ctx, std::size_t applied,
+                               std::chrono::steady_clock::duration build, std::chrono::steady_clock::duration call) {
+  std::uint64_t appends = 0;
+  for (const WriteOp& op : ops) {
+    if (op.is_append && !op.excluded && op.status.ok() && !op.result.duplicate) appends += 1;
+  }
+  auto ns = [](std::chrono::steady_clock::duration d) {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+  };
+  // Relaxed: independent statistics.
+  s_.counters_.appends.fetch_add(appends, std::memory_order_relaxed);
+  s_.counters_.commits.fetch_add(1, std::memory_order_relaxed);
+  s_.counters_.commit_ns.fetch_add(ns(build + call), std::memory_order_relaxed);
+  s_.counters_.commit_call_ns.fetch_add(ns(call), std::memory_order_relaxed);
+  if (s_.options_.durability == Durability::Sync) s_.counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
+  s_.counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
+  std::uint64_t mb = s_.counters_.max_batch.load(std::memory_order_relaxed);
+  while (applied > mb && !s_.counters_.max_batch.compare_exchange_weak(mb, applied, std::memory_order_relaxed)) {
+  }
+  s_.counters_.retention_deleted.fetch_add(ctx.retention_deleted, std::memory_order_relaxed);
+  s_.counters_.claims.fetch_add(ctx.claims, std::memory_order_relaxed);
+  s_.counters_.redeliveries.fetch_add(ctx.redeliveries, std::memory_order_relaxed);
+  s_.counters_.acks.fetch_add(ctx.acks, std::memory_order_relaxed);
+  s_.counters_.claims_passed.fetch_add(ctx.claims_passed, std::memory_order_relaxed);
+}
+
 void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
   bool bookkeeping_only = false;  // the map is at its maximum: retry small writes alone
   for (WriteOp& op : ops) op.excluded = false;
@@ -252,30 +280,7 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
     const auto t_commit = std::chrono::steady_clock::now();
     if (batch.ok()) batch = txn->commit();
     if (batch.ok()) {
-      const auto t_end = std::chrono::steady_clock::now();
-      std::uint64_t appends = 0;
-      for (const WriteOp& op : ops) {
-        if (op.is_append && !op.excluded && op.status.ok() && !op.result.duplicate) appends += 1;
-      }
-      // Relaxed: independent statistics.
-      s_.counters_.appends.fetch_add(appends, std::memory_order_relaxed);
-      s_.counters_.commits.fetch_add(1, std::memory_order_relaxed);
-      s_.counters_.commit_ns.fetch_add(
-          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t_end - t0).count()),
-          std::memory_order_relaxed);
-      s_.counters_.commit_call_ns.fetch_add(
-          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t_end - t_commit).count()),
-          std::memory_order_relaxed);
-      if (s_.options_.durability == Durability::Sync) s_.counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
-      s_.counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
-      std::uint64_t mb = s_.counters_.max_batch.load(std::memory_order_relaxed);
-      while (applied > mb && !s_.counters_.max_batch.compare_exchange_weak(mb, applied, std::memory_order_relaxed)) {
-      }
-      s_.counters_.retention_deleted.fetch_add(ctx.retention_deleted, std::memory_order_relaxed);
-      s_.counters_.claims.fetch_add(ctx.claims, std::memory_order_relaxed);
-      s_.counters_.redeliveries.fetch_add(ctx.redeliveries, std::memory_order_relaxed);
-      s_.counters_.acks.fetch_add(ctx.acks, std::memory_order_relaxed);
-      s_.counters_.claims_passed.fetch_add(ctx.claims_passed, std::memory_order_relaxed);
+      count_commit(ops, ctx, applied, t_commit - t0, std::chrono::steady_clock::now() - t_commit);
       if (ahead.owns_lock()) s_.claims_->hand_over(true);
       break;
     }
