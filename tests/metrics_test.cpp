@@ -651,6 +651,68 @@ TEST_CASE("the store's dead-letter queue is in the snapshot, the exports and the
   CHECK_MESSAGE(json.has_value(), err);
 }
 
+TEST_CASE("the store writer's commits are in the stats, the snapshot and both exports; a bus without a store has none") {
+  lanebus::test::TempDir dir;
+  BusOptions o;
+  o.workers = 1;
+  o.store.directory = dir.path() + "/store";
+  auto bus = Bus::open(o).value();
+  auto t = bus->create_topic("audit.log", {.lanes = 2, .durable = true}).value();
+  MetricsOptions mo;
+  mo.window = 60s;
+  std::int64_t steady = 1'000'000'000;
+  MetricsClock clock{[&] { return steady; }, [] { return std::int64_t{1'700'000'000'000'000'000}; }};
+  auto monitor = Monitor::create(*bus, mo, clock).value();
+  REQUIRE(monitor->sample().ok());
+  const std::uint64_t sampled_commits = monitor->snapshot().store.totals.commits;
+  const BusStats before = bus->stats();
+  REQUIRE(before.store_available);
+  for (int i = 0; i < 5; ++i) REQUIRE(t.publish({.key = "k" + std::to_string(i), .payload = "x"}).ok());  // a commit each
+  const BusStats after = bus->stats();
+  CHECK(after.store.commits >= before.store.commits + 5);
+  CHECK(after.store.appends == before.store.appends + 5);
+  CHECK(after.store.operations >= after.store.appends);
+  CHECK(after.store.fsyncs >= before.store.fsyncs + 5);  // Sync: one per commit
+  CHECK(after.store.commit_ns > before.store.commit_ns);
+  CHECK(after.store.commit_write_ns > before.store.commit_write_ns);
+  CHECK(after.store.commit_write_ns <= after.store.commit_ns);
+  steady += 10'000'000'000;
+  REQUIRE(monitor->sample().ok());
+  const MetricsSnapshot snap = monitor->snapshot();
+  REQUIRE(snap.store.available);
+  CHECK(snap.store.totals.appends >= 5);
+  // The writer's maintenance may commit too (retention): the rate counts every commit between the samples.
+  const double commits = static_cast<double>(snap.store.totals.commits - sampled_commits);
+  CHECK(snap.store.commit_rate == doctest::Approx(commits / 10.0));
+  REQUIRE(snap.store.commit_avg_seconds.has_value());
+  CHECK(*snap.store.commit_avg_seconds > 0);
+  CHECK(*snap.store.commit_write_avg_seconds <= *snap.store.commit_avg_seconds);
+  CHECK(*snap.store.operations_per_commit >= 1);
+  PromDoc doc = parse_prometheus(monitor->prometheus());
+  CHECK(doc.errors.empty());
+  auto appends = doc.find("lanebus_store_appends_total");
+  REQUIRE(appends.size() == 1);
+  CHECK(appends[0]->value == static_cast<double>(snap.store.totals.appends));
+  auto secs = doc.find("lanebus_store_commit_seconds_total");
+  REQUIRE(secs.size() == 1);
+  CHECK(secs[0]->value == doctest::Approx(static_cast<double>(snap.store.totals.commit_ns) / 1e9));
+  CHECK(doc.find("lanebus_store_commit_avg_seconds").size() == 1);
+  std::string err;
+  auto json = parse_json(monitor->json(), &err);
+  REQUIRE_MESSAGE(json.has_value(), err);
+  CHECK((*json)["store"]["appends"].num() == static_cast<double>(snap.store.totals.appends));
+
+  // In memory only: no store series (not faked as zero), no "store" in JSON.
+  auto plain = Bus::open(BusOptions{.workers = 1}).value();
+  CHECK_FALSE(plain->stats().store_available);
+  auto m2 = Monitor::create(*plain, mo, clock).value();
+  REQUIRE(m2->sample().ok());
+  CHECK_FALSE(parse_prometheus(m2->prometheus()).type.count("lanebus_store_commits_total"));
+  auto json2 = parse_json(m2->json(), &err);
+  REQUIRE(json2.has_value());
+  CHECK_FALSE(std::get<lanebus::test::Json::Object>(json2->v).count("store"));
+}
+
 // ---------------------------------------------------------------- stuck handlers, set-aside messages
 
 namespace {

@@ -126,6 +126,18 @@ struct DlqMetrics {
   std::optional<std::int64_t> depth_change{};
 };
 
+/// This process's store writer (BusStats::store): its commits over the window.
+struct StoreMetrics {
+  bool available = false;  ///< false without a store (or read-only).
+  StoreWriteStats totals;  ///< Since the store was opened, at the newest sample.
+  double commit_rate = 0;  ///< Commits per second over the window.
+  /// Over the window: the average commit (begin to return; in Sync mode
+  /// mostly the device's flushes, what a durable publish waits for), the
+  /// part of it in LMDB's commit call, and the operations per commit (the
+  /// group commit's batch). nullopt when nothing was committed in the window.
+  std::optional<double> commit_avg_seconds{}, commit_write_avg_seconds{}, operations_per_commit{};
+};
+
 /// One lane of a topic: its share of the publishes (hot-key detection).
 struct LaneLoad {
   std::uint32_t lane = 0;
@@ -222,6 +234,8 @@ struct LANEBUS_API MetricsSnapshot {
   std::vector<TopicMetrics> topics;
   /// The store's dead-letter queue (available = false without a store).
   DlqMetrics dlq;
+  /// This process's store writer (available = false without a store).
+  StoreMetrics store;
   /// Open bridges to NATS JetStream (bridge.hpp), as in the newest sample.
   std::vector<BridgeStats> bridges;
   /// Namespaces with their policy and usage (tenancy.hpp), as in the newest sample.

@@ -172,9 +172,32 @@ struct DeprecatedField {
   std::vector<DeprecatedFieldReader> readers{};  ///< By group name.
 };
 
+/// The commits of this process's store writer since the store was opened
+/// (durable topics and queues share one writer per bus; group commit,
+/// doc/durable.md). Divide a time by `commits` for the average commit: in
+/// Sync mode most of it is the device's flushes, which is what a durable
+/// publish waits for.
+struct StoreWriteStats {
+  std::uint64_t commits = 0;     ///< Write transactions committed.
+  std::uint64_t operations = 0;  ///< Appends, claims, acks, offset commits... in them (operations / commits = batch).
+  std::uint64_t appends = 0;     ///< Messages appended.
+  std::uint64_t fsyncs = 0;      ///< Sync-mode commits plus async-mode flushes.
+  /// Time from each transaction's begin to its commit's return, summed.
+  std::uint64_t commit_ns = 0;
+  /// Of commit_ns, the time in LMDB's commit call: writing the pages and, in
+  /// Sync mode, flushing them and the meta page to the device.
+  std::uint64_t commit_write_ns = 0;
+  /// The longest wait for LMDB's writer lock (another process writing).
+  std::uint64_t max_write_lock_wait_ns = 0;
+};
+
 struct BusStats {
   std::string name{};
   std::uint32_t workers = 0;
+  /// This process's store writer (commits, their batch and their time):
+  /// valid when store_available (a bus with a store, not read-only).
+  bool store_available = false;
+  StoreWriteStats store;
   /// The store's dead-letter queue (depth, oldest pending age, arrivals per
   /// class, ...): valid when dlq_available (a bus with a store).
   bool dlq_available = false;

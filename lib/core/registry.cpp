@@ -435,6 +435,22 @@ void outage_stats(const GroupImpl& g, GroupStats* gs) {
   gs->probes = o.probes;
 }
 
+// The store's health and its writer's commits (BusStats::store).
+void store_stats(const DurableStore& store, BusStats* out) {
+  Status health = store.health();
+  if (!health.ok()) out->store_error = health.to_string();
+  if (store.options().read_only) return;
+  const StoreCounters c = store.counters();
+  out->store_available = true;
+  out->store = StoreWriteStats{.commits = c.commits,
+                               .operations = c.batched_ops,
+                               .appends = c.appends,
+                               .fsyncs = c.fsyncs,
+                               .commit_ns = c.commit_ns,
+                               .commit_write_ns = c.commit_call_ns,
+                               .max_write_lock_wait_ns = c.max_write_lock_wait_ns};
+}
+
 }  // namespace
 
 BusStats BusCore::stats() const {
@@ -449,10 +465,7 @@ BusStats BusCore::stats() const {
       out.dlq = *c;
     }
   }
-  if (store_) {
-    Status health = store_->health();
-    if (!health.ok()) out.store_error = health.to_string();
-  }
+  if (store_) store_stats(*store_, &out);
   if (tenancy_) {
     out.namespaces = tenancy_->list();
     // Stored bytes: the retained log bytes of the durable topics this bus opened.

@@ -293,6 +293,28 @@ DlqMetrics window_dlq(const BusStats& now, const BusStats& base, PerSecond per_s
   return m;
 }
 
+// The store writer's totals at `now`, and its commits since `base`: their
+// rate, average time and batch.
+StoreMetrics window_store(const BusStats& now, const BusStats& base, PerSecond per_s) {
+  StoreMetrics m;
+  if (!now.store_available) return m;
+  m.available = true;
+  m.totals = now.store;
+  if (!base.store_available) return m;
+  const StoreWriteStats& a = now.store;
+  const StoreWriteStats& b = base.store;
+  // A store opened again since `base` starts its counters from 0: then the whole of `now`.
+  const bool reopened = a.commits < b.commits;
+  const std::uint64_t commits = reopened ? a.commits : a.commits - b.commits;
+  m.commit_rate = per_s(commits);
+  if (commits == 0) return m;
+  const auto d = static_cast<double>(commits);
+  m.commit_avg_seconds = static_cast<double>(grew(a.commit_ns, reopened ? 0 : b.commit_ns)) / 1e9 / d;
+  m.commit_write_avg_seconds = static_cast<double>(grew(a.commit_write_ns, reopened ? 0 : b.commit_write_ns)) / 1e9 / d;
+  m.operations_per_commit = static_cast<double>(grew(a.operations, reopened ? 0 : b.operations)) / d;
+  return m;
+}
+
 // A topic's counters and publish rate, and how its publishes spread over the
 // lanes in the window (skew, hot lane). Its groups are added by the caller.
 TopicMetrics topic_metrics(const TopicStats& ts, const TopicStats* bt, PerSecond per_s, const MetricsOptions& options) {
@@ -496,6 +518,7 @@ void MetricsWindow::recompute() {
   snap.namespaces = now.stats.namespaces;
   snap.deprecated_fields = now.stats.deprecated_fields;
   snap.dlq = window_dlq(now.stats, base.stats, per_s);
+  snap.store = window_store(now.stats, base.stats, per_s);
   for (const TopicStats& ts : now.stats.topics) {
     const TopicStats* bt = find_topic(base.stats, ts.name);
     TopicMetrics tm = topic_metrics(ts, bt, per_s, options_);
@@ -617,6 +640,37 @@ void write_dlq(PromWriter& w, const MetricsSnapshot& s) {
       w.family("lanebus_dlq_growing", "gauge", "1 when the dead-letter depth rose over the window.");
       w.sample("lanebus_dlq_growing", {}, *s.dlq.depth_change > 0 ? 1.0 : 0.0);
     }
+  }
+}
+
+// The store writer (this process's commits).
+void write_store(PromWriter& w, const MetricsSnapshot& s) {
+  if (!s.store.available) return;
+  const StoreWriteStats& t = s.store.totals;
+  w.family("lanebus_store_commits_total", "counter", "Write transactions this process's store writer committed.");
+  w.sample_u64("lanebus_store_commits_total", {}, t.commits);
+  w.family("lanebus_store_operations_total", "counter",
+           "Operations (appends, claims, acks, offset commits...) in those commits.");
+  w.sample_u64("lanebus_store_operations_total", {}, t.operations);
+  w.family("lanebus_store_appends_total", "counter", "Messages appended by this process's store writer.");
+  w.sample_u64("lanebus_store_appends_total", {}, t.appends);
+  w.family("lanebus_store_fsyncs_total", "counter", "Sync-mode commits plus async-mode flushes.");
+  w.sample_u64("lanebus_store_fsyncs_total", {}, t.fsyncs);
+  w.family("lanebus_store_commit_seconds_total", "counter",
+           "Time from each write transaction's begin to its commit's return, summed.");
+  w.sample_text("lanebus_store_commit_seconds_total", {}, detail::format_ns_as_seconds(t.commit_ns));
+  w.family("lanebus_store_commit_write_seconds_total", "counter",
+           "Of lanebus_store_commit_seconds_total, the time in LMDB's commit call (page writes and, in Sync mode, "
+           "the flushes).");
+  w.sample_text("lanebus_store_commit_write_seconds_total", {}, detail::format_ns_as_seconds(t.commit_write_ns));
+  w.family("lanebus_store_max_write_lock_wait_seconds", "gauge",
+           "The longest wait for LMDB's writer lock (another process writing).");
+  w.sample_text("lanebus_store_max_write_lock_wait_seconds", {}, detail::format_ns_as_seconds(t.max_write_lock_wait_ns));
+  if (s.store.commit_avg_seconds) {
+    w.family("lanebus_store_commit_avg_seconds", "gauge", "The average commit over the window.");
+    w.sample("lanebus_store_commit_avg_seconds", {}, *s.store.commit_avg_seconds);
+    w.family("lanebus_store_operations_per_commit", "gauge", "Operations per commit over the window (the group commit's batch).");
+    w.sample("lanebus_store_operations_per_commit", {}, s.store.operations_per_commit.value_or(0.0));
   }
 }
 
@@ -958,6 +1012,7 @@ std::string to_prometheus(const MetricsSnapshot& s) {
   w.family("lanebus_metrics_window_seconds", "gauge", "Time span the rates are computed over (0 = one sample).");
   w.sample("lanebus_metrics_window_seconds", {}, s.window_seconds);
   write_dlq(w, s);
+  write_store(w, s);
   write_topics(w, s);
   write_lane_counters(w, s);
   write_group_gauges(w, s);
@@ -1220,6 +1275,23 @@ std::string to_json(const MetricsSnapshot& s) {
   j.key("samples"); j.u64(s.samples);
   j.key("dlq");
   dlq_json(j, s.dlq);
+  if (s.store.available) {  // absent without a store
+    const StoreWriteStats& t = s.store.totals;
+    j.key("store");
+    j.begin_object();
+    j.key("commits"); j.u64(t.commits);
+    j.key("operations"); j.u64(t.operations);
+    j.key("appends"); j.u64(t.appends);
+    j.key("fsyncs"); j.u64(t.fsyncs);
+    j.key("commit_ns"); j.u64(t.commit_ns);
+    j.key("commit_write_ns"); j.u64(t.commit_write_ns);
+    j.key("max_write_lock_wait_ns"); j.u64(t.max_write_lock_wait_ns);
+    j.key("commit_rate"); j.number(s.store.commit_rate);
+    j.key("commit_avg_seconds"); j.number(s.store.commit_avg_seconds);
+    j.key("commit_write_avg_seconds"); j.number(s.store.commit_write_avg_seconds);
+    j.key("operations_per_commit"); j.number(s.store.operations_per_commit);
+    j.end_object();
+  }
   j.key("topics");
   j.begin_array();
   for (const auto& t : s.topics) topic_json(j, t);
