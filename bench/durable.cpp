@@ -584,9 +584,8 @@ Run lanebus_replay(const std::string& dir) {
 // The raw scans below: table "log" of the store in `dir`, opened read-only
 // in one read transaction. `scan(cursor)` walks it and returns the messages
 // it counted; the result is their rate. `leaf_pages`: the table's leaf pages.
-template <typename Scan>
-Run scan_log(const std::string& dir, Scan&& scan, std::uint64_t* leaf_pages = nullptr,
-             std::uint64_t* entries = nullptr) {
+// The raw environment in `dir`, read-only (the raw scans and replays below).
+std::unique_ptr<lanebus::detail::LmdbEnv> open_raw_read_only(const std::string& dir) {
   lanebus::detail::LmdbEnv::Config c;
   c.path = dir;
   c.map_size_initial = 8ull << 30;
@@ -594,8 +593,15 @@ Run scan_log(const std::string& dir, Scan&& scan, std::uint64_t* leaf_pages = nu
   c.read_only = true;
   auto env = lanebus::detail::LmdbEnv::open(c);
   if (!env.ok()) std::exit(1);
-  auto txn = (*env)->begin_read();
-  auto dbi = (*env)->open_dbi(*txn, "log", false);
+  return std::move(*env);
+}
+
+template <typename Scan>
+Run scan_log(const std::string& dir, Scan&& scan, std::uint64_t* leaf_pages = nullptr,
+             std::uint64_t* entries = nullptr) {
+  auto env = open_raw_read_only(dir);
+  auto txn = env->begin_read();
+  auto dbi = env->open_dbi(*txn, "log", false);
   if (!dbi.ok()) std::exit(1);
   if (leaf_pages != nullptr) {
     MDB_stat st{};
@@ -713,16 +719,10 @@ Run lmdb_cursor_seq(const std::string& dir) {
 // group's worker) would read it: a cursor over the lane's index entries and,
 // for each, a lookup of the record by its sequence number, decoded and copied.
 Run lmdb_lanes_through_index(const std::string& dir) {
-  lanebus::detail::LmdbEnv::Config c;
-  c.path = dir;
-  c.map_size_initial = 8ull << 30;
-  c.map_size_max = 8ull << 30;
-  c.read_only = true;
-  auto env = lanebus::detail::LmdbEnv::open(c);
-  if (!env.ok()) std::exit(1);
-  auto txn = (*env)->begin_read();
-  auto log = (*env)->open_dbi(*txn, "log", false);
-  auto index = (*env)->open_dbi(*txn, "lane_index", false);
+  auto env = open_raw_read_only(dir);
+  auto txn = env->begin_read();
+  auto log = env->open_dbi(*txn, "log", false);
+  auto index = env->open_dbi(*txn, "lane_index", false);
   if (!log.ok() || !index.ok()) std::exit(1);
   auto cur = lanebus::detail::LmdbCursor::open(*txn, *index, dir);
   if (!cur.ok()) std::exit(1);
