@@ -17,8 +17,13 @@ if ! command -v "$CXX" >/dev/null; then
   exit 1
 fi
 if [ ! -f "$dir/build.ninja" ]; then
-  CXX="$CXX" meson setup "$dir" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+  # From inside the tree, as scripts/test.sh does: Meson's CMake probe writes
+  # in the current directory, and another tree may be set up at the same time.
+  mkdir -p "$dir"
+  cd "$dir"
+  CXX="$CXX" meson setup "$PWD" "$OLDPWD" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
     -Dtests=disabled -Dexamples=false -Dbenchmarks=disabled -Dtools=false -Dnats=disabled -Dbuildtype=debugoptimized
+  cd "$OLDPWD"
 fi
 meson compile -C "$dir" $(ls fuzz/*_fuzz.cpp | xargs -n1 basename | sed 's/\.cpp$//')
 # FUZZ_BUILD_ONLY=1: build the targets and stop (.ci/run builds them while the TSan tests run).

@@ -40,7 +40,12 @@ if [ "${CI:-}" = "true" ]; then
   if [ "$mode" = plain ]; then extra=(-Dcpp_args=-g1); fi
 fi
 if [ ! -f "$dir/build.ninja" ]; then
-  meson setup "$dir" "${extra[@]}" "${werror[@]}"
+  # From inside the tree: Meson's CMake probe writes __cmake_systeminformation/
+  # in the current directory, and .ci/run sets up the next tree while this
+  # one is set up, so two probes from one directory removed each other's
+  # files ("Unable to find cmake", reproduced 3 in 3 by two setups at once).
+  mkdir -p "$dir"
+  (cd "$dir" && meson setup "$PWD" "$OLDPWD" "${extra[@]}" "${werror[@]}")
 fi
 meson compile -C "$dir"
 if [ "$build_only" -eq 1 ]; then exit 0; fi
