@@ -403,9 +403,11 @@ TEST_CASE("counters: each commit's time, begin to return, is summed in commit_ns
   // of the writer's own that began before).
   CHECK(after.commit_ns - before.commit_ns <
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count()) + 1'000'000'000);
-  // The commit call is a part of each commit's time (Sync: it holds the fsyncs).
+  // The commit call is a part of each commit's time (Sync: it holds the
+  // fsyncs), in every snapshot. (Not compared between two snapshots: the
+  // writer's maintenance may commit while one is read.)
   CHECK(after.commit_call_ns > before.commit_call_ns);
-  CHECK(after.commit_call_ns - before.commit_call_ns <= after.commit_ns - before.commit_ns);
+  CHECK(after.commit_call_ns <= after.commit_ns);
 }
 
 TEST_CASE("claims in the append's transaction: an armed mailbox gets the claim before the append returns") {

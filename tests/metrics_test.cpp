@@ -686,8 +686,9 @@ TEST_CASE("the store writer's commits are in the stats, the snapshot and both ex
   CHECK(snap.store.commit_rate == doctest::Approx(commits / 10.0));
   REQUIRE(snap.store.commit_avg_seconds.has_value());
   CHECK(*snap.store.commit_avg_seconds > 0);
-  CHECK(*snap.store.commit_write_avg_seconds <= *snap.store.commit_avg_seconds);
-  CHECK(*snap.store.operations_per_commit >= 1);
+  CHECK(*snap.store.commit_write_avg_seconds > 0);
+  CHECK(snap.store.totals.commit_write_ns <= snap.store.totals.commit_ns);  // in every snapshot
+  CHECK(*snap.store.operations_per_commit > 0);  // not >= 1: two relaxed counters, read while the writer may commit
   PromDoc doc = parse_prometheus(monitor->prometheus());
   CHECK(doc.errors.empty());
   auto appends = doc.find("lanebus_store_appends_total");

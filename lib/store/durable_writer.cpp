@@ -222,11 +222,13 @@ void StoreWriter::count_commit(const std::vector<WriteOp>& ops, const WriteCtx& 
   auto ns = [](std::chrono::steady_clock::duration d) {
     return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
   };
-  // Relaxed: independent statistics.
+  // Relaxed: independent statistics, except the call's part of the commit's
+  // time: added after the whole with release, so a reader that loads it first
+  // (acquire, DurableStore::counters) never sees the part exceed the whole.
   s_.counters_.appends.fetch_add(appends, std::memory_order_relaxed);
   s_.counters_.commits.fetch_add(1, std::memory_order_relaxed);
   s_.counters_.commit_ns.fetch_add(ns(build + call), std::memory_order_relaxed);
-  s_.counters_.commit_call_ns.fetch_add(ns(call), std::memory_order_relaxed);
+  s_.counters_.commit_call_ns.fetch_add(ns(call), std::memory_order_release);
   if (s_.options_.durability == Durability::Sync) s_.counters_.fsyncs.fetch_add(1, std::memory_order_relaxed);
   s_.counters_.batched_ops.fetch_add(applied, std::memory_order_relaxed);
   std::uint64_t mb = s_.counters_.max_batch.load(std::memory_order_relaxed);
