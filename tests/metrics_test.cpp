@@ -23,6 +23,7 @@
 #include "exposition_check.hpp"
 #include "histogram.hpp"
 #include "lanebus/lanebus.hpp"
+#include "scratch_dir.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
 
@@ -653,10 +654,7 @@ TEST_CASE("the store's dead-letter queue is in the snapshot, the exports and the
 
 TEST_CASE("the store writer's commits are in the stats, the snapshot and both exports; a bus without a store has none") {
   lanebus::test::TempDir dir;
-  BusOptions o;
-  o.workers = 1;
-  o.store.directory = dir.path() + "/store";
-  auto bus = Bus::open(o).value();
+  auto bus = Bus::open(lanebus::test::store_bus(dir.path())).value();
   auto t = bus->create_topic("audit.log", {.lanes = 2, .durable = true}).value();
   MetricsOptions mo;
   mo.window = 60s;

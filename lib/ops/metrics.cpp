@@ -1263,6 +1263,25 @@ void deprecated_fields_json(detail::JsonWriter& j, const std::vector<DeprecatedF
   j.end_array();
 }
 
+// This process's store writer (MetricsSnapshot::store).
+void store_json(detail::JsonWriter& j, const StoreMetrics& m) {
+  const StoreWriteStats& t = m.totals;
+  j.key("store");
+  j.begin_object();
+  j.key("commits"); j.u64(t.commits);
+  j.key("operations"); j.u64(t.operations);
+  j.key("appends"); j.u64(t.appends);
+  j.key("fsyncs"); j.u64(t.fsyncs);
+  j.key("commit_ns"); j.u64(t.commit_ns);
+  j.key("commit_write_ns"); j.u64(t.commit_write_ns);
+  j.key("max_write_lock_wait_ns"); j.u64(t.max_write_lock_wait_ns);
+  j.key("commit_rate"); j.number(m.commit_rate);
+  j.key("commit_avg_seconds"); j.number(m.commit_avg_seconds);
+  j.key("commit_write_avg_seconds"); j.number(m.commit_write_avg_seconds);
+  j.key("operations_per_commit"); j.number(m.operations_per_commit);
+  j.end_object();
+}
+
 }  // namespace
 
 std::string to_json(const MetricsSnapshot& s) {
@@ -1275,23 +1294,7 @@ std::string to_json(const MetricsSnapshot& s) {
   j.key("samples"); j.u64(s.samples);
   j.key("dlq");
   dlq_json(j, s.dlq);
-  if (s.store.available) {  // absent without a store
-    const StoreWriteStats& t = s.store.totals;
-    j.key("store");
-    j.begin_object();
-    j.key("commits"); j.u64(t.commits);
-    j.key("operations"); j.u64(t.operations);
-    j.key("appends"); j.u64(t.appends);
-    j.key("fsyncs"); j.u64(t.fsyncs);
-    j.key("commit_ns"); j.u64(t.commit_ns);
-    j.key("commit_write_ns"); j.u64(t.commit_write_ns);
-    j.key("max_write_lock_wait_ns"); j.u64(t.max_write_lock_wait_ns);
-    j.key("commit_rate"); j.number(s.store.commit_rate);
-    j.key("commit_avg_seconds"); j.number(s.store.commit_avg_seconds);
-    j.key("commit_write_avg_seconds"); j.number(s.store.commit_write_avg_seconds);
-    j.key("operations_per_commit"); j.number(s.store.operations_per_commit);
-    j.end_object();
-  }
+  if (s.store.available) store_json(j, s.store);  // absent without a store
   j.key("topics");
   j.begin_array();
   for (const auto& t : s.topics) topic_json(j, t);
