@@ -691,6 +691,18 @@ Run lmdb_cursor_lane_batches(const std::string& dir, bool in_place, double* per_
   return out;
 }
 
+// One value of a *_seq log (lane, offset, record), decoded and copied into `m`
+// as lanebus's reader decodes a record; exits on a bad one. Returns the payload's size.
+std::size_t decode_seq_value(std::string_view v, lanebus::detail::StoredMessage* m) {
+  if (v.size() < 12 || !lanebus::detail::decode_log_record(v.substr(12), "bench", lanebus::detail::get_be32(v.data()),
+                                                              lanebus::detail::get_be64(v.data() + 4), m)
+                             .ok()) {
+    std::fprintf(stderr, "seq replay: bad record\n");
+    std::exit(1);
+  }
+  return m->payload.size();
+}
+
 // Replay of a *_seq log (the `layouts` case): one cursor over the whole
 // sequence, every record decoded and copied as lanebus's reader does, its lane
 // and offset taken from the value's prefix. What a topic-wide reader (one
@@ -700,14 +712,7 @@ Run lmdb_cursor_seq(const std::string& dir) {
     std::uint64_t n = 0, bytes = 0;
     lanebus::detail::StoredMessage m;
     for (auto r = cur.first(); r.ok() && *r; r = cur.next()) {
-      const std::string_view v = cur.value();
-      if (v.size() < 12 || !lanebus::detail::decode_log_record(v.substr(12), "bench", lanebus::detail::get_be32(v.data()),
-                                                                  lanebus::detail::get_be64(v.data() + 4), &m)
-                                 .ok()) {
-        std::fprintf(stderr, "seq replay: bad record\n");
-        std::exit(1);
-      }
-      bytes += m.payload.size();
+      bytes += decode_seq_value(cur.value(), &m);
       ++n;
     }
     if (bytes == 0 && n > 0) std::exit(1);
@@ -738,12 +743,7 @@ Run lmdb_lanes_through_index(const std::string& dir) {
       const std::string_view k = cur->key();
       if (k.size() != 16 || lanebus::detail::get_be32(k.data() + 4) != lane) break;
       auto v = txn->get(*log, cur->value());
-      if (!v.ok() || v->size() < 12 ||
-          !lanebus::detail::decode_log_record(v->substr(12), "bench", lane, lanebus::detail::get_be64(k.data() + 8), &m).ok()) {
-        std::fprintf(stderr, "seq index replay: bad record\n");
-        std::exit(1);
-      }
-      bytes += m.payload.size();
+      bytes += decode_seq_value(v.ok() ? *v : std::string_view(), &m);
       ++n;
     }
   }
