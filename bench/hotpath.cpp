@@ -5,7 +5,7 @@
 // on a shared VM swing by 2x; instruction counts do not.
 //
 // Usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch]
-//                [--stream 0|1] [--delay-us D] [--payload BYTES]
+//                [--stream 0|1] [--delay-us D] [--payload BYTES] [--workers W]
 //   --payload BYTES: the payload's size (8 to 1024, default 64). With a 56-byte
 //   slot header and a 5- or 6-byte key, up to 2 bytes of payload fill one
 //   cache line, 66 two and 130 three (doc/performance.md, eleventh round: "The lines a message fills").
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   bool stream = false;
   std::int64_t delay_us = 0;
   std::uint32_t payload_bytes = 64;
+  std::size_t workers = 1;  // --workers: the bus's worker threads (fanout1to4 runs 2)
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string_view a = argv[i];
     const char* v = argv[i + 1];
@@ -51,20 +52,21 @@ int main(int argc, char** argv) {
     else if (a == "--stream") stream = std::atoi(v) != 0;
     else if (a == "--delay-us") delay_us = std::atoll(v);
     else if (a == "--payload") payload_bytes = static_cast<std::uint32_t>(std::atoi(v));
+    else if (a == "--workers") workers = static_cast<std::size_t>(std::atoi(v));
     else {
       std::fprintf(stderr,
                    "usage: hotpath [--msgs N] [--batch B] [--groups G] [--metrics 0|1] [--handler one|batch] "
-                   "[--stream 0|1] [--delay-us D] [--payload BYTES]\n");
+                   "[--stream 0|1] [--delay-us D] [--payload BYTES] [--workers W]\n");
       return 2;
     }
   }
-  if (batch == 0 || batch > 1024 || groups == 0 || delay_us < 0 || payload_bytes < 8 || payload_bytes > 1024) return 2;
+  if (batch == 0 || batch > 1024 || workers == 0 || workers > 64 || groups == 0 || delay_us < 0 || payload_bytes < 8 || payload_bytes > 1024) return 2;
   // spin = 0: the worker lingers 1 µs on an emptied lane and parks at once,
   // so the wait between rounds adds no spinning to the counts.
   // --stream 1 (for perf): one unbroken stream under the topic's backpressure,
   // the default spin, and the rate printed: the 1to1 case without baselines.
   auto bus = lanebus::Bus::open({.name = "hotpath",
-                                 .workers = 1,
+                                 .workers = workers,
                                  .spin = stream ? std::chrono::nanoseconds(50'000) : std::chrono::nanoseconds(0),
                                  .metrics = metrics})
                  .value();

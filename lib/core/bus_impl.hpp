@@ -734,6 +734,8 @@ class Scheduler {
   /// Does another worker hold lanes (a parked worker then looks every kHeldLookUs)?
   bool others_hold(const WorkerLocal& me) const noexcept;
   static constexpr std::int64_t kHeldLookUs = 1000;
+  /// Timed looks of a worker that just parked before it parks without a timeout (next_lane).
+  static constexpr std::uint32_t kQuietLooks = 10;
 
   BusCore& bus_;
   const BusOptions& options_;

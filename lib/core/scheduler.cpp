@@ -237,10 +237,24 @@ GroupLane* Scheduler::next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& 
   // While another worker holds lanes, wake now and then to look at them: a
   // message there waits for its holder, which may be inside a long handler
   // call (steal_held takes a lane that had a message at two looks).
+  // Just parked (the first kQuietLooks looks): a timed park even when nobody
+  // holds a lane. A stream with gaps (a publisher descheduled, a topic full)
+  // parks workers often, and while one is parked without a timeout, hold()
+  // declines and every other worker lets go of each lane it empties: a
+  // heavy fence (a membarrier's IPIs) per run and a run-queue trip per
+  // message after it. That was 17-20 k declines a second in fanout1to4
+  // (doc/performance.md, thirteenth round). An idle bus still ends up
+  // parked without a timeout, kQuietLooks × kHeldLookUs after its last run.
+  std::uint32_t looks = 0;
   for (;;) {
     if (runq_.stopped()) return nullptr;
-    if (others_hold(me)) {
-      if (GroupLane* gl = steal_held(me)) return gl;
+    const bool held = others_hold(me);
+    if (held || (worker_count_ > 1 && looks < kQuietLooks)) {
+      if (held) {
+        if (GroupLane* gl = steal_held(me)) return gl;
+      } else {
+        ++looks;
+      }
       if (runq_.wait_dequeue_for(pick, kHeldLookUs)) return pick.lane;
       continue;
     }
