@@ -687,6 +687,10 @@ class Scheduler {
   /// From here on workers start no handler call (shutdown).
   void abandon() noexcept { abandon_.store(true, std::memory_order_release); }
   bool abandoning() const noexcept { return abandon_.load(std::memory_order_acquire); }
+  /// As many workers as CPUs or more: an idle worker's spin (next_lane, and
+  /// LaneRunner::linger) yields its CPU every 64 PAUSEs, as the baselines'
+  /// consumers do (doc/performance.md, thirteenth round).
+  bool yield_when_idle() const noexcept { return yield_idle_; }
   /// Stop the run queue and join the workers (shutdown, after abandon()).
   /// Lanes still queued then are released by BusCore::release_remaining.
   void stop() noexcept;
@@ -745,6 +749,7 @@ class Scheduler {
   std::unique_ptr<HeldLanes[]> held_;  // per worker
   std::size_t worker_count_ = 0;
   std::atomic<std::uint32_t> parked_untimed_{0};  // workers parked without a timeout
+  bool yield_idle_ = false;  // start(): workers >= CPUs
   std::atomic<bool> abandon_{false};
   std::atomic<std::size_t> workers_ready_{0};
 };

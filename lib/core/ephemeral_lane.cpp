@@ -93,6 +93,7 @@ bool LaneRunner::linger(FreeChain& frees, Found&& found) noexcept {
     if (found()) return true;
     if (bus_.sched_.other_work()) return false;
     if ((spin & 15) != 0) continue;
+    if ((spin & 63) == 0 && bus_.sched_.yield_when_idle()) std::this_thread::yield();  // oversubscribed
     if (spin == 256) frees.flush();
     if (bus_.closing() || now_ns() >= until) return false;
   }

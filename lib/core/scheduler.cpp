@@ -14,6 +14,10 @@ namespace lanebus::detail {
 Status Scheduler::start(std::size_t n) {
   held_ = std::make_unique<HeldLanes[]>(n);
   worker_count_ = n;
+  // As many workers as CPUs (or more): with any publisher, more threads want
+  // a CPU than there are, so an idle worker's spin takes the publisher's.
+  const unsigned cpus = std::thread::hardware_concurrency();
+  yield_idle_ = cpus != 0 && n >= cpus;
   try {
     workers_.reserve(n);
     for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
@@ -224,7 +228,10 @@ GroupLane* Scheduler::next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& 
       if ((i & 7) == 0 && worker_count_ > 1) {
         if (GroupLane* gl = steal_held(me)) return gl;
       }
-      if ((i & 63) == 0 && clock::now() >= until) break;
+      if ((i & 63) == 0) {
+        if (clock::now() >= until) break;
+        if (yield_idle_) std::this_thread::yield();  // oversubscribed: let a publisher have the CPU
+      }
       cpu_relax();
     }
   }
