@@ -240,7 +240,9 @@ struct BusOptions {
   /// How long an idle worker spins looking for work before it parks (sleeps
   /// on a semaphore, burning no CPU), and how long a worker lingers on an
   /// in-memory lane it just emptied while no other lane waits (at least
-  /// 1 µs). Default 50 µs. 0 = park at once.
+  /// 1 µs). Default 50 µs. 0 = park at once. With as many workers as CPUs
+  /// or more (the default), a spinning worker yields its CPU every 64 spins,
+  /// so that publishers sharing a CPU with it are not starved.
   std::chrono::nanoseconds spin{50'000};
   /// Default for how long the Bus destructor lets pending messages drain
   /// before abandoning them. Default 5 s.

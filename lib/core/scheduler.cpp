@@ -68,8 +68,13 @@ void Scheduler::enqueue_lane(GroupLane* gl) noexcept {
 //   lane's long handler while a worker is free. A parked worker wakes every
 //   kHeldLookUs to look while another worker holds lanes (so such a message
 //   waits at most about twice that). A worker parks without a timeout only
-//   when nobody holds a lane, and while one does, no lane is held (hold()
-//   declines): an idle bus has no timed wake-ups.
+//   when nobody holds a lane and after kQuietLooks timed looks (a stream's
+//   gaps park workers often), and while one does, no lane is held (hold()
+//   declines): an idle bus has no timed wake-ups once it has been idle
+//   kQuietLooks x kHeldLookUs.
+// - Oversubscribed (as many workers as CPUs, the default): the idle spin and
+//   the linger yield the CPU every 64 PAUSEs, so that a publisher sharing a
+//   CPU with a spinning worker gets it (yield_when_idle).
 // - Fairness: held lanes and the run queue take turns. Once two namespaces
 //   have competed for workers (FairRunQueue::contended) nothing is held:
 //   every run goes through the fair queue and is charged.
