@@ -1,9 +1,12 @@
 // lanebus — MIT License.
 // An idle worker's spin gives its CPU away when the bus has as many workers
 // as CPUs (Scheduler::yield_when_idle, doc/performance.md "Thirteenth
-// round"), and only then. The library is linked statically into this test, so
-// the sched_yield defined below is the one its std::this_thread::yield calls
-// reach: it counts each call and makes the real system call.
+// round"), and only then; and it never does so with a lane taken ("Fourteenth
+// round"). The library is linked statically into this test, so the
+// sched_yield defined below is the one its std::this_thread::yield calls
+// reach: it counts each call and makes the real system call, or, while a
+// trap is set, keeps the trapped thread off its CPU the way a preemption
+// behind a busy publisher would.
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -19,10 +22,21 @@
 
 namespace {
 std::atomic<unsigned long> g_yields{0};
+// The trap: the thread whose id is g_trap_thread, at its next sched_yield,
+// sets g_trapped and sleeps until g_trap_open.
+std::atomic<bool> g_trap_armed{false};
+std::atomic<std::thread::id> g_trap_thread{};
+std::atomic<bool> g_trapped{false};
+std::atomic<bool> g_trap_open{false};
 }  // namespace
 
 extern "C" int sched_yield() noexcept {
   g_yields.fetch_add(1, std::memory_order_relaxed);
+  if (g_trap_armed.load() && g_trap_thread.load() == std::this_thread::get_id()) {
+    g_trap_armed.store(false);
+    g_trapped.store(true);
+    while (!g_trap_open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return static_cast<int>(syscall(SYS_sched_yield));
 }
 
@@ -75,4 +89,43 @@ TEST_CASE("a bus with fewer workers than CPUs spins idle without yielding") {
   const unsigned long yields = g_yields.load() - before;
   MESSAGE((cpus - 1) << " workers on " << cpus << " CPUs: " << yields << " sched_yield calls in 150 ms");
   CHECK(yields == 0);
+}
+
+TEST_CASE("a worker that yields its CPU has no lane taken: another worker delivers the lane's next message") {
+  // A worker that yielded inside a run (lingering on the lane it had just
+  // emptied) kept the lane from every other worker until it ran again: behind
+  // a publisher that never yields, a scheduler tick (4 ms), latency1to1's
+  // p99 with two workers. Now an oversubscribed worker ends the run before
+  // it yields; the lane is held, and an idle worker steals it.
+  const unsigned cpus = std::thread::hardware_concurrency();
+  if (cpus < 2) {
+    MESSAGE("one CPU: one worker, nobody to take over; nothing to check");
+    return;
+  }
+  std::unique_ptr<Bus> bus = Bus::open({.name = "yield-trap", .workers = cpus, .spin = 1s}).value();
+  Topic topic = bus->create_topic("trap.events", {.lanes = 1}).value();
+  std::atomic<int> got{0};
+  std::atomic<std::thread::id> runner{};
+  Subscription sub = bus->subscribe(topic, "g", [&](const MessageView&) {
+                           runner.store(std::this_thread::get_id());
+                           got.fetch_add(1);
+                           return Outcome::ack();
+                         }).value();
+  REQUIRE(topic.publish({.key = "k", .payload = "first"}).ok());
+  REQUIRE(lanebus::test::wait_until([&] { return got.load() == 1; }));
+  // The worker that ran the lane is caught at its next yield.
+  g_trap_thread.store(runner.load());
+  g_trapped.store(false);
+  g_trap_open.store(false);
+  g_trap_armed.store(true);
+  REQUIRE(lanebus::test::wait_until([&] { return g_trapped.load(); }));
+  // Same key, same lane, while that worker is off its CPU.
+  REQUIRE(topic.publish({.key = "k", .payload = "second"}).ok());
+  const bool delivered = lanebus::test::wait_until([&] { return got.load() == 2; }, 5s);
+  const bool by_other = runner.load() != g_trap_thread.load();
+  g_trap_open.store(true);
+  CHECK(delivered);
+  CHECK(by_other);
+  REQUIRE(lanebus::test::wait_until([&] { return got.load() == 2; }));
+  CHECK(sub.close().ok());
 }
