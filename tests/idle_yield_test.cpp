@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -45,8 +46,7 @@ using namespace std::chrono_literals;
 
 namespace {
 /// A bus of `workers` with a 1 s spin, idle after it handled one message: for
-/// that second no worker parks. (Not longer: the subscription's close waits
-/// for a worker lingering on the emptied lane, for up to the spin.)
+/// that second no worker parks.
 struct IdleBus {
   std::unique_ptr<Bus> bus;
   Topic topic;
@@ -128,4 +128,31 @@ TEST_CASE("a worker that yields its CPU has no lane taken: another worker delive
   CHECK(by_other);
   REQUIRE(lanebus::test::wait_until([&] { return got.load() == 2; }));
   CHECK(sub.close().ok());
+}
+
+TEST_CASE("closing a subscription does not wait out a worker lingering on its emptied lane") {
+  // A worker that empties a lane lingers on it for up to BusOptions::spin,
+  // and close() waits for the run to end. The linger used to watch only the
+  // bus's closing, so close() took up to the whole spin (here 30 s).
+  const unsigned cpus = std::thread::hardware_concurrency();
+  // Fewer workers than CPUs where there are two: the linger lasts the spin
+  // (an oversubscribed worker ends it after 64 PAUSEs anyway).
+  std::unique_ptr<Bus> bus = Bus::open({.name = "linger-close", .workers = 1, .spin = 30s}).value();
+  Topic topic = bus->create_topic("linger.events", {.lanes = 1}).value();
+  std::atomic<int> got{0};
+  Subscription sub = bus->subscribe(topic, "g", [&](const MessageView&) {
+                           got.fetch_add(1);
+                           return Outcome::ack();
+                         }).value();
+  REQUIRE(topic.publish({.key = "k", .payload = "x"}).ok());
+  REQUIRE(lanebus::test::wait_until([&] { return got.load() == 1; }));
+  std::atomic<bool> closed{false};
+  auto closing = std::async(std::launch::async, [&] {
+    Status st = sub.close();
+    closed.store(true);
+    return st;
+  });
+  CHECK(lanebus::test::wait_until([&] { return closed.load(); }, 10s));
+  MESSAGE(cpus << " CPUs; close() returned: " << closed.load());
+  CHECK(closing.get().ok());
 }

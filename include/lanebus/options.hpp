@@ -242,7 +242,10 @@ struct BusOptions {
   /// in-memory lane it just emptied while no other lane waits (at least
   /// 1 µs). Default 50 µs. 0 = park at once. With as many workers as CPUs
   /// or more (the default), a spinning worker yields its CPU every 64 spins,
-  /// so that publishers sharing a CPU with it are not starved.
+  /// so that publishers sharing a CPU with it are not starved, and a worker
+  /// lingering on a lane stops after 64 spins (another worker may then take
+  /// the lane while this one is off its CPU). Closing a subscription ends a
+  /// linger on its lanes at once.
   std::chrono::nanoseconds spin{50'000};
   /// Default for how long the Bus destructor lets pending messages drain
   /// before abandoning them. Default 5 s.

@@ -687,9 +687,10 @@ class Scheduler {
   /// From here on workers start no handler call (shutdown).
   void abandon() noexcept { abandon_.store(true, std::memory_order_release); }
   bool abandoning() const noexcept { return abandon_.load(std::memory_order_acquire); }
-  /// As many workers as CPUs or more: an idle worker's spin (next_lane, and
-  /// LaneRunner::linger) yields its CPU every 64 PAUSEs, as the baselines'
-  /// consumers do (doc/performance.md, thirteenth round).
+  /// As many workers as CPUs or more: an idle worker's spin (next_lane)
+  /// yields its CPU every 64 PAUSEs, as the baselines' consumers do
+  /// (doc/performance.md, thirteenth round), and LaneRunner::linger ends the
+  /// run there instead, so no worker yields with a lane taken (fourteenth).
   bool yield_when_idle() const noexcept { return yield_idle_; }
   /// Stop the run queue and join the workers (shutdown, after abandon()).
   /// Lanes still queued then are released by BusCore::release_remaining.
@@ -808,7 +809,7 @@ class LaneRunner {
   std::int64_t run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& frees, std::uint32_t* handled) noexcept;
   /// The plain runners' wait on an emptied lane.
   template <class Found>
-  bool linger(FreeChain& frees, Found&& found) noexcept;
+  bool linger(FreeChain& frees, const Consumer* c, Found&& found) noexcept;
   /// A plain run's message that was not acked: settle it; true if held for a retry.
   bool settle_plain_failure(GroupLane* gl, Slot* s, const Outcome& out, FreeChain& frees,
                             std::int64_t* hold_ns) noexcept;

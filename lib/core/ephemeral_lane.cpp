@@ -78,7 +78,7 @@ void LaneRunner::park_lane(GroupLane* gl) noexcept {
 // through the run queue. The freed slots go back once the wait is not
 // short (a publisher may be waiting for them). True when `found` found one.
 template <class Found>
-bool LaneRunner::linger(FreeChain& frees, Found&& found) noexcept {
+bool LaneRunner::linger(FreeChain& frees, const Consumer* c, Found&& found) noexcept {
   if (bus_.sched_.other_work()) return false;
   // The deadline from the start: a PAUSE costs 10-140 cycles by CPU model,
   // so a count of them is no measure of the wait. Other lanes are looked at
@@ -101,7 +101,8 @@ bool LaneRunner::linger(FreeChain& frees, Found&& found) noexcept {
     // look at it (Scheduler::steal_held), and the idle loop yields instead.
     if ((spin & 63) == 0 && bus_.sched_.yield_when_idle()) return false;
     if (spin == 256) frees.flush();
-    if (bus_.closing() || now_ns() >= until) return false;
+    // A closing subscription (BusCore::detach waits for the run's end) or bus.
+    if (bus_.closing() || !c->enabled.load(std::memory_order_relaxed) || now_ns() >= until) return false;
   }
 }
 
@@ -229,7 +230,7 @@ std::int64_t LaneRunner::run_plain(GroupLane* gl, Consumer* c, bool single, Free
     if (n == 0) {
       // The wait looks at one cell (a DropOldest ring's dequeue takes the message).
       std::uint32_t idx;
-      if (!linger(frees, [&] { return single ? ring.peek_at(first, idx) : (n = gather()) != 0; })) break;
+      if (!linger(frees, c, [&] { return single ? ring.peek_at(first, idx) : (n = gather()) != 0; })) break;
       if (single) n = gather();
     }
     std::uint64_t freed = first;  // the chunk's cells below it are free
@@ -363,7 +364,7 @@ std::int64_t LaneRunner::run_plain_batch(GroupLane* gl, Consumer* c, FreeChain& 
     }
     if (n == 0) {
       std::uint32_t idx;
-      if (!linger(frees, [&] { return ring.peek_single(0, idx); })) break;
+      if (!linger(frees, c, [&] { return ring.peek_single(0, idx); })) break;
       continue;
     }
     std::uint64_t span_bytes = 0;  // the payloads' bytes (all acked, the common case)

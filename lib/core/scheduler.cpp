@@ -72,9 +72,11 @@ void Scheduler::enqueue_lane(GroupLane* gl) noexcept {
 //   gaps park workers often), and while one does, no lane is held (hold()
 //   declines): an idle bus has no timed wake-ups once it has been idle
 //   kQuietLooks x kHeldLookUs.
-// - Oversubscribed (as many workers as CPUs, the default): the idle spin and
-//   the linger yield the CPU every 64 PAUSEs, so that a publisher sharing a
-//   CPU with a spinning worker gets it (yield_when_idle).
+// - Oversubscribed (as many workers as CPUs, the default): the idle spin
+//   yields the CPU every 64 PAUSEs, so that a publisher sharing a CPU with a
+//   spinning worker gets it (yield_when_idle). The linger ends its run at
+//   that point instead: a worker off its CPU then holds the lane (stealable)
+//   rather than having it taken (nobody else may run it).
 // - Fairness: held lanes and the run queue take turns. Once two namespaces
 //   have competed for workers (FairRunQueue::contended) nothing is held:
 //   every run goes through the fair queue and is charged.
