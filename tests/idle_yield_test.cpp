@@ -92,6 +92,7 @@ TEST_CASE("a bus with fewer workers than CPUs spins idle without yielding") {
 }
 
 TEST_CASE("a worker that yields its CPU has no lane taken: another worker delivers the lane's next message") {
+  // A 5 s spin: the trapped worker reaches a yield long before it could park.
   // A worker that yielded inside a run (lingering on the lane it had just
   // emptied) kept the lane from every other worker until it ran again: behind
   // a publisher that never yields, a scheduler tick (4 ms), latency1to1's
@@ -102,7 +103,7 @@ TEST_CASE("a worker that yields its CPU has no lane taken: another worker delive
     MESSAGE("one CPU: one worker, nobody to take over; nothing to check");
     return;
   }
-  std::unique_ptr<Bus> bus = Bus::open({.name = "yield-trap", .workers = cpus, .spin = 1s}).value();
+  std::unique_ptr<Bus> bus = Bus::open({.name = "yield-trap", .workers = cpus, .spin = 5s}).value();
   Topic topic = bus->create_topic("trap.events", {.lanes = 1}).value();
   std::atomic<int> got{0};
   std::atomic<std::thread::id> runner{};
@@ -113,11 +114,19 @@ TEST_CASE("a worker that yields its CPU has no lane taken: another worker delive
                          }).value();
   REQUIRE(topic.publish({.key = "k", .payload = "first"}).ok());
   REQUIRE(lanebus::test::wait_until([&] { return got.load() == 1; }));
-  // The worker that ran the lane is caught at its next yield.
+  // The worker that ran the lane is caught at its next yield. However this
+  // test ends, the trap is disarmed and opened (a later thread may reuse the
+  // trapped thread's id).
   g_trap_thread.store(runner.load());
   g_trapped.store(false);
   g_trap_open.store(false);
   g_trap_armed.store(true);
+  struct Disarm {
+    ~Disarm() {
+      g_trap_armed.store(false);
+      g_trap_open.store(true);
+    }
+  } disarm;
   REQUIRE(lanebus::test::wait_until([&] { return g_trapped.load(); }));
   // Same key, same lane, while that worker is off its CPU.
   REQUIRE(topic.publish({.key = "k", .payload = "second"}).ok());
