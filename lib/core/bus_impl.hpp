@@ -739,10 +739,6 @@ class Scheduler {
   /// Does another worker hold lanes (a parked worker then looks every kHeldLookUs)?
   bool others_hold(const WorkerLocal& me) const noexcept;
   static constexpr std::int64_t kHeldLookUs = 1000;
-  /// A parked worker's look that found a held lane with a message waiting
-  /// (steal_held's first look) looks again this soon, not kHeldLookUs later:
-  /// the message waits for a holder that may be off its CPU.
-  static constexpr std::int64_t kSecondLookUs = 20;
   /// Timed looks of a worker that just parked before it parks without a timeout (next_lane).
   static constexpr std::uint32_t kQuietLooks = 10;
 

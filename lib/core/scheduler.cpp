@@ -66,9 +66,8 @@ void Scheduler::enqueue_lane(GroupLane* gl) noexcept {
 //   another worker that had a message at two of its looks in a row (its
 //   holder is busy in a handler), so a message never waits out another
 //   lane's long handler while a worker is free. A parked worker wakes every
-//   kHeldLookUs to look while another worker holds lanes, and looks again
-//   kSecondLookUs later when a held lane had a message (so such a message
-//   waits at most about kHeldLookUs). A worker parks without a timeout only
+//   kHeldLookUs to look while another worker holds lanes (so such a message
+//   waits at most about twice that). A worker parks without a timeout only
 //   when nobody holds a lane and after kQuietLooks timed looks (a stream's
 //   gaps park workers often), and while one does, no lane is held (hold()
 //   declines): an idle bus has no timed wake-ups once it has been idle
@@ -270,7 +269,7 @@ GroupLane* Scheduler::next_lane(WorkerLocal& me, FairRunQueue<GroupLane>::Pick& 
       } else {
         ++looks;
       }
-      if (runq_.wait_dequeue_for(pick, me.candidate != nullptr ? kSecondLookUs : kHeldLookUs)) return pick.lane;
+      if (runq_.wait_dequeue_for(pick, kHeldLookUs)) return pick.lane;
       continue;
     }
     // Nobody holds a lane: park without a timeout, unless a worker started
