@@ -92,12 +92,12 @@ TEST_CASE("a bus with fewer workers than CPUs spins idle without yielding") {
 }
 
 TEST_CASE("a worker that yields its CPU has no lane taken: another worker delivers the lane's next message") {
-  // A 5 s spin: the trapped worker reaches a yield long before it could park.
   // A worker that yielded inside a run (lingering on the lane it had just
   // emptied) kept the lane from every other worker until it ran again: behind
   // a publisher that never yields, a scheduler tick (4 ms), latency1to1's
   // p99 with two workers. Now an oversubscribed worker ends the run before
-  // it yields; the lane is held, and an idle worker steals it.
+  // it yields; the lane is held, and an idle worker steals it. A 5 s spin:
+  // the trapped worker reaches a yield long before it could park.
   const unsigned cpus = std::thread::hardware_concurrency();
   if (cpus < 2) {
     MESSAGE("one CPU: one worker, nobody to take over; nothing to check");
