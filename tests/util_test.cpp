@@ -35,6 +35,20 @@ TEST_CASE("FNV-1a 64: published test vectors, both offset bases, lane_for_key") 
   CHECK(lane_for_key("anything", 0) == 0);
 }
 
+TEST_CASE("FNV-1a 64 at run time: every length of the unrolled loop and the tail, both bases, bytes >= 0x80") {
+  // The static_asserts of hash.hpp check the constant-evaluated form; the
+  // run-time form (an asm step on x86-64) is checked here, on bytes that
+  // come from a std::string so nothing is folded at compile time.
+  std::string bytes;
+  for (int i = 0; i < 40; ++i) bytes.push_back(static_cast<char>(0x61 + i * 37));
+  for (std::size_t n = 0; n <= bytes.size(); ++n) {
+    const std::string_view s(bytes.data(), n);
+    CHECK(fnv1a64(s) == fnv_check::reference(s));
+    CHECK(fnv1a64(s, kFnv1a64ShortOffset) == fnv_check::reference(s, kFnv1a64ShortOffset));
+    CHECK(lane_index(s, 8) == static_cast<std::uint32_t>(fnv_check::reference(s) & 7));
+  }
+}
+
 TEST_CASE("CRC-32C: the check value, the empty input, and a length past the 8-byte steps") {
   CHECK(crc32c("123456789", 9) == 0xE3069283u);
   CHECK(crc32c("", 0) == 0u);
