@@ -34,6 +34,7 @@
 //             commit_call_avg_us / build_avg_us: of lanebus's average commit, the time in
 //             LMDB's commit call (page writes, fsyncs) and the time building the transaction
 //   layouts   (only with --run) prototype log layouts in raw LMDB, lanebus's 137-byte records
+//   commit_shapes (only with --run) e2e-shaped fsynced commits in raw LMDB: layout 1 against a proposed layout 2
 //             at lanebus's own sync_4p / async_4p batch: lanebus's layout (lanes), one sequence
 //             with MDB_APPEND (seq), and seq with a dense per-lane index (seq_index), against
 //             the issue's baseline; small fsynced commits of 5 appends (time, bytes written);
@@ -410,6 +411,176 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayou
   return r;
 }
 
+// The `commit_shapes` case (doc/performance.md, "The e2e commit in raw LMDB"):
+// fsynced commits of the shape e2e_latency_queue's commits have, in raw LMDB,
+// for lanebus's layout today and for a proposed layout 2. Each commit appends
+// 5 messages to 5 of 8 lanes (round robin), claims 5 appended two commits
+// before and acks 5 claimed two commits before, on logs that already hold
+// kShapeBacklog records a lane. Nothing here is lanebus's code.
+enum class CommitShape {
+  // A commit of the e2e case's raw baseline: one 64-byte put, MDB_APPEND.
+  RawOne,
+  // Layout 1 (doc/storage-format.md): `log` (topic, lane, offset) -> record,
+  // `lanes` (topic, lane) -> 40 B per appended lane, `inflight` (topic,
+  // group, lane, offset) -> 24 B put per claim and deleted per ack, `cursors`
+  // (topic, group, lane) -> 16 B per acked lane, `meta` id_next.
+  Today,
+  // Layout 2, proposed: `log` keyed by one store-wide sequence (MDB_APPEND),
+  // each value the lane and lane offset then the record; the queue's state in
+  // one tree `qstate`, a lane's records side by side: (topic, lane, 0) the
+  // lane record, (topic, lane, 1, group) the cursor, (topic, lane, 2, group,
+  // offset) an in-flight entry. No id_next (the log's last key is the id).
+  Seq,
+  // Seq with a record of 101 bytes instead of 137 (a smaller fixed header).
+  SeqCompact,
+  // Today's log (one tree, lanes side by side) with the queue's state in
+  // Seq's one `qstate` tree: the two parts of layout 2, apart.
+  LanesQstate,
+  // Seq's log with today's separate state trees (lanes, inflight, cursors,
+  // meta): the log's part of layout 2 alone.
+  SeqTodayState,
+};
+
+constexpr std::uint64_t kShapeBacklog = 20000;
+
+struct ShapeResult {
+  double commit_us = 0, written_kb = 0;
+};
+
+ShapeResult commit_shape(CommitShape shape, std::uint64_t commits, const std::string& dir) {
+  lanebus::detail::LmdbEnv::Config c;
+  c.path = dir;
+  c.map_size_initial = 1ull << 30;
+  c.map_size_max = 1ull << 30;
+  auto env = lanebus::detail::LmdbEnv::open(c);
+  if (!env.ok()) raw_failed(env.status().to_string());
+  AppendRequest req;
+  req.key = "key00";
+  req.payload = kPayload;
+  std::string record = lanebus::detail::encode_log_record(req, 0);
+  if (shape == CommitShape::SeqCompact) record.resize(101);
+  const bool seq = shape == CommitShape::Seq || shape == CommitShape::SeqCompact || shape == CommitShape::SeqTodayState;
+  const bool today_state = shape == CommitShape::Today || shape == CommitShape::SeqTodayState;  // lanes, inflight, cursors, meta
+  const bool merged_state = !today_state;
+  if (seq) record = std::string(12, '\0') + record;  // lane, lane offset
+  lanebus::detail::LmdbDbi log = 0, lanes = 0, inflight = 0, cursors = 0, meta = 0, qstate = 0;
+  auto must = [](const lanebus::Status& st) {
+    if (!st.ok()) raw_failed(st.to_string());
+  };
+  {
+    auto txn = (*env)->begin_write();
+    if (!txn.ok()) raw_failed(txn.status().to_string());
+    auto open = [&](const char* name) {
+      auto d = (*env)->open_dbi(*txn, name, true);
+      if (!d.ok()) raw_failed(d.status().to_string());
+      return *d;
+    };
+    log = open("log");
+    if (today_state) {
+      lanes = open("lanes");
+      inflight = open("inflight");
+      cursors = open("cursors");
+      meta = open("meta");
+    } else if (shape != CommitShape::RawOne) {
+      qstate = open("qstate");
+    }
+    must(txn->commit());
+  }
+  char k[32];
+  std::uint64_t next[8] = {}, seqno = 0;
+  std::string lane_value(40, '\0'), cursor_value(16, '\0'), inflight_value(24, '\0'), id_value(8, '\0');
+  // One message appended to `lane` at next[lane] (and, with seq, seqno).
+  auto append = [&](lanebus::detail::LmdbTxn& txn, std::uint32_t lane) {
+    if (shape == CommitShape::RawOne) {
+      lanebus::detail::put_be64(k, seqno++);
+      must(txn.put_append(log, std::string_view(k, 8), kPayload));
+      return;
+    }
+    if (seq) {
+      lanebus::detail::put_be32(record.data(), lane);
+      lanebus::detail::put_be64(record.data() + 4, next[lane]);
+      lanebus::detail::put_be64(k, seqno++);
+      must(txn.put_append(log, std::string_view(k, 8), record));
+      lanebus::detail::put_be32(k, 1);
+      lanebus::detail::put_be32(k + 4, lane);
+      if (today_state) {
+        must(txn.put(lanes, std::string_view(k, 8), lane_value));
+      } else {
+        k[8] = 0;
+        must(txn.put(qstate, std::string_view(k, 9), lane_value));
+      }
+    } else {
+      lanebus::detail::put_be32(k, 1);
+      lanebus::detail::put_be32(k + 4, lane);
+      lanebus::detail::put_be64(k + 8, next[lane]);
+      must(txn.put(log, std::string_view(k, 16), record));
+      if (today_state) {
+        must(txn.put(lanes, std::string_view(k, 8), lane_value));
+      } else {
+        k[8] = 0;
+        must(txn.put(qstate, std::string_view(k, 9), lane_value));
+      }
+    }
+    ++next[lane];
+  };
+  // The in-flight key of (lane, offset) in this shape; the cursor's when `cursor`.
+  auto state_key = [&](std::uint32_t lane, std::uint64_t offset, bool cursor) {
+    if (merged_state) {
+      lanebus::detail::put_be32(k, 1);
+      lanebus::detail::put_be32(k + 4, lane);
+      k[8] = cursor ? 1 : 2;
+      lanebus::detail::put_be32(k + 9, 1);
+      lanebus::detail::put_be64(k + 13, offset);
+      return std::string_view(k, cursor ? 13 : 21);
+    }
+    lanebus::detail::put_be32(k, 1);
+    lanebus::detail::put_be32(k + 4, 1);
+    lanebus::detail::put_be32(k + 8, lane);
+    lanebus::detail::put_be64(k + 12, offset);
+    return std::string_view(k, cursor ? 12 : 20);
+  };
+  // The backlog: kShapeBacklog records a lane, in commits of 1,000.
+  for (std::uint64_t done = 0; shape != CommitShape::RawOne && done < kShapeBacklog * 8;) {
+    auto txn = (*env)->begin_write();
+    if (!txn.ok()) raw_failed(txn.status().to_string());
+    for (int i = 0; i < 1000; ++i, ++done) append(*txn, static_cast<std::uint32_t>(done % 8));
+    must(txn->commit());
+  }
+  // Message m of the measured ones: lane m % 8 at offset kShapeBacklog + m / 8.
+  auto lane_of = [](std::uint64_t m) { return static_cast<std::uint32_t>(m % 8); };
+  auto offset_of = [](std::uint64_t m) { return kShapeBacklog + m / 8; };
+  std::uint64_t m = 0, commit_ns = 0, wchar = 0;
+  for (std::uint64_t i = 0; i < commits; ++i) {
+    const std::uint64_t w0 = thread_wchar();
+    const auto t0 = Clock::now();
+    auto txn = (*env)->begin_write();
+    if (!txn.ok()) raw_failed(txn.status().to_string());
+    if (shape == CommitShape::RawOne) {
+      append(*txn, 0);
+    } else {
+      for (int j = 0; j < 5; ++j) append(*txn, lane_of(m + j));
+      // Claims of the messages appended two commits ago, acks of those claimed two commits before that.
+      for (int j = 0; j < 5 && m >= 10; ++j) must(txn->put(today_state ? inflight : qstate,
+                                                            state_key(lane_of(m - 10 + j), offset_of(m - 10 + j), false),
+                                                            inflight_value));
+      for (int j = 0; j < 5 && m >= 20; ++j) {
+        const std::uint64_t a = m - 20 + j;
+        must(txn->del(today_state ? inflight : qstate, state_key(lane_of(a), offset_of(a), false)));
+        must(txn->put(today_state ? cursors : qstate, state_key(lane_of(a), 0, true), cursor_value));
+      }
+      if (today_state) must(txn->put(meta, "id_next", id_value));
+      m += 5;
+    }
+    must(txn->commit());
+    commit_ns += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    wchar += thread_wchar() - w0;
+  }
+  ShapeResult r;
+  r.commit_us = static_cast<double>(commit_ns) / 1e3 / static_cast<double>(commits);
+  r.written_kb = static_cast<double>(wchar) / 1024.0 / static_cast<double>(commits);
+  return r;
+}
+
 // SQLite WAL, synchronous=FULL: `threads` connections, `batch` inserts per transaction.
 Run sqlite_full(int threads, std::uint64_t batch, const std::string& dir) {
   const std::string path = dir + "/q.db";
@@ -778,6 +949,34 @@ void ratio_line(const char* name, const char* unit, const std::vector<double>& x
               name, x.size(), extra, unit, a.median, unit, a.min, a.max, baseline, b.median, baseline, b.min, b.max,
               b.median > 0 ? a.median / b.median : 0.0);
   std::fflush(stdout);
+}
+
+void run_commit_shapes() {
+  const struct {
+    const char* name;
+    CommitShape shape;
+  } shapes[] = {{"raw_one", CommitShape::RawOne},
+                {"today", CommitShape::Today},
+                {"seq", CommitShape::Seq},
+                {"seq_compact", CommitShape::SeqCompact},
+                {"lanes_qstate", CommitShape::LanesQstate},
+                {"seq_today_state", CommitShape::SeqTodayState}};
+  constexpr int kShapes = sizeof shapes / sizeof shapes[0];
+  std::vector<double> us[kShapes], kb[kShapes];
+  for (int r = 0; r < g_repeats; ++r) {
+    for (int i = 0; i < kShapes; ++i) {  // in rounds: each shape beside the others, on the same disk state
+      const ShapeResult x = commit_shape(shapes[i].shape, 400, fresh_dir(std::string("shape_") + shapes[i].name));
+      us[i].push_back(x.commit_us);
+      kb[i].push_back(x.written_kb);
+    }
+  }
+  for (int i = 1; i < kShapes; ++i) {
+    const std::string name = std::string("commit_shape_") + shapes[i].name;
+    char extra[96];
+    std::snprintf(extra, sizeof extra, "written_kb_per_commit=%.1f raw_one_written_kb=%.1f ", spread(kb[i]).median,
+                  spread(kb[0]).median);
+    ratio_line(name.c_str(), "commit_us", us[i], "raw_one_commit_us", us[0], extra);
+  }
 }
 
 [[noreturn]] void die(const char* what, const lanebus::Status& st) {
@@ -1407,7 +1606,9 @@ int main(int argc, char** argv) {
                   "       delayed_sync_4p (only with --run: sync_4p through a Bus with every message delayed 1 ms,\n"
                   "       publish to delivery, against the same undelayed)\n"
                   "       layouts (only with --run: prototype log layouts in raw LMDB, one sequence with and without\n"
-                  "       a per-lane index, against the baseline and lanebus's layout: appends, small commits, replay)\n");
+                  "       a per-lane index, against the baseline and lanebus's layout: appends, small commits, replay)\n"
+                  "       commit_shapes (only with --run: fsynced commits shaped like e2e_latency_queue's, in raw LMDB,\n"
+                  "       lanebus's layout against a proposed layout 2, against one 64-byte put)\n");
       return 0;
     }
   }
@@ -1528,6 +1729,10 @@ int main(int argc, char** argv) {
          false);
     line("async_4p", x, "lmdb_nosync_lane_dbs", lmdb_raw(true, b, fresh_dir("lmdb_nosync_lane_dbs"), RawLayout::LaneDbs),
          false);
+  }
+  if (only == "commit_shapes") {
+    run_commit_shapes();
+    return 0;
   }
   if (only == "layouts") {
     // Prototype log layouts in raw LMDB (doc/performance.md, "One sequence for
