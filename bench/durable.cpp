@@ -440,13 +440,66 @@ enum class CommitShape {
   // Seq's log with today's separate state trees (lanes, inflight, cursors,
   // meta): the log's part of layout 2 alone.
   SeqTodayState,
+  // Seq plus an append-only run index `runs`: key the sequence number of a
+  // run's first record, value (lane, first offset, count), one entry per lane
+  // and commit (a commit's appends ordered by lane, so each lane's are one
+  // run). A lane's reader walks `runs` and reads its runs from the log.
+  SeqRuns,
 };
 
-constexpr std::uint64_t kShapeBacklog = 20000;
+constexpr std::uint64_t kShapeBacklog = 250000;
 
 struct ShapeResult {
   double commit_us = 0, written_kb = 0;
+  // The backlog read back lane by lane (Today: a cursor per lane; SeqRuns:
+  // through `runs`) or, for Seq, in one walk of the sequence; values copied.
+  double replay_msgs_per_sec = 0;
 };
+
+// commit_shape's replay (ShapeResult::replay_msgs_per_sec): every record of
+// the log once, copied out, in the order the shape's reader takes them.
+double replay_shape(lanebus::detail::LmdbEnv& env, CommitShape shape, lanebus::detail::LmdbDbi log,
+                    lanebus::detail::LmdbDbi runs) {
+  auto txn = env.begin_read();
+  if (!txn.ok()) raw_failed(txn.status().to_string());
+  auto lc = lanebus::detail::LmdbCursor::open(*txn, log, "shape");
+  if (!lc.ok()) raw_failed(lc.status().to_string());
+  std::string copy;
+  std::uint64_t n = 0;
+  const auto start = Clock::now();
+  if (shape == CommitShape::Seq) {
+    for (auto r = lc->first(); r.ok() && *r; r = lc->next(), ++n) copy.assign(lc->value());
+  } else if (shape == CommitShape::Today) {
+    char from[16];
+    for (std::uint32_t lane = 0; lane < 8; ++lane) {
+      lanebus::detail::put_be32(from, 1);
+      lanebus::detail::put_be32(from + 4, lane);
+      lanebus::detail::put_be64(from + 8, 0);
+      for (auto r = lc->seek(std::string_view(from, 16)); r.ok() && *r; r = lc->next(), ++n) {
+        if (lanebus::detail::get_be32(lc->key().data() + 4) != lane) break;
+        copy.assign(lc->value());
+      }
+    }
+  } else {
+    auto rc = lanebus::detail::LmdbCursor::open(*txn, runs, "shape");
+    if (!rc.ok()) raw_failed(rc.status().to_string());
+    char at[8];
+    for (std::uint32_t lane = 0; lane < 8; ++lane) {
+      for (auto r = rc->first(); r.ok() && *r; r = rc->next()) {
+        const std::string_view v = rc->value();
+        if (lanebus::detail::get_le32(v.data()) != lane) continue;
+        std::uint32_t count = lanebus::detail::get_le32(v.data() + 12);
+        std::memcpy(at, rc->key().data(), 8);
+        for (auto x = lc->seek(std::string_view(at, 8)); x.ok() && *x && count > 0; --count, ++n) {
+          copy.assign(lc->value());
+          if (count > 1) x = lc->next();
+        }
+      }
+    }
+  }
+  if (n == 0) raw_failed("replay read nothing");
+  return static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 ShapeResult commit_shape(CommitShape shape, std::uint64_t per_commit, std::uint64_t commits, const std::string& dir) {
   lanebus::detail::LmdbEnv::Config c;
@@ -460,11 +513,12 @@ ShapeResult commit_shape(CommitShape shape, std::uint64_t per_commit, std::uint6
   req.payload = kPayload;
   std::string record = lanebus::detail::encode_log_record(req, 0);
   if (shape == CommitShape::SeqCompact) record.resize(101);
-  const bool seq = shape == CommitShape::Seq || shape == CommitShape::SeqCompact || shape == CommitShape::SeqTodayState;
+  const bool seq = shape == CommitShape::Seq || shape == CommitShape::SeqCompact || shape == CommitShape::SeqTodayState ||
+                   shape == CommitShape::SeqRuns;
   const bool today_state = shape == CommitShape::Today || shape == CommitShape::SeqTodayState;  // lanes, inflight, cursors, meta
   const bool merged_state = !today_state;
   if (seq) record = std::string(12, '\0') + record;  // lane, lane offset
-  lanebus::detail::LmdbDbi log = 0, lanes = 0, inflight = 0, cursors = 0, meta = 0, qstate = 0;
+  lanebus::detail::LmdbDbi log = 0, lanes = 0, inflight = 0, cursors = 0, meta = 0, qstate = 0, runs = 0;
   auto must = [](const lanebus::Status& st) {
     if (!st.ok()) raw_failed(st.to_string());
   };
@@ -485,11 +539,21 @@ ShapeResult commit_shape(CommitShape shape, std::uint64_t per_commit, std::uint6
     } else if (shape != CommitShape::RawOne) {
       qstate = open("qstate");
     }
+    if (shape == CommitShape::SeqRuns) runs = open("runs");
     must(txn->commit());
   }
   char k[32];
   std::uint64_t next[8] = {}, seqno = 0;
   std::string lane_value(40, '\0'), cursor_value(16, '\0'), inflight_value(24, '\0'), id_value(8, '\0');
+  char run_key[8], run_value[16];
+  // SeqRuns: the run of `count` records of `lane` just appended, from next[lane] - count.
+  auto add_run = [&](lanebus::detail::LmdbTxn& txn, std::uint32_t lane, std::uint32_t count) {
+    lanebus::detail::put_be64(run_key, seqno - count);
+    lanebus::detail::put_le32(run_value, lane);
+    lanebus::detail::put_le64(run_value + 4, next[lane] - count);
+    lanebus::detail::put_le32(run_value + 12, count);
+    must(txn.put_append(runs, std::string_view(run_key, 8), std::string_view(run_value, 16)));
+  };
   // One message appended to `lane` at next[lane] (and, with seq, seqno).
   auto append = [&](lanebus::detail::LmdbTxn& txn, std::uint32_t lane) {
     if (shape == CommitShape::RawOne) {
@@ -544,7 +608,16 @@ ShapeResult commit_shape(CommitShape shape, std::uint64_t per_commit, std::uint6
   for (std::uint64_t done = 0; shape != CommitShape::RawOne && done < kShapeBacklog * 8;) {
     auto txn = (*env)->begin_write();
     if (!txn.ok()) raw_failed(txn.status().to_string());
-    for (int i = 0; i < 1000; ++i, ++done) append(*txn, static_cast<std::uint32_t>(done % 8));
+    if (shape == CommitShape::SeqRuns) {
+      // The writer orders a commit's appends by lane: 8 runs of 125.
+      for (std::uint32_t lane = 0; lane < 8; ++lane) {
+        for (int i = 0; i < 125; ++i) append(*txn, lane);
+        add_run(*txn, lane, 125);
+      }
+      done += 1000;
+    } else {
+      for (int i = 0; i < 1000; ++i, ++done) append(*txn, static_cast<std::uint32_t>(done % 8));
+    }
     must(txn->commit());
   }
   // Message m of the measured ones: lane m % 8 at offset kShapeBacklog + m / 8.
@@ -560,7 +633,10 @@ ShapeResult commit_shape(CommitShape shape, std::uint64_t per_commit, std::uint6
       append(*txn, 0);
     } else {
       const std::uint64_t n = per_commit;
-      for (std::uint64_t j = 0; j < n; ++j) append(*txn, lane_of(m + j));
+      for (std::uint64_t j = 0; j < n; ++j) {
+        append(*txn, lane_of(m + j));
+        if (shape == CommitShape::SeqRuns) add_run(*txn, lane_of(m + j), 1);  // n <= 8: one lane each
+      }
       // Claims of the messages appended two commits ago, acks of those claimed two commits before that.
       for (std::uint64_t j = 0; j < n && m >= 2 * n; ++j) {
         const std::uint64_t c2 = m - 2 * n + j;
@@ -581,6 +657,8 @@ ShapeResult commit_shape(CommitShape shape, std::uint64_t per_commit, std::uint6
   ShapeResult r;
   r.commit_us = static_cast<double>(commit_ns) / 1e3 / static_cast<double>(commits);
   r.written_kb = static_cast<double>(wchar) / 1024.0 / static_cast<double>(commits);
+  if (shape == CommitShape::Today || shape == CommitShape::Seq || shape == CommitShape::SeqRuns)
+    r.replay_msgs_per_sec = replay_shape(**env, shape, log, runs);
   return r;
 }
 
@@ -963,18 +1041,29 @@ void run_commit_shapes() {
                 {"seq", CommitShape::Seq},
                 {"seq_compact", CommitShape::SeqCompact},
                 {"lanes_qstate", CommitShape::LanesQstate},
-                {"seq_today_state", CommitShape::SeqTodayState}};
+                {"seq_today_state", CommitShape::SeqTodayState},
+                {"seq_runs", CommitShape::SeqRuns}};
   constexpr int kShapes = sizeof shapes / sizeof shapes[0];
   // 2 of each a commit: what e2e_latency_queue's commits carry at 10 k msg/s
   // (its ops_per_commit, about 5); 5 of each: a busier writer.
   for (const std::uint64_t per_commit : {2, 5}) {
-    std::vector<double> us[kShapes], kb[kShapes];
+    std::vector<double> us[kShapes], kb[kShapes], replay[kShapes];
     for (int r = 0; r < g_repeats; ++r) {
       for (int i = 0; i < kShapes; ++i) {  // in rounds: each shape beside the others, on the same disk state
         const ShapeResult x =
             commit_shape(shapes[i].shape, per_commit, 400, fresh_dir(std::string("shape_") + shapes[i].name));
         us[i].push_back(x.commit_us);
         kb[i].push_back(x.written_kb);
+        replay[i].push_back(x.replay_msgs_per_sec);
+      }
+    }
+    if (per_commit == 2) {
+      // The backlog (20,000 records a lane) read back: layout 1 lane by lane,
+      // layout 2 in one walk and lane by lane through the run index.
+      for (int i = 1; i < kShapes; ++i) {
+        if (replay[i][0] == 0 || shapes[i].shape == CommitShape::Today) continue;
+        const std::string name = std::string("replay_shape_") + shapes[i].name;
+        ratio_line(name.c_str(), "msg_per_s", replay[i], "today_by_lane_msg_per_s", replay[1]);
       }
     }
     for (int i = 1; i < kShapes; ++i) {
