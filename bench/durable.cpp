@@ -34,11 +34,13 @@
 //             commit_call_avg_us / build_avg_us: of lanebus's average commit, the time in
 //             LMDB's commit call (page writes, fsyncs) and the time building the transaction
 //   layouts   (only with --run) prototype log layouts in raw LMDB, lanebus's 137-byte records
-//   commit_shapes (only with --run) e2e-shaped fsynced commits in raw LMDB: layout 1 against a proposed layout 2
 //             at lanebus's own sync_4p / async_4p batch: lanebus's layout (lanes), one sequence
 //             with MDB_APPEND (seq), and seq with a dense per-lane index (seq_index), against
 //             the baseline; small fsynced commits of 5 appends (time, bytes written);
 //             replay of the seq log whole and of the seq_index log lane by lane
+//   commit_shapes (only with --run) fsynced commits shaped like e2e_latency_queue's in raw
+//             LMDB, 2 and 5 appends, claims and acks each: layout 1 against a proposed layout
+//             2 and each of its halves (commit_shape), and the backlog read back (replay_shape)
 //   e2e_latency_queue_xproc the same with the publisher in a child process (this binary,
 //             --publish-child): the consumer is woken by the commit (wake.shm) or, as
 //             its baseline in the same run, finds the messages by its 50 ms poll alone
