@@ -568,26 +568,17 @@ ShapeResult commit_shape(CommitShape shape, std::uint64_t per_commit, std::uint6
       lanebus::detail::put_be64(record.data() + 4, next[lane]);
       lanebus::detail::put_be64(k, seqno++);
       must(txn.put_append(log, std::string_view(k, 8), record));
-      lanebus::detail::put_be32(k, 1);
-      lanebus::detail::put_be32(k + 4, lane);
-      if (today_state) {
-        must(txn.put(lanes, std::string_view(k, 8), lane_value));
-      } else {
-        k[8] = 0;
-        must(txn.put(qstate, std::string_view(k, 9), lane_value));
-      }
     } else {
       lanebus::detail::put_be32(k, 1);
       lanebus::detail::put_be32(k + 4, lane);
       lanebus::detail::put_be64(k + 8, next[lane]);
       must(txn.put(log, std::string_view(k, 16), record));
-      if (today_state) {
-        must(txn.put(lanes, std::string_view(k, 8), lane_value));
-      } else {
-        k[8] = 0;
-        must(txn.put(qstate, std::string_view(k, 9), lane_value));
-      }
     }
+    // The lane record: `lanes` (topic, lane), or `qstate` (topic, lane, 0).
+    lanebus::detail::put_be32(k, 1);
+    lanebus::detail::put_be32(k + 4, lane);
+    k[8] = 0;
+    must(txn.put(today_state ? lanes : qstate, std::string_view(k, today_state ? 8 : 9), lane_value));
     ++next[lane];
   };
   // The in-flight key of (lane, offset) in this shape; the cursor's when `cursor`.
