@@ -246,12 +246,20 @@ class Walker {
   void visit_log(std::string_view k, std::string_view v) {
     if (k.size() != 16) return problem("log: a key of " + std::to_string(k.size()) + " bytes");
     const std::uint32_t tid = get_be32(k.data()), lane = get_be32(k.data() + 4);
-    const std::uint64_t off = get_be64(k.data() + 8);
+    const std::uint64_t first = get_be64(k.data() + 8);
     const TopicRef* t = topic(tid);
     if (t == nullptr || lane >= t->lanes) {
-      return problem("log: record at offset " + std::to_string(off) + " of topic #" + std::to_string(tid) +
+      return problem("log: record at offset " + std::to_string(first) + " of topic #" + std::to_string(tid) +
                      " lane " + std::to_string(lane) + " that does not exist");
     }
+    // A record batch holds the records of offsets first, first + 1, ...
+    if (Status s = split_log_value(v, t->name, lane, first, &records_); !s.ok()) return problem(s.to_string());
+    for (std::size_t i = 0; i < records_.size(); ++i) visit_record(*t, tid, lane, first + i, records_[i]);
+  }
+
+  void visit_record(const TopicRef& topic_ref, std::uint32_t tid, std::uint32_t lane, std::uint64_t off,
+                    std::string_view v) {
+    const TopicRef* t = &topic_ref;
     ++r_->log_records;
     msg_.payload.clear();
     if (Status s = decode_log_record(v, t->name, lane, off, &msg_); !s.ok()) problem(s.to_string());
@@ -377,6 +385,7 @@ class Walker {
   std::set<std::uint64_t> entries_;
   std::vector<std::uint64_t> pending_;
   StoredMessage msg_;
+  std::vector<std::string_view> records_;  // visit_log: the records of one log value
   std::uint64_t sink_ = 0;
 };
 

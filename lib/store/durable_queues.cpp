@@ -38,6 +38,7 @@ Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRe
   if (box != nullptr) box->settled_below(rec.committed);
   const std::int64_t visibility_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options.visibility).count();
   std::uint64_t end = std::min<std::uint64_t>((*ls)->next, rec.committed + options.scan_limit);
+  LaneLog log(*ctx.txn, s_.dbi_log_, group.topic_id, lane, topic.name);
   for (std::uint64_t o = rec.committed; o < end && out->size() < max; ++o) {
     Key ik = inflight_key(group.topic_id, group.group_id, lane, o);
     auto inf = ctx.inflight(ik);
@@ -72,16 +73,14 @@ Status QueueClaims::claim_in(WriteCtx& ctx, const TopicRef& topic, const GroupRe
     }
     claim.state = kInflightClaimed;
     claim.deadline_ns = ctx.now_ns + visibility_ns;
-    auto v = ctx.get(s_.dbi_log_, log_key(group.topic_id, lane, o).sv());
-    if (!v.ok()) {
-      if (v.code() == Code::NotFound) {
-        return Status(Code::Corruption, "claim from " + quoted(topic.name) + ": offset " + std::to_string(o) +
-                                            " is missing from the log");
-      }
-      return v.status();
+    auto found = log.seek(o);
+    if (!found.ok()) return ctx.fail(found.status());
+    if (!*found) {
+      return Status(Code::Corruption, "claim from " + quoted(topic.name) + ": offset " + std::to_string(o) +
+                                          " is missing from the log");
     }
     ClaimedMessage cm;
-    Status ds = decode_record(*v, topic.name, lane, o, &cm.message);
+    Status ds = decode_record(log.record(), topic.name, lane, o, &cm.message);
     if (!ds.ok()) {
       if (out->empty() && !cursor_dirty) return ds;  // nothing written yet for this op
       break;  // hand out what was claimed; the damaged record fails the next claim

@@ -7,18 +7,115 @@
 
 namespace lanebus::detail {
 
+std::size_t stored_record_size(const char* p, std::size_t avail) {
+  if (avail < kRecordOverhead || (p[0] != 1 && p[0] != 2 && p[0] != 3)) return 0;
+  const std::size_t size = kRecordOverhead + get_le16(p + 2) + get_le16(p + 4) + get_le32(p + 8) +
+                           (p[0] != 1 ? get_le16(p + 6) : 0);
+  return size <= avail ? size : 0;
+}
+
+Status LaneLog::bad(std::uint64_t off, const char* why) const {
+  return Status(Code::Corruption, "read topic " + quoted(topic_) + " lane " + std::to_string(lane_) + " offset " +
+                                      std::to_string(off) + ": " + why);
+}
+
+Status LaneLog::load() {
+  auto k = c_->key();
+  value_ = c_->value();
+  first_ = get_be64(k.data() + 8);
+  pos_ = 0;
+  count_ = 1;
+  if (!value_.empty() && value_[0] == kBatchFormat) {
+    if (value_.size() < kBatchHeader + kRecordOverhead) return bad(first_, "record batch shorter than its header");
+    count_ = get_le16(value_.data() + 2);
+    if (count_ < 2) return bad(first_, "record batch holds fewer than 2 records");
+    pos_ = kBatchHeader;
+  }
+  off_ = first_;
+  return step_in_value();
+}
+
+// rec_ := the record at pos_ (its size from its length fields; decode_record
+// checks the rest, and that the batch's records fill it exactly).
+Status LaneLog::step_in_value() {
+  const bool batch = count_ > 1;
+  const std::size_t avail = value_.size() - pos_;
+  const std::size_t size = batch ? stored_record_size(value_.data() + pos_, avail) : avail;
+  if (size == 0) return bad(off_, "record batch is malformed");
+  const bool last = off_ - first_ + 1 == count_;
+  if (batch && last != (size == avail)) return bad(off_, "record batch lengths do not add up");
+  rec_ = value_.substr(pos_, size);
+  return Status();
+}
+
+Result<bool> LaneLog::seek(std::uint64_t off) {
+  if (c_ && !value_.empty() && off >= first_ && off - first_ < count_) {
+    if (off < off_) {  // back to the value's first record, then forward
+      off_ = first_;
+      pos_ = count_ > 1 ? kBatchHeader : 0;
+      if (Status s = step_in_value(); !s.ok()) return s;
+    }
+    while (off_ < off) {
+      pos_ += rec_.size();
+      ++off_;
+      if (Status s = step_in_value(); !s.ok()) return s;
+    }
+    return true;
+  }
+  if (!c_) {
+    auto c = LmdbCursor::open(txn_, log_, {});
+    if (!c.ok()) return c.status();
+    c_.emplace(std::move(*c));
+  }
+  value_ = {};
+  const Key key = log_key(tid_, lane_, off);
+  auto r = c_->seek(key.sv());
+  if (!r.ok()) return r.status();
+  if (!*r || c_->key() != key.sv()) {
+    // Not the first record of a value: the value before may be a batch holding it.
+    r = *r ? c_->prev() : c_->last();
+    if (!r.ok()) return r.status();
+    if (!*r) return false;
+  }
+  auto k = c_->key();
+  if (k.size() != 16 || k.substr(0, 8) != key.sv().substr(0, 8)) return false;
+  if (Status s = load(); !s.ok()) return s;
+  if (off - first_ >= count_) {
+    value_ = {};
+    return false;
+  }
+  return seek(off);
+}
+
+Result<bool> LaneLog::next() {
+  if (value_.empty()) return false;
+  if (off_ - first_ + 1 < count_) {
+    pos_ += rec_.size();
+    ++off_;
+    if (Status s = step_in_value(); !s.ok()) return s;
+    return true;
+  }
+  auto r = c_->next();
+  if (!r.ok()) return r.status();
+  auto k = r.ok() && *r ? c_->key() : std::string_view();
+  if (!*r || k.size() != 16 || get_be32(k.data()) != tid_ || get_be32(k.data() + 4) != lane_) {
+    value_ = {};
+    return false;
+  }
+  if (Status s = load(); !s.ok()) return s;
+  return true;
+}
+
 Result<std::uint64_t> search_time(LmdbTxn& txn, LmdbDbi log, std::uint32_t tid, std::uint32_t lane,
                                   const LaneState& ls, std::int64_t ts) {
+  LaneLog l(txn, log, tid, lane, {});
   std::uint64_t lo = ls.first, hi = ls.next;
   while (lo < hi) {
     std::uint64_t mid = lo + (hi - lo) / 2;
-    auto v = txn.get(log, log_key(tid, lane, mid).sv());
-    if (!v.ok()) {
-      if (v.code() == Code::NotFound) return Status(Code::Corruption, "log record missing inside lane bounds");
-      return v.status();
-    }
-    if (v->size() < kRecordOverhead) return Status(Code::Corruption, "log record shorter than its header");
-    auto its = static_cast<std::int64_t>(get_le64(v->data() + 16));
+    auto found = l.seek(mid);
+    if (!found.ok()) return found.status();
+    if (!*found) return Status(Code::Corruption, "log record missing inside lane bounds");
+    auto its = static_cast<std::int64_t>(get_le64(l.record().data() + 16));
     if (its >= ts) {
       hi = mid;
     } else {
@@ -78,22 +175,14 @@ Status TopicLog::read_into(const TopicRef& topic, std::uint32_t lane, std::uint6
     b.messages.clear();
     return Status();
   }
-  auto c = LmdbCursor::open(*txn, s_.dbi_log_, s_.options_.directory);
-  if (!c.ok()) return c.status();
-  Key prefix = lane_key(topic.id, lane);
-  auto r = c->seek(log_key(topic.id, lane, start).sv());
+  LaneLog log(*txn, s_.dbi_log_, topic.id, lane, topic.name);
+  auto r = log.seek(start);
   std::uint64_t bytes = 0;
   std::uint64_t expect = start;
   while (r.ok() && *r && used < limits.max_messages && expect < ls->next) {
-    auto k = c->key();
-    if (k.size() != 16 || k.substr(0, 8) != prefix.sv()) break;
-    std::uint64_t off = get_be64(k.data() + 8);
-    if (off != expect) {
-      b.messages.clear();
-      return Status(Code::Corruption, "read " + quoted(topic.name) + " lane " + std::to_string(lane) + ": offset " +
-                                          std::to_string(expect) + " is missing from the log");
-    }
-    if (used > 0 && bytes + c->value().size() > limits.max_bytes) break;
+    if (log.offset() != expect) break;
+    const std::string_view rec = log.record();
+    if (used > 0 && bytes + rec.size() > limits.max_bytes) break;
     if (used == b.messages.size()) {
       if (b.spare.empty()) {
         b.messages.emplace_back();
@@ -102,15 +191,15 @@ Status TopicLog::read_into(const TopicRef& topic, std::uint32_t lane, std::uint6
         b.spare.pop_back();
       }
     }
-    Status s = decode_record(c->value(), topic.name, lane, off, &b.messages[used]);
+    Status s = decode_record(rec, topic.name, lane, expect, &b.messages[used]);
     if (!s.ok()) {
       b.messages.clear();
       return s;
     }
     ++used;
-    bytes += c->value().size();
+    bytes += rec.size();
     ++expect;
-    r = c->next();
+    r = log.next();
   }
   while (b.messages.size() > used) {  // keep the storage for the next read
     b.spare.push_back(std::move(b.messages.back()));

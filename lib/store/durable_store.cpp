@@ -134,6 +134,11 @@ Status DurableStore::init_layout() {
                                            std::to_string(kLayoutVersion));
   }
   if (version == 0) return Status(Code::Corruption, "open " + quoted(path) + ": layout version 0 is invalid");
+  if (version < kLayoutVersion && !options_.read_only) {
+    // Layout 2 adds record batches to the log (doc/storage-format.md); a layout-1
+    // store needs no copy, only the new number, so that older releases refuse it.
+    if (Status s = txn->put(dbi_meta_, "layout", encode_layout_record(kLayoutVersion)); !s.ok()) return s;
+  }
   const char* names[] = {"topics", "lanes", "log", "groups", "cursors", "inflight"};
   LmdbDbi* slots[] = {&dbi_topics_, &dbi_lanes_, &dbi_log_, &dbi_groups_, &dbi_cursors_, &dbi_inflight_};
   for (int i = 0; i < 6; ++i) {

@@ -32,8 +32,9 @@
 namespace lanebus::detail {
 
 /// On-disk layout version written in the `meta` database. A store with a
-/// larger number is refused with VersionTooNew.
-inline constexpr std::uint32_t kLayoutVersion = 1;
+/// larger number is refused with VersionTooNew. 2: the log may hold record
+/// batches; a layout-1 store is raised to 2 when opened for writing.
+inline constexpr std::uint32_t kLayoutVersion = 2;
 /// The bytes of the layout record for `version` (magic "LANEBUS\0" + u32 LE):
 /// exposed so tests can forge a record from the future.
 std::string encode_layout_record(std::uint32_t version);

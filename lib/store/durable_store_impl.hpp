@@ -56,6 +56,20 @@ namespace lanebus::detail {
 constexpr char kLayoutMagic[8] = {'L', 'A', 'N', 'E', 'B', 'U', 'S', '\0'};
 constexpr std::size_t kRecordHeader = 64;  // fixed part before key/idem/payload
 constexpr std::size_t kRecordOverhead = kRecordHeader + 4;  // + crc32c trailer
+// A record batch (doc/storage-format.md): one `log` value holding the records
+// of consecutive offsets of one lane, keyed by the first one's offset. The
+// writer packs a lane's appends of one transaction into batches of at most
+// kBatchValueMax bytes; a lone record, or one too large for a batch, is
+// stored alone as in layout 1. A batch larger than LMDB's node limit (about
+// 2 KB with 4 KiB pages) lives on overflow pages: contiguous, filled to the
+// end, read in one cursor step. kBatchValueMax is four 4 KiB pages less
+// LMDB's 16-byte page header, so a full batch takes four pages, not five.
+constexpr char kBatchFormat = 16;
+constexpr std::size_t kBatchHeader = 8;  // u8 format 16, u8 0, le16 count, le32 0
+constexpr std::size_t kBatchValueMax = 4 * 4096 - 16;
+// The size of the stored record at p (format 1-3) from its length fields; 0
+// when fewer than `avail` bytes cannot hold it or its format is unknown.
+std::size_t stored_record_size(const char* p, std::size_t avail);
 constexpr std::uint32_t kMaxLanes = 4096;
 constexpr std::uint64_t kMaxPayload = 1ull << 30;
 constexpr std::uint32_t kInflightClaimed = 0;
@@ -145,6 +159,40 @@ Result<std::uint64_t> search_time(LmdbTxn& txn, LmdbDbi log, std::uint32_t tid, 
                                   const LaneState& ls, std::int64_t ts);
 Result<LaneState> read_lane(LmdbTxn& txn, LmdbDbi dbi, std::uint32_t tid, std::uint32_t lane);
 
+// One lane's log, read record by record whether its records are stored alone
+// or in batches (durable_reads.cpp). The views are into LMDB's pages: valid
+// until the transaction writes to the log or ends.
+class LaneLog {
+ public:
+  LaneLog(LmdbTxn& txn, LmdbDbi log, std::uint32_t tid, std::uint32_t lane, std::string_view topic)
+      : txn_(txn), log_(log), tid_(tid), lane_(lane), topic_(topic) {}
+  /// Position on the record of offset `off`: false when the lane's log has none.
+  Result<bool> seek(std::uint64_t off);
+  /// The next offset's record: false at the lane's end (or a gap: the caller
+  /// compares offset() with what it expects).
+  Result<bool> next();
+  std::uint64_t offset() const noexcept { return off_; }
+  std::string_view record() const noexcept { return rec_; }
+  /// The `log` key and value holding the current record, and the offsets it holds.
+  std::uint64_t value_first() const noexcept { return first_; }
+  std::uint32_t value_count() const noexcept { return count_; }
+  std::string_view value() const noexcept { return value_; }
+
+ private:
+  Status load();  // the cursor's current value: first_, count_, value_, the first record
+  Status step_in_value();
+  Status bad(std::uint64_t off, const char* why) const;
+  LmdbTxn& txn_;
+  LmdbDbi log_;
+  std::uint32_t tid_, lane_;
+  std::string_view topic_;
+  std::optional<LmdbCursor> c_;
+  std::string_view value_, rec_;
+  std::uint64_t first_ = 0, off_ = 0;
+  std::uint32_t count_ = 0;
+  std::size_t pos_ = 0;  // the current record's position in value_
+};
+
 // ======================================================================
 // WriteCtx: the state of one write transaction of the writer thread.
 
@@ -173,6 +221,19 @@ struct DurableStore::WriteCtx {
   std::uint64_t log_cursor_lane[kLogCursors] = {};
   std::optional<LmdbCursor> log_cursor[kLogCursors]{};
   std::size_t log_cursors = 0;
+  // Appends of the writer's own append ops are staged here per lane and
+  // written as record batches (kBatchFormat) by flush_log_batches(), which
+  // runs before every other kind of op and before the commit, so that no
+  // read of the log in this transaction misses a staged record.
+  struct LogBatch {
+    std::uint64_t lane = 0;   // lk(tid, lane)
+    std::uint64_t first = 0;  // offset of the first staged record
+    std::uint32_t count = 0;
+    std::string bytes;        // kBatchHeader, then the records
+  };
+  LogBatch staged[kLogCursors]{};
+  std::size_t staged_lanes = 0;
+  bool stage_appends = false;  // set by the writer around its own append ops
 
   static std::uint64_t lk(std::uint32_t tid, std::uint32_t lane) {
     return (static_cast<std::uint64_t>(tid) << 32) | lane;
@@ -320,6 +381,66 @@ struct DurableStore::WriteCtx {
     auto r = i < log_cursors ? log_cursor[i]->reserve(key, size) : txn->reserve(store->dbi_log_, key, size);
     if (!r.ok()) (void)fail(r.status());
     return r;
+  }
+  /// Stage a record of `size` bytes at offset `off` of lane (tid, lane_no):
+  /// returns where to encode it, or nullptr when it must be written alone
+  /// (reserve_log) because it is too large or every staging slot is taken.
+  Result<char*> stage_log(std::uint32_t tid, std::uint32_t lane_no, std::uint64_t off, std::size_t size) {
+    if (size + kBatchHeader > kBatchValueMax) {
+      if (Status s = write_staged(lk(tid, lane_no)); !s.ok()) return s;
+      return nullptr;
+    }
+    const std::uint64_t k = lk(tid, lane_no);
+    std::size_t i = 0;
+    while (i < staged_lanes && staged[i].lane != k) ++i;
+    if (i == staged_lanes) {
+      if (staged_lanes == kLogCursors) return nullptr;
+      ++staged_lanes;
+      staged[i].lane = k;
+      staged[i].count = 0;
+    }
+    LogBatch& b = staged[i];
+    if (b.count > 0 && b.bytes.size() + size > kBatchValueMax) {
+      if (Status s = write_batch(b); !s.ok()) return s;
+    }
+    if (b.count == 0) {
+      b.first = off;
+      b.bytes.assign(kBatchHeader, '\0');
+    }
+    b.count += 1;
+    const std::size_t at = b.bytes.size();
+    b.bytes.resize(at + size);
+    return b.bytes.data() + at;
+  }
+  /// Write every staged batch to the log (before any other op reads it).
+  Status flush_log_batches() {
+    for (std::size_t i = 0; i < staged_lanes; ++i) {
+      if (Status s = write_batch(staged[i]); !s.ok()) return s;
+    }
+    staged_lanes = 0;
+    return Status();
+  }
+  Status write_staged(std::uint64_t k) {
+    for (std::size_t i = 0; i < staged_lanes; ++i) {
+      if (staged[i].lane == k) return write_batch(staged[i]);
+    }
+    return Status();
+  }
+  Status write_batch(LogBatch& b) {
+    if (b.count == 0) return Status();
+    const auto tid = static_cast<std::uint32_t>(b.lane >> 32);
+    const auto lane_no = static_cast<std::uint32_t>(b.lane);
+    // A lone record is stored as it is, without the batch header.
+    const std::size_t skip = b.count == 1 ? kBatchHeader : 0;
+    auto p = reserve_log(tid, lane_no, log_key(tid, lane_no, b.first).sv(), b.bytes.size() - skip);
+    if (!p.ok()) return p.status();
+    if (b.count > 1) {
+      b.bytes[0] = kBatchFormat;
+      put_le16(b.bytes.data() + 2, static_cast<std::uint16_t>(b.count));
+    }
+    std::memcpy(*p, b.bytes.data() + skip, b.bytes.size() - skip);
+    b.count = 0;
+    return Status();
   }
   void close_log_cursors() noexcept {
     for (std::size_t i = 0; i < log_cursors; ++i) log_cursor[i].reset();
@@ -538,6 +659,9 @@ class LogRetention : public StorePart {
   /// Every step now (run_retention).
   Status run();
 
+ private:
+  Status trim_lane(WriteCtx& ctx, const TopicRef& t, std::uint32_t lane, LaneState& s, std::int64_t age_cut,
+                   std::uint32_t* budget, bool* more);
 };
 
 }  // namespace lanebus::detail

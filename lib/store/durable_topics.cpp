@@ -344,9 +344,18 @@ Status TopicLog::apply_append(WriteCtx& ctx, WriteOp& op) {
   LaneState& s = **ls;
   std::int64_t index_ts = std::max(s.last_ts, h.created_at_ns);
   std::size_t size = record_size(r);
-  auto p = ctx.reserve_log(r.topic_id, r.lane, log_key(r.topic_id, r.lane, s.next).sv(), size);
-  if (!p.ok()) return p.status();
-  encode_record(*p, size, r, h, index_ts);
+  char* at = nullptr;
+  if (ctx.stage_appends) {
+    auto staged = ctx.stage_log(r.topic_id, r.lane, s.next, size);
+    if (!staged.ok()) return staged.status();
+    at = *staged;
+  }
+  if (at == nullptr) {
+    auto p = ctx.reserve_log(r.topic_id, r.lane, log_key(r.topic_id, r.lane, s.next).sv(), size);
+    if (!p.ok()) return p.status();
+    at = *p;
+  }
+  encode_record(at, size, r, h, index_ts);
   op.result = AppendResult{s.next, h.id};
   s.next += 1;
   s.count += 1;

@@ -268,10 +268,19 @@ void StoreWriter::process_batch(std::vector<WriteOp>& ops) {
     std::size_t applied = 0;
     for (WriteOp& op : ops) {
       if (op.excluded) continue;
-      op.status = op.is_append ? s_.log_->apply_append(ctx, op) : op.is_delayed ? apply_delayed(ctx, op) : op.apply(ctx);
+      if (op.is_append) {
+        ctx.stage_appends = true;
+        op.status = s_.log_->apply_append(ctx, op);
+        ctx.stage_appends = false;
+      } else {
+        // Every other op may read the log: the staged appends go in first.
+        Status fs = ctx.flush_log_batches();
+        op.status = fs.ok() ? (op.is_delayed ? apply_delayed(ctx, op) : op.apply(ctx)) : fs;
+      }
       ++applied;
       if (!ctx.dead.ok()) break;
     }
+    if (ctx.dead.ok()) (void)ctx.flush_log_batches();  // a failure marks ctx.dead
     if (ctx.dead.ok() && (!ctx.dirty.empty() || !ctx.ahead_requests.empty())) {
       if (!ahead.owns_lock()) ahead = s_.claims_->lock_ahead();
       if (ahead.owns_lock()) s_.claims_->claim_ahead_in(ctx);

@@ -183,6 +183,31 @@ Status decode_log_record(std::string_view value, std::string_view topic, std::ui
   return decode_record(value, topic, lane, offset, out);
 }
 
+Status split_log_value(std::string_view value, std::string_view topic, std::uint32_t lane, std::uint64_t first,
+                       std::vector<std::string_view>* records) {
+  records->clear();
+  if (value.empty() || value[0] != kBatchFormat) {
+    records->push_back(value);
+    return Status();
+  }
+  auto bad = [&](std::uint64_t off, const char* why) {
+    return Status(Code::Corruption, "read topic " + quoted(topic) + " lane " + std::to_string(lane) + " offset " +
+                                        std::to_string(off) + ": " + why);
+  };
+  if (value.size() < kBatchHeader) return bad(first, "record batch shorter than its header");
+  const std::uint32_t count = get_le16(value.data() + 2);
+  if (count < 2) return bad(first, "record batch holds fewer than 2 records");
+  std::size_t pos = kBatchHeader;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const std::size_t size = stored_record_size(value.data() + pos, value.size() - pos);
+    if (size == 0) return bad(first + i, "record batch is malformed");
+    records->push_back(value.substr(pos, size));
+    pos += size;
+  }
+  if (pos != value.size()) return bad(first + count - 1, "record batch lengths do not add up");
+  return Status();
+}
+
 std::string encode_log_record(const AppendRequest& request, std::int64_t index_ts) {
   std::string v(record_size(request), '\0');
   encode_record(v.data(), v.size(), request, request.header, index_ts);

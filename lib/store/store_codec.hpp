@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "durable_store.hpp"
 
@@ -17,6 +18,12 @@ namespace lanebus::detail {
 /// when the lengths do not add up or the CRC-32C fails.
 Status decode_log_record(std::string_view value, std::string_view topic, std::uint32_t lane, std::uint64_t offset,
                          StoredMessage* out);
+/// The records of the `log` value keyed by offset `first` of a lane: the value
+/// itself, or the records of a record batch (format 16), offsets first, first
+/// + 1, ... Corruption naming topic, lane and offset when a batch's records
+/// do not fill it exactly. Each record is then for decode_log_record.
+Status split_log_value(std::string_view value, std::string_view topic, std::uint32_t lane, std::uint64_t first,
+                       std::vector<std::string_view>* records);
 /// The bytes of a `log` value for `request` (header as given, index timestamp
 /// `index_ts`): the inverse of decode_log_record (round-trip tests, seeds).
 std::string encode_log_record(const AppendRequest& request, std::int64_t index_ts);
