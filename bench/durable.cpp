@@ -415,7 +415,7 @@ Run lmdb_raw(bool no_sync, std::uint64_t batch, const std::string& dir, RawLayou
 
 // The `commit_shapes` case (doc/performance.md, "The e2e commit in raw LMDB"):
 // fsynced commits of the shape e2e_latency_queue's commits have, in raw LMDB,
-// for lanebus's layout today and for a proposed layout 2. Each commit appends
+// for lanebus's layout today and for a proposed sequence layout. Each commit appends
 // `per_commit` messages to as many of 8 lanes (round robin), claims as many
 // appended two commits before and acks as many claimed two commits before, on
 // logs that already hold kShapeBacklog records a lane. Nothing here is
@@ -428,7 +428,7 @@ enum class CommitShape {
   // group, lane, offset) -> 24 B put per claim and deleted per ack, `cursors`
   // (topic, group, lane) -> 16 B per acked lane, `meta` id_next.
   Today,
-  // Layout 2, proposed: `log` keyed by one store-wide sequence (MDB_APPEND),
+  // The sequence layout, proposed: `log` keyed by one store-wide sequence (MDB_APPEND),
   // each value the lane and lane offset then the record; the queue's state in
   // one tree `qstate`, a lane's records side by side: (topic, lane, 0) the
   // lane record, (topic, lane, 1, group) the cursor, (topic, lane, 2, group,
@@ -437,10 +437,10 @@ enum class CommitShape {
   // Seq with a record of 101 bytes instead of 137 (a smaller fixed header).
   SeqCompact,
   // Today's log (one tree, lanes side by side) with the queue's state in
-  // Seq's one `qstate` tree: the two parts of layout 2, apart.
+  // Seq's one `qstate` tree: the two parts of the sequence layout, apart.
   LanesQstate,
   // Seq's log with today's separate state trees (lanes, inflight, cursors,
-  // meta): the log's part of layout 2 alone.
+  // meta): the log's part of the sequence layout alone.
   SeqTodayState,
   // Seq plus an append-only run index `runs`: key the sequence number of a
   // run's first record, value (lane, first offset, count), one entry per lane
@@ -842,17 +842,15 @@ std::unique_ptr<lanebus::detail::LmdbEnv> open_raw_read_only(const std::string& 
 }
 
 template <typename Scan>
-Run scan_log(const std::string& dir, Scan&& scan, std::uint64_t* leaf_pages = nullptr,
-             std::uint64_t* entries = nullptr) {
+Run scan_log(const std::string& dir, Scan&& scan, std::uint64_t* pages = nullptr) {
   auto env = open_raw_read_only(dir);
   auto txn = env->begin_read();
   auto dbi = env->open_dbi(*txn, "log", false);
   if (!dbi.ok()) std::exit(1);
-  if (leaf_pages != nullptr) {
+  if (pages != nullptr) {
     MDB_stat st{};
     if (mdb_stat(txn->raw(), *dbi, &st) != 0) std::exit(1);
-    *leaf_pages = st.ms_leaf_pages;
-    if (entries != nullptr) *entries = st.ms_entries;
+    *pages = st.ms_leaf_pages + st.ms_overflow_pages;
   }
   auto cur = lanebus::detail::LmdbCursor::open(*txn, *dbi, dir);
   if (!cur.ok()) std::exit(1);
@@ -866,22 +864,23 @@ Run scan_log(const std::string& dir, Scan&& scan, std::uint64_t* leaf_pages = nu
 // Raw cursor scan of table "log" in `dir`, copying each value: the
 // lmdb_fsync baseline's table (one MDB_APPEND run: full pages, 8-byte keys,
 // 64-byte values), or lanebus's own log (16-byte keys, 137-byte records, 8
-// lanes appended side by side in one tree). `fill`: entries per leaf page.
-Run lmdb_cursor(const std::string& dir, double* fill = nullptr) {
-  std::uint64_t leaves = 0, entries = 0;
+// lanes side by side in one tree; `lanebus_log`: a value that is a record
+// batch counts its records). `fill`: messages per page (leaf and overflow).
+Run lmdb_cursor(const std::string& dir, double* fill = nullptr, bool lanebus_log = false) {
+  std::uint64_t pages = 0;
   Run out = scan_log(
       dir,
-      [](lanebus::detail::LmdbCursor& cur) {
+      [lanebus_log](lanebus::detail::LmdbCursor& cur) {
         std::uint64_t n = 0;
         std::string copy;
         for (auto r = cur.first(); r.ok() && *r; r = cur.next()) {
           copy.assign(cur.value());
-          ++n;
+          n += lanebus_log && copy.size() > 8 && copy[0] == 16 ? lanebus::detail::get_le16(copy.data() + 2) : 1;
         }
         return n;
       },
-      &leaves, &entries);
-  if (fill != nullptr && leaves > 0) *fill = static_cast<double>(entries) / static_cast<double>(leaves);
+      &pages);
+  if (fill != nullptr && pages > 0) *fill = static_cast<double>(out.msgs) / static_cast<double>(pages);
   return out;
 }
 
@@ -1052,7 +1051,7 @@ void run_commit_shapes() {
     }
     if (per_commit == 2) {
       // The backlog (20,000 records a lane) read back: layout 1 lane by lane,
-      // layout 2 in one walk and lane by lane through the run index.
+      // the sequence layout in one walk and lane by lane through the run index.
       for (int i = 1; i < kShapes; ++i) {
         if (replay[i][0] == 0 || shapes[i].shape == CommitShape::Today) continue;
         const std::string name = std::string("replay_shape_") + shapes[i].name;
@@ -1698,7 +1697,7 @@ int main(int argc, char** argv) {
                   "       layouts (only with --run: prototype log layouts in raw LMDB, one sequence with and without\n"
                   "       a per-lane index, against the baseline and lanebus's layout: appends, small commits, replay)\n"
                   "       commit_shapes (only with --run: fsynced commits shaped like e2e_latency_queue's, in raw LMDB,\n"
-                  "       lanebus's layout against a proposed layout 2, against one 64-byte put)\n");
+                  "       lanebus's layout against a proposed sequence layout, against one 64-byte put)\n");
       return 0;
     }
   }
@@ -1758,11 +1757,11 @@ int main(int argc, char** argv) {
         x.push_back(rr.msgs_per_sec);
         logged = rr.msgs;
         y.push_back(lmdb_cursor(lmdb_dir, &fill_raw).msgs_per_sec);
-        z.push_back(lmdb_cursor(sync4_dir, &fill_log).msgs_per_sec);
+        z.push_back(lmdb_cursor(sync4_dir, &fill_log, true).msgs_per_sec);
       }
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor", y);
       char fills[96];
-      std::snprintf(fills, sizeof fills, "entries_per_leaf_page=%.1f baseline_entries_per_leaf_page=%.1f ", fill_log, fill_raw);
+      std::snprintf(fills, sizeof fills, "msgs_per_page=%.1f baseline_msgs_per_page=%.1f ", fill_log, fill_raw);
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor_lanebus_log", z, fills);
       // The same log through the Bus: a new group with a one-message handler
       // and one with a batch handler (spans of 64), each from the earliest message.
