@@ -27,6 +27,7 @@
 #include "fsync_counter.hpp"
 #include "lmdb_store.hpp"
 #include "seed.hpp"
+#include "store_fixture.hpp"
 #include "temp_dir.hpp"
 #include "unprivileged.hpp"
 #include "wait.hpp"
@@ -47,21 +48,9 @@ using lanebus::test::wait_until;
 
 namespace {
 
-StoreOptions options_for(const std::string& dir) {
-  StoreOptions o;
-  o.directory = dir;
-  o.map_size_initial = 4ull << 20;
-  o.map_size_max = 256ull << 20;
-  o.maintenance_interval = std::chrono::milliseconds(50);
-  return o;
-}
+StoreOptions options_for(const std::string& dir) { return lanebus::test::store_options_for(dir); }
 
-std::unique_ptr<DurableStore> must_open(const StoreOptions& o) {
-  auto s = DurableStore::open(o);
-  INFO(s.status().to_string());
-  REQUIRE(s.ok());
-  return std::move(*s);
-}
+std::unique_ptr<DurableStore> must_open(const StoreOptions& o) { return lanebus::test::must_open_store(o); }
 
 AppendRequest request(const TopicRef& t, std::string key, std::string payload) {
   AppendRequest r;

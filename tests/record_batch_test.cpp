@@ -15,6 +15,7 @@
 #include "durable_store.hpp"
 #include "lmdb_store.hpp"
 #include "store_codec.hpp"
+#include "store_fixture.hpp"
 #include "temp_dir.hpp"
 #include "verify.hpp"
 
@@ -30,20 +31,9 @@ using lanebus::test::TempDir;
 
 namespace {
 
-StoreOptions options_for(const std::string& dir) {
-  StoreOptions o;
-  o.directory = dir;
-  o.map_size_initial = 4ull << 20;
-  o.map_size_max = 256ull << 20;
-  return o;
-}
+StoreOptions options_for(const std::string& dir) { return lanebus::test::store_options_for(dir); }
 
-std::unique_ptr<DurableStore> must_open(const StoreOptions& o) {
-  auto s = DurableStore::open(o);
-  INFO(s.status().to_string());
-  REQUIRE(s.ok());
-  return std::move(*s);
-}
+std::unique_ptr<DurableStore> must_open(const StoreOptions& o) { return lanebus::test::must_open_store(o); }
 
 std::string payload_of(std::uint32_t lane, std::uint64_t i) {
   // Sizes vary so that records of a batch differ in length; every 17th is
@@ -74,18 +64,24 @@ void append_in_one_batch(DurableStore& store, const TopicRef& t, std::uint64_t p
   REQUIRE(res.appended == per_lane * t.lanes);
 }
 
+// The store's LMDB environment, opened raw (the store itself is closed).
+std::unique_ptr<LmdbEnv> open_raw(const std::string& dir) {
+  LmdbEnv::Config c;
+  c.path = dir;
+  auto env = LmdbEnv::open(c);
+  REQUIRE(env.ok());
+  return std::move(*env);
+}
+
 // The store's raw `log` table: its entries and how many are record batches.
 struct LogShape {
   std::uint64_t entries = 0, batches = 0;
 };
 LogShape log_shape(const std::string& dir) {
-  LmdbEnv::Config c;
-  c.path = dir;
-  auto env = LmdbEnv::open(c);
-  REQUIRE(env.ok());
-  auto txn = (*env)->begin_read();
+  auto env = open_raw(dir);
+  auto txn = env->begin_read();
   REQUIRE(txn.ok());
-  auto log = (*env)->open_dbi(*txn, "log", false);
+  auto log = env->open_dbi(*txn, "log", false);
   REQUIRE(log.ok());
   auto cur = lanebus::detail::LmdbCursor::open(*txn, *log, dir);
   REQUIRE(cur.ok());
@@ -100,13 +96,10 @@ LogShape log_shape(const std::string& dir) {
 // Change the `log` value under (topic 1, lane, offset `key_off`) with `edit`.
 template <class Edit>
 void edit_log_value(const std::string& dir, std::uint32_t lane, std::uint64_t key_off, Edit edit) {
-  LmdbEnv::Config c;
-  c.path = dir;
-  auto env = LmdbEnv::open(c);
-  REQUIRE(env.ok());
-  auto txn = (*env)->begin_write();
+  auto env = open_raw(dir);
+  auto txn = env->begin_write();
   REQUIRE(txn.ok());
-  auto log = (*env)->open_dbi(*txn, "log", false);
+  auto log = env->open_dbi(*txn, "log", false);
   REQUIRE(log.ok());
   std::string key(16, '\0');
   key[3] = 1;
@@ -309,13 +302,10 @@ TEST_CASE("a layout-1 store is raised to layout 2 when opened for writing, not w
     REQUIRE(store->close().ok());
   }
   auto layout = [&](std::uint32_t set) {
-    LmdbEnv::Config c;
-    c.path = dir.path();
-    auto env = LmdbEnv::open(c);
-    REQUIRE(env.ok());
-    auto txn = (*env)->begin_write();
+    auto env = open_raw(dir.path());
+    auto txn = env->begin_write();
     REQUIRE(txn.ok());
-    auto meta = (*env)->open_dbi(*txn, "meta", false);
+    auto meta = env->open_dbi(*txn, "meta", false);
     REQUIRE(meta.ok());
     if (set != 0) REQUIRE(txn->put(*meta, "layout", lanebus::detail::encode_layout_record(set)).ok());
     auto v = txn->get(*meta, "layout");
