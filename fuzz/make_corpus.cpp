@@ -66,6 +66,12 @@ int main(int argc, char** argv) {
     h.add("tenant", "acme");
     r.headers.assign(h.bytes());
     put("record_fuzz", detail::encode_log_record(r, 1));
+    // A record batch (layout 2): header (16, 0, le16 count 2, 0) and two records.
+    std::string batch("\x10\0\x02\0\0\0\0\0", 8);
+    batch += detail::encode_log_record(r, 1);
+    r.headers.clear();
+    batch += detail::encode_log_record(r, 2);
+    put("record_fuzz", batch);
   }
   // DLQ entries: format 1, and format 2 (the third, with headers).
   for (int i = 0; i < 3; ++i) {

@@ -1,13 +1,16 @@
 // lanebus — MIT License.
-// libFuzzer target: the message record decoder (doc/storage-format.md, `log`
-// values; formats 1, 2 with times, 3 with message headers).
-// Properties: no crash or over-read; a record that decodes re-encodes to a
+// libFuzzer target: a `log` value (doc/storage-format.md): a message record
+// (formats 1, 2 with times, 3 with message headers) or a record batch of them.
+// Properties: no crash or over-read; a batch that splits is exactly its header
+// and its records, back to back; a record that decodes re-encodes to a
 // record that decodes to the same message (flags and reserved bytes are not
 // kept, and a format-2 block longer than 24 bytes is read by its first 24, so
 // the bytes may differ); a decoded header block iterates within itself.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "lanebus/message.hpp"
 #include "store_codec.hpp"
@@ -23,11 +26,11 @@ bool same(const lanebus::detail::StoredMessage& a, const lanebus::detail::Stored
 }
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+namespace {
+void check_record(std::string_view in) {
   using namespace lanebus::detail;
-  const std::string_view in(reinterpret_cast<const char*>(data), size);
   StoredMessage m;
-  if (!decode_log_record(in, "fuzz", 0, 0, &m).ok()) return 0;
+  if (!decode_log_record(in, "fuzz", 0, 0, &m).ok()) return;
   std::size_t bytes = 0, count = 0;
   for (lanebus::Header h : lanebus::HeadersView(m.headers)) {
     bytes += 3 + h.name.size() + h.value.size();
@@ -45,5 +48,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string again = encode_log_record(r, m.index_ts_ns);
   StoredMessage m2;
   if (!decode_log_record(again, "fuzz", 0, 0, &m2).ok() || !same(m, m2)) __builtin_trap();
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace lanebus::detail;
+  const std::string_view in(reinterpret_cast<const char*>(data), size);
+  std::vector<std::string_view> records;
+  if (!split_log_value(in, "fuzz", 0, 0, &records).ok()) return 0;
+  if (records.size() == 1) {
+    if (records[0].data() != in.data() || records[0].size() != in.size()) __builtin_trap();
+  } else {
+    // A batch: its 8-byte header, then the records back to back to its end.
+    const char* at = in.data() + 8;
+    for (std::string_view rec : records) {
+      if (rec.data() != at) __builtin_trap();
+      at += rec.size();
+    }
+    if (records.size() < 2 || at != in.data() + in.size()) __builtin_trap();
+  }
+  for (std::string_view rec : records) check_record(rec);
   return 0;
 }
