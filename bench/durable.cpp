@@ -133,7 +133,10 @@ std::uint64_t pct(std::vector<std::uint64_t>& v, double p) {
 }
 
 // lanebus durable publish: `producers` threads, each with g_window in flight.
-Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& dir) {
+// `retention` (retained_sync_4p): the topic's retention; `slices`: the rate in
+// each of that many equal parts of the run, in order.
+Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& dir,
+                    const lanebus::RetentionOptions& retention = {}, std::vector<double>* slices = nullptr) {
   lanebus::StoreOptions o;
   o.directory = dir;
   o.durability = mode;
@@ -143,7 +146,7 @@ Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& 
     std::fprintf(stderr, "open: %s\n", store.status().to_string().c_str());
     std::exit(1);
   }
-  auto t = (*store)->open_topic("bench.topic", lanebus::detail::TopicSpec{8, false, {}});
+  auto t = (*store)->open_topic("bench.topic", lanebus::detail::TopicSpec{8, false, retention});
   if (!t.ok()) std::exit(1);
   // Completions all run on the store's writer thread: `lat` is only touched there.
   std::vector<std::uint64_t> lat;
@@ -180,7 +183,19 @@ Run lanebus_publish(int producers, lanebus::Durability mode, const std::string& 
       while (in_flight.load(std::memory_order_acquire) > 0) std::this_thread::yield();
     });
   }
-  std::this_thread::sleep_for(std::chrono::duration<double>(g_seconds));
+  if (slices == nullptr) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(g_seconds));
+  } else {
+    const std::size_t parts = slices->size();
+    std::uint64_t last = 0;
+    for (std::size_t i = 0; i < parts; ++i) {
+      const auto t0 = Clock::now();
+      std::this_thread::sleep_for(std::chrono::duration<double>(g_seconds / static_cast<double>(parts)));
+      const std::uint64_t now_done = done.load();
+      (*slices)[i] = static_cast<double>(now_done - last) / std::chrono::duration<double>(Clock::now() - t0).count();
+      last = now_done;
+    }
+  }
   stop.store(true);
   for (auto& th : threads) th.join();
   auto elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -1697,7 +1712,10 @@ int main(int argc, char** argv) {
                   "       layouts (only with --run: prototype log layouts in raw LMDB, one sequence with and without\n"
                   "       a per-lane index, against the baseline and lanebus's layout: appends, small commits, replay)\n"
                   "       commit_shapes (only with --run: fsynced commits shaped like e2e_latency_queue's, in raw LMDB,\n"
-                  "       lanebus's layout against a proposed sequence layout, against one 64-byte put)\n");
+                  "       lanebus's layout against a proposed sequence layout, against one 64-byte put)\n"
+                  "       retained_sync_4p (only with --run: sync_4p for 4x --seconds on a topic that keeps\n"
+                  "       50,000 messages a lane, so retention frees pages as fast as appends take them:\n"
+                  "       the rate in each quarter of the run, and the data file's size)\n");
       return 0;
     }
   }
@@ -1718,6 +1736,28 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(x.p99_ns), static_cast<unsigned long long>(b), y.msgs_per_sec);
       std::fflush(stdout);
     }
+  }
+  if (only == "retained_sync_4p") {
+    // Record batches live on runs of overflow pages (doc/storage-format.md):
+    // once retention deletes as fast as publishers append, every batch needs
+    // a run of free pages. The rate per quarter shows whether that slows.
+    lanebus::RetentionOptions keep;
+    keep.max_count = 50'000;
+    const double seconds = g_seconds;
+    g_seconds = 4 * seconds;
+    std::vector<double> quarters(4);
+    const std::string dir = fresh_dir("retained_sync_4p");
+    Run x = lanebus_publish(4, lanebus::Durability::Sync, dir, keep, &quarters);
+    g_seconds = seconds;
+    std::error_code ec;
+    const auto file = std::filesystem::file_size(dir + "/data.mdb", ec);
+    std::printf("bench=durable case=retained_sync_4p max_count_per_lane=50000 lanebus_msgs_per_sec=%.0f "
+                "quarter1=%.0f quarter2=%.0f quarter3=%.0f quarter4=%.0f last_over_first=%.2f "
+                "data_file_mb=%.1f lanebus_avg_batch=%.1f\n",
+                x.msgs_per_sec, quarters[0], quarters[1], quarters[2], quarters[3],
+                quarters[0] > 0 ? quarters[3] / quarters[0] : 0.0, ec ? 0.0 : static_cast<double>(file) / 1e6,
+                x.avg_batch);
+    std::fflush(stdout);
   }
   std::string sync4_dir;
   if (want("sync_1p")) {
