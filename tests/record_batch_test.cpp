@@ -273,6 +273,17 @@ TEST_CASE("record batches: a damaged record inside a batch is Corruption naming 
     REQUIRE(after.ok());  // and those after it
     CHECK(after->messages.size() == 5);
   }
+  SUBCASE("a value too short to be a record") {
+    edit_log_value(dir.path(), 0, 0, [](std::string& v) { v.assign("\x01short", 6); });
+    auto store = must_open(options_for(dir.path()));
+    auto t = store->find_topic("crc");
+    REQUIRE(t.ok());
+    auto b = store->read(*t, 0, 0);
+    CHECK(b.code() == Code::Corruption);
+    CHECK(b.status().message().find("offset 0: record shorter than its header") != std::string::npos);
+    auto at = store->offset_for_time(*t, 0, 1'000'000);  // seek by time reads it too: an error, not a crash
+    CHECK(at.code() == Code::Corruption);
+  }
   SUBCASE("a batch whose count does not match its records") {
     edit_log_value(dir.path(), 0, 0, [](std::string& v) { v[2] = 11; });
     auto store = must_open(options_for(dir.path()));

@@ -40,6 +40,7 @@ Status LaneLog::load() {
 Status LaneLog::step_in_value() {
   const bool batch = count_ > 1;
   const std::size_t avail = value_.size() - pos_;
+  if (!batch && avail < kRecordOverhead) return bad(off_, "record shorter than its header");
   const std::size_t size = batch ? stored_record_size(value_.data() + pos_, avail) : avail;
   if (size == 0) return bad(off_, "record batch is malformed");
   const bool last = off_ - first_ + 1 == count_;
