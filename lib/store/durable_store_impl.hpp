@@ -229,7 +229,8 @@ struct DurableStore::WriteCtx {
     std::uint64_t lane = 0;   // lk(tid, lane)
     std::uint64_t first = 0;  // offset of the first staged record
     std::uint32_t count = 0;
-    std::string bytes;        // kBatchHeader, then the records
+    std::size_t used = 0;                // bytes of buf in use: kBatchHeader, then the records
+    std::unique_ptr<char[]> buf;         // kBatchValueMax bytes, allocated at the slot's first use
   };
   LogBatch staged[kLogCursors]{};
   std::size_t staged_lanes = 0;
@@ -270,6 +271,32 @@ struct DurableStore::WriteCtx {
     auto s = read_lane(*txn, store->dbi_lanes_, tid, lane_no);
     if (!s.ok()) return fail(s.status());
     return &lanes.emplace(k, *s).first->second;
+  }
+  // apply_append's lookups without the maps: a direct-mapped cache of the
+  // lanes appended to (std::map nodes do not move while the transaction
+  // lives; `lanes` and `dirty` only grow), and the last topic's kind
+  // (TopicLog::topic_kind takes a mutex), forgotten before every other op.
+  struct LaneHit {
+    std::uint64_t k = ~0ull;
+    LaneState* state = nullptr;
+    bool marked = false;  // dirty[k] says appended
+  };
+  LaneHit lane_hits[16]{};
+  std::uint32_t kind_tid = 0, kind_lanes = 0;
+  int kind = 0;
+  Result<LaneHit*> append_lane(std::uint32_t tid, std::uint32_t lane_no) {
+    const std::uint64_t k = lk(tid, lane_no);
+    LaneHit& h = lane_hits[(lane_no ^ (tid << 3)) & 15];
+    if (h.k == k) return &h;
+    auto s = lane(tid, lane_no);
+    if (!s.ok()) return s.status();
+    h = LaneHit{k, *s, false};
+    return &h;
+  }
+  void mark_appended(LaneHit& h) {
+    if (h.marked) return;
+    dirty[h.k] = true;
+    h.marked = true;
   }
   void mark(std::uint32_t tid, std::uint32_t lane_no, bool appended) {
     auto& d = dirty[lk(tid, lane_no)];
@@ -400,20 +427,23 @@ struct DurableStore::WriteCtx {
       staged[i].count = 0;
     }
     LogBatch& b = staged[i];
-    if (b.count > 0 && b.bytes.size() + size > kBatchValueMax) {
+    if (b.count > 0 && b.used + size > kBatchValueMax) {
       if (Status s = write_batch(b); !s.ok()) return s;
     }
     if (b.count == 0) {
+      if (!b.buf) b.buf = std::make_unique_for_overwrite<char[]>(kBatchValueMax);
       b.first = off;
-      b.bytes.assign(kBatchHeader, '\0');
+      std::memset(b.buf.get(), 0, kBatchHeader);
+      b.used = kBatchHeader;
     }
     b.count += 1;
-    const std::size_t at = b.bytes.size();
-    b.bytes.resize(at + size);
-    return b.bytes.data() + at;
+    char* at = b.buf.get() + b.used;
+    b.used += size;
+    return at;
   }
   /// Write every staged batch to the log (before any other op reads it).
   Status flush_log_batches() {
+    kind_tid = 0;  // another op may open or drop topics
     for (std::size_t i = 0; i < staged_lanes; ++i) {
       if (Status s = write_batch(staged[i]); !s.ok()) return s;
     }
@@ -432,13 +462,13 @@ struct DurableStore::WriteCtx {
     const auto lane_no = static_cast<std::uint32_t>(b.lane);
     // A lone record is stored as it is, without the batch header.
     const std::size_t skip = b.count == 1 ? kBatchHeader : 0;
-    auto p = reserve_log(tid, lane_no, log_key(tid, lane_no, b.first).sv(), b.bytes.size() - skip);
+    auto p = reserve_log(tid, lane_no, log_key(tid, lane_no, b.first).sv(), b.used - skip);
     if (!p.ok()) return p.status();
     if (b.count > 1) {
-      b.bytes[0] = kBatchFormat;
-      put_le16(b.bytes.data() + 2, static_cast<std::uint16_t>(b.count));
+      b.buf[0] = kBatchFormat;
+      put_le16(b.buf.get() + 2, static_cast<std::uint16_t>(b.count));
     }
-    std::memcpy(*p, b.bytes.data() + skip, b.bytes.size() - skip);
+    std::memcpy(*p, b.buf.get() + skip, b.used - skip);
     b.count = 0;
     return Status();
   }

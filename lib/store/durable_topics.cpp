@@ -314,11 +314,14 @@ Result<std::uint64_t> TopicLog::reserve_ids(std::uint64_t count) {
 
 Status TopicLog::apply_append(WriteCtx& ctx, WriteOp& op) {
   AppendRequest& r = op.request;
-  std::uint32_t lanes = 0;
-  const int kind = topic_kind(r.topic_id, &lanes);
+  if (ctx.kind_tid != r.topic_id || ctx.kind == 0) {
+    ctx.kind = topic_kind(r.topic_id, &ctx.kind_lanes);
+    ctx.kind_tid = r.topic_id;
+  }
+  const int kind = ctx.kind;
   if (kind == 0) return topic_by_id(r.topic_id).status();
-  auto ls = ctx.lane(r.topic_id, r.lane);
-  if (!ls.ok()) return ls.status();
+  auto hit = ctx.append_lane(r.topic_id, r.lane);
+  if (!hit.ok()) return hit.status();
   // Fenced topics (doc/leases.md, lib/features/fence.cpp): decided here, in the transaction,
   // against the high-water as left by earlier ops of this batch, before
   // anything of this op is written. A duplicate writes nothing.
@@ -341,7 +344,7 @@ Status TopicLog::apply_append(WriteCtx& ctx, WriteOp& op) {
     h.id = *id;
   }
   if (h.created_at_ns == 0) h.created_at_ns = ctx.now_ns;
-  LaneState& s = **ls;
+  LaneState& s = *(*hit)->state;
   std::int64_t index_ts = std::max(s.last_ts, h.created_at_ns);
   std::size_t size = record_size(r);
   char* at = nullptr;
@@ -361,7 +364,7 @@ Status TopicLog::apply_append(WriteCtx& ctx, WriteOp& op) {
   s.count += 1;
   s.bytes += size;
   s.last_ts = index_ts;
-  ctx.mark(r.topic_id, r.lane, true);
+  ctx.mark_appended(**hit);
   if (fence.fenced) {
     StoreTxn ft(&s_, &ctx, ctx.txn, ctx.now_ns);
     return s_.fences_.record(ft, fence, r, op.result);
