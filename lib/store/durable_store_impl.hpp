@@ -5,6 +5,8 @@
 // call. Include it only from those files.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -605,6 +607,12 @@ class TopicLog : public StorePart {
 
   mutable Mutex topics_mutex_;
   std::unordered_map<std::uint32_t, TopicRef> topics_ GUARDED_BY(topics_mutex_);  // opened or found here
+  // topic_kind without the mutex (every append asks, from every publishing
+  // thread): for ids below kKnownKinds, kind << 32 | lanes once looked up, 0
+  // before. Entries of topics_ are only added and a topic's kind and lane
+  // count never change, so a stored value stays true.
+  static constexpr std::uint32_t kKnownKinds = 1024;
+  mutable std::array<std::atomic<std::uint64_t>, kKnownKinds> known_kinds_{};
 };
 
 /// Consumer groups and their committed offsets (durable_groups.cpp).

@@ -27,11 +27,23 @@ Result<TopicRef> TopicLog::topic_by_id(std::uint32_t id) const {
 }
 
 int TopicLog::topic_kind(std::uint32_t id, std::uint32_t* lanes) const {
+  if (id < kKnownKinds) {
+    // Relaxed: the value is whole in itself and never changes once stored.
+    const std::uint64_t known = known_kinds_[id].load(std::memory_order_relaxed);
+    if (known != 0) {
+      *lanes = static_cast<std::uint32_t>(known);
+      return static_cast<int>(known >> 32);
+    }
+  }
   MutexLock l(&topics_mutex_);
   auto it = topics_.find(id);
   if (it == topics_.end()) return 0;
   *lanes = it->second.lanes;
-  return it->second.fence.empty() ? 1 : 2;
+  const int kind = it->second.fence.empty() ? 1 : 2;
+  if (id < kKnownKinds) {
+    known_kinds_[id].store(static_cast<std::uint64_t>(kind) << 32 | it->second.lanes, std::memory_order_relaxed);
+  }
+  return kind;
 }
 
 void TopicLog::remember_topic(const TopicRef& t) {
