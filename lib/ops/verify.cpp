@@ -257,12 +257,11 @@ class Walker {
     for (std::size_t i = 0; i < records_.size(); ++i) visit_record(*t, tid, lane, first + i, records_[i]);
   }
 
-  void visit_record(const TopicRef& topic_ref, std::uint32_t tid, std::uint32_t lane, std::uint64_t off,
+  void visit_record(const TopicRef& topic, std::uint32_t tid, std::uint32_t lane, std::uint64_t off,
                     std::string_view v) {
-    const TopicRef* t = &topic_ref;
     ++r_->log_records;
     msg_.payload.clear();
-    if (Status s = decode_log_record(v, t->name, lane, off, &msg_); !s.ok()) problem(s.to_string());
+    if (Status s = decode_log_record(v, topic.name, lane, off, &msg_); !s.ok()) problem(s.to_string());
     auto it = lanes_.find(lk(tid, lane));
     if (it == lanes_.end() || !it->second.present) {
       return problem(lane_name(lk(tid, lane)) + ": log record at offset " + std::to_string(off) +

@@ -274,18 +274,15 @@ struct DurableStore::WriteCtx {
     if (!s.ok()) return fail(s.status());
     return &lanes.emplace(k, *s).first->second;
   }
-  // apply_append's lookups without the maps: a direct-mapped cache of the
-  // lanes appended to (std::map nodes do not move while the transaction
-  // lives; `lanes` and `dirty` only grow), and the last topic's kind
-  // (TopicLog::topic_kind takes a mutex), forgotten before every other op.
+  // apply_append's lane lookup without the maps: a direct-mapped cache of
+  // the lanes appended to (std::map nodes do not move while the transaction
+  // lives; `lanes` and `dirty` only grow).
   struct LaneHit {
     std::uint64_t k = ~0ull;
     LaneState* state = nullptr;
     bool marked = false;  // dirty[k] says appended
   };
   LaneHit lane_hits[16]{};
-  std::uint32_t kind_tid = 0, kind_lanes = 0;
-  int kind = 0;
   Result<LaneHit*> append_lane(std::uint32_t tid, std::uint32_t lane_no) {
     const std::uint64_t k = lk(tid, lane_no);
     LaneHit& h = lane_hits[(lane_no ^ (tid << 3)) & 15];
@@ -445,7 +442,6 @@ struct DurableStore::WriteCtx {
   }
   /// Write every staged batch to the log (before any other op reads it).
   Status flush_log_batches() {
-    kind_tid = 0;  // another op may open or drop topics
     for (std::size_t i = 0; i < staged_lanes; ++i) {
       if (Status s = write_batch(staged[i]); !s.ok()) return s;
     }

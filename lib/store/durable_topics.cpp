@@ -326,11 +326,8 @@ Result<std::uint64_t> TopicLog::reserve_ids(std::uint64_t count) {
 
 Status TopicLog::apply_append(WriteCtx& ctx, WriteOp& op) {
   AppendRequest& r = op.request;
-  if (ctx.kind_tid != r.topic_id || ctx.kind == 0) {
-    ctx.kind = topic_kind(r.topic_id, &ctx.kind_lanes);
-    ctx.kind_tid = r.topic_id;
-  }
-  const int kind = ctx.kind;
+  std::uint32_t lanes = 0;
+  const int kind = topic_kind(r.topic_id, &lanes);  // no lock for ids below kKnownKinds
   if (kind == 0) return topic_by_id(r.topic_id).status();
   auto hit = ctx.append_lane(r.topic_id, r.lane);
   if (!hit.ok()) return hit.status();
