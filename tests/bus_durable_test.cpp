@@ -702,6 +702,71 @@ TEST_CASE("a batch handler on a durable topic gets spans of one lane in order; s
   seen.check_key_order(5);
 }
 
+TEST_CASE("a batch handler on a durable topic reads in place: its views point into the store's map, and it may publish durably while it holds them") {
+  TempDir tmp;
+  constexpr int kMessages = 3000;
+  auto bus = Bus::open(durable_bus(tmp.path)).value();
+  auto* store = detail::Access::core(*bus)->store();
+  REQUIRE(store->map_at_max());
+  auto topic = bus->create_topic("inplace.orders", {.lanes = 2, .durable = true}).value();
+  auto audit = bus->create_topic("inplace.audit", {.lanes = 1, .durable = true}).value();
+  std::vector<std::string> keys, payloads;  // the messages' bytes (OutgoingMessage holds views)
+  for (int i = 0; i < kMessages; ++i) {
+    keys.push_back("k" + std::to_string(i % 7));
+    payloads.push_back("order-" + std::to_string(i));
+  }
+  std::vector<OutgoingMessage> batch;
+  for (int i = 0; i < kMessages; ++i) batch.push_back({.key = keys[static_cast<std::size_t>(i)], .payload = payloads[static_cast<std::size_t>(i)]});
+  REQUIRE(topic.publish_batch(batch).published == batch.size());
+  std::mutex mu;
+  std::vector<int> got;
+  std::atomic<int> in_map{0}, copied{0}, published{0}, tries{0};
+  auto sub = bus->subscribe_batch(
+                    topic, "billing",
+                    [&](std::span<const MessageView> ms) {
+                      // (in_map reads /proc/self/maps: the first and last view of each call)
+                      const bool mapped = store->in_map(ms.front().payload().data()) &&
+                                          store->in_map(ms.back().payload().data());
+                      (mapped ? in_map : copied) += static_cast<int>(ms.size());
+                      {
+                        std::lock_guard l(mu);
+                        for (const MessageView& m : ms) got.push_back(std::stoi(std::string(m.payload().substr(6))));
+                      }
+                      // A Sync publish waits for the writer's commit while this
+                      // call holds its read: the map never moves, so the writer
+                      // never waits for the read to end.
+                      if (tries.fetch_add(1) < 20) {
+                        Status s = audit.publish({.key = "a", .payload = std::string(ms.front().payload())});
+                        CHECK(s.ok());
+                        published++;
+                      }
+                      // The views are still the messages after that commit.
+                      for (const MessageView& m : ms) CHECK(m.payload().substr(0, 6) == "order-");
+                      return BatchOutcome::all_acked();
+                    },
+                    {.batch_max = 64})
+                 .value();
+  const bool all = wait_until([&] {
+    std::lock_guard l(mu);
+    return got.size() >= static_cast<std::size_t>(kMessages);
+  });
+  {
+    std::lock_guard l(mu);
+    MESSAGE("got " << got.size() << ", in the map " << in_map.load() << ", copies " << copied.load());
+  }
+  REQUIRE(all);
+  REQUIRE(sub.close().ok());
+  std::lock_guard l(mu);
+  CHECK(got.size() == static_cast<std::size_t>(kMessages));  // each once
+  std::sort(got.begin(), got.end());
+  for (int i = 0; i < kMessages; ++i) CHECK(got[static_cast<std::size_t>(i)] == i);
+  CHECK(in_map.load() == kMessages);  // read in place: no message went through a copy
+  CHECK(published.load() == 20);
+  auto audit_ref = store->find_topic("inplace.audit");
+  REQUIRE(audit_ref.ok());
+  CHECK((*store->lane_info(*audit_ref, 0)).count == 20);
+}
+
 TEST_CASE("a batch handler on a durable queue gets spans of one lane's claims; stop_at retries one claim, the rest come again") {
   TempDir tmp;
   constexpr int kMessages = 300;

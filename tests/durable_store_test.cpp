@@ -805,7 +805,7 @@ TEST_CASE("one batch appending to more lanes than the writer keeps cursors for r
   }
 }
 
-TEST_CASE("the map grows on MDB_MAP_FULL; at the maximum appends fail with MapFull, nothing acknowledged is lost") {
+TEST_CASE("the map is reserved at map_size_max; at the maximum appends fail with MapFull, nothing acknowledged is lost") {
   TempDir dir;
   auto o = options_for(dir.path());
   o.map_size_initial = 256 << 10;
@@ -815,6 +815,7 @@ TEST_CASE("the map grows on MDB_MAP_FULL; at the maximum appends fail with MapFu
   std::string failure_message;
   {
     auto store = must_open(o);
+    CHECK(store->map_size() == o.map_size_max);  // reserved at open: it never moves under a read
     auto t = store->open_topic("fill", TopicSpec{1, false, {}});
     auto q = store->open_topic("work", TopicSpec{1, true, {}});
     REQUIRE(t.ok());
@@ -843,7 +844,7 @@ TEST_CASE("the map grows on MDB_MAP_FULL; at the maximum appends fail with MapFu
     }
     CHECK(failure == Code::MapFull);
     CHECK(contains(failure_message, "map_size_max"));
-    CHECK(store->counters().map_growths >= 2);
+    CHECK(store->counters().map_growths == 0);
     CHECK(store->map_size() == o.map_size_max);
     // The store keeps running: reads work; a lone append may still fit in the
     // space a whole refused batch did not (then it is acknowledged and kept),
@@ -865,6 +866,44 @@ TEST_CASE("the map grows on MDB_MAP_FULL; at the maximum appends fail with MapFu
   REQUIRE(all.size() == acked.size());
   for (std::size_t i = 0; i < acked.size(); ++i) CHECK(all[i].payload == acked[i]);
   CHECK(store->append(request(*t, "k", "more room now")).ok());
+}
+
+TEST_CASE("without the reservation the map doubles on MDB_MAP_FULL up to map_size_max, then MapFull") {
+  // The path a process takes when the OS refuses map_size_max of address space.
+  TempDir dir;
+  lanebus::detail::LmdbEnv::Config c;
+  c.path = dir.path();
+  c.reserve_map = false;
+  c.map_size_initial = 256 << 10;
+  c.map_size_max = 1 << 20;
+  auto env = lanebus::detail::LmdbEnv::open(c);
+  REQUIRE(env.ok());
+  CHECK((*env)->map_size() == c.map_size_initial);
+  CHECK_FALSE((*env)->map_at_max());
+  lanebus::Status last;
+  int written = 0;
+  for (int round = 0; round < 64 && last.code() != Code::MapFull; ++round) {
+    auto txn = (*env)->begin_write();
+    REQUIRE(txn.ok());
+    auto dbi = (*env)->open_dbi(*txn, nullptr, false);
+    REQUIRE(dbi.ok());
+    lanebus::Status s;
+    for (int i = 0; i < 16 && s.ok(); ++i) s = txn->put(*dbi, "k" + std::to_string(written + i), std::string(4000, 'x'));
+    if (s.ok()) s = txn->commit();
+    if (s.ok()) {
+      written += 16;
+      continue;
+    }
+    txn->abort();
+    REQUIRE(s.code() == Code::MapFull);
+    last = (*env)->grow_map();
+  }
+  CHECK(last.code() == Code::MapFull);
+  CHECK(contains(last.message(), "map_size_max"));
+  CHECK((*env)->map_growths() == 2);  // 256 KiB -> 512 KiB -> 1 MiB
+  CHECK((*env)->map_size() == c.map_size_max);
+  CHECK((*env)->map_at_max());
+  CHECK(written > 0);
 }
 
 TEST_CASE("a file where the store directory should be is a clear error") {

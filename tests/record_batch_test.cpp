@@ -157,6 +157,57 @@ TEST_CASE("record batches: one transaction's appends are stored as batches and r
   CHECK(report->log_records == 3 * kPerLane);
 }
 
+TEST_CASE("reads in place: views into the map, held until released, valid while the log is rewritten") {
+  TempDir dir;
+  auto o = options_for(dir.path());
+  auto store = must_open(o);
+  CHECK(store->map_at_max());  // reserved at open: a held read never waits for a resize
+  lanebus::RetentionOptions keep;
+  keep.max_count = 5;
+  auto t = store->open_topic("inplace", TopicSpec{2, false, keep});
+  REQUIRE(t.ok());
+  append_in_one_batch(*store, *t, 40, 1'000'000);
+  lanebus::detail::InPlaceBatch ib;
+  // Retention has not run yet: all 40 are there. Read 10 from offset 3.
+  REQUIRE(store->read_in_place(*t, 1, 3, {10, 1 << 20}, &ib).ok());
+  REQUIRE(ib.held());
+  REQUIRE(ib.messages.size() == 10);
+  CHECK(ib.first_offset == 3);
+  CHECK(ib.next_offset == 13);
+  CHECK(ib.end_offset == 40);
+  for (std::size_t i = 0; i < 10; ++i) {
+    const auto& m = ib.messages[i];
+    CHECK(m.offset == 3 + i);
+    CHECK(m.lane == 1);
+    CHECK(m.key == "k1");
+    CHECK(m.header.correlation_id == 4 + i);
+    CHECK(m.payload == payload_of(1, 3 + i));
+    CHECK(store->in_map(m.payload.data()));  // not a copy
+  }
+  // While the read is held, retention deletes every record it sees and the
+  // writer appends more (reusing free pages): the held views do not change.
+  REQUIRE(store->run_retention().ok());
+  append_in_one_batch(*store, *t, 40, 2'000'000);
+  REQUIRE(store->run_retention().ok());
+  for (std::size_t i = 0; i < 10; ++i) CHECK(ib.messages[i].payload == payload_of(1, 3 + i));
+  ib.release();
+  CHECK_FALSE(ib.held());
+  CHECK(ib.messages.size() == 10);  // offsets and headers stay; the views may not be used
+  // A read after retention: the skip is reported, the newest 5 come.
+  REQUIRE(store->read_in_place(*t, 1, 0, {100, 1 << 20}, &ib).ok());
+  CHECK(ib.skipped == 75);
+  REQUIRE(ib.messages.size() == 5);
+  CHECK(ib.messages.front().offset == 75);
+  CHECK(ib.messages.back().payload == payload_of(1, 39));
+  // A read at the end returns nothing and holds nothing; a bad lane is an error.
+  REQUIRE(store->read_in_place(*t, 1, 80, {100, 1 << 20}, &ib).ok());
+  CHECK(ib.messages.empty());
+  CHECK_FALSE(ib.held());
+  CHECK(store->read_in_place(*t, 2, 0, {100, 1 << 20}, &ib).code() == Code::InvalidArgument);
+  CHECK_FALSE(ib.held());
+  REQUIRE(store->close().ok());  // nothing held: close does not wait
+}
+
 TEST_CASE("record batches: retention cuts through a batch and keeps exactly the newest records") {
   TempDir dir;
   auto store = must_open(options_for(dir.path()));
@@ -269,6 +320,12 @@ TEST_CASE("record batches: a damaged record inside a batch is Corruption naming 
     auto first = store->read(*t, 0, 0, {4, 1 << 20});
     REQUIRE(first.ok());  // the intact records before it still read
     CHECK(first->messages.size() == 4);
+    lanebus::detail::InPlaceBatch ib;  // read in place: the same error, and no read left held
+    auto in_place = store->read_in_place(*t, 0, 0, {100, 1 << 20}, &ib);
+    CHECK(in_place.code() == Code::Corruption);
+    CHECK(in_place.message().find("\"crc\" lane 0 offset 4: record checksum mismatch") != std::string::npos);
+    CHECK(ib.messages.empty());
+    CHECK_FALSE(ib.held());
     auto after = store->read(*t, 0, 5);
     REQUIRE(after.ok());  // and those after it
     CHECK(after->messages.size() == 5);

@@ -56,14 +56,20 @@ struct StoreOptions {
   bool verify_on_open = false;
 
   // ---- capacity ----
-  /// Initial LMDB map size in bytes (the largest the data file can grow before
-  /// the map is grown). Rounded up to a multiple of the OS page size by LMDB.
-  /// Default 64 MiB. An existing store opened with a smaller value keeps its
-  /// current size.
+  /// The map a process starts with only where the OS refuses to reserve
+  /// map_size_max of address space (RLIMIT_AS, a 32-bit process); the map
+  /// then doubles, up to map_size_max, each time a write hits MDB_MAP_FULL.
+  /// Default 64 MiB.
   std::uint64_t map_size_initial = 64ull << 20;
-  /// The map doubles (at most to this value) each time a write transaction
-  /// hits MDB_MAP_FULL. Beyond it appends fail with MapFull and nothing already
-  /// acknowledged is lost. Default 16 GiB. Must be >= map_size_initial.
+  /// The largest the data file may grow. The store maps this much address
+  /// space when it opens (the file itself grows only as data is written), so
+  /// the map never moves while a handler holds views into it (durable
+  /// handlers read in place, doc/durable.md "Reading in place"). Beyond it
+  /// appends fail with MapFull and nothing already acknowledged is lost.
+  /// Default 16 GiB. Must be >= map_size_initial. Give every process that
+  /// opens the directory the same value: a process whose file another one has
+  /// grown past its own map adopts the larger map only once none of its reads
+  /// is open.
   std::uint64_t map_size_max = 16ull << 30;
   /// LMDB reader slots shared by every process that opens the directory; each
   /// read call holds one slot for its duration. Default 126 (LMDB's default).

@@ -233,7 +233,11 @@ struct alignas(64) GroupLane : TimerEntry {
   std::vector<StoredMessage> buffer;        // read but not yet handled
   std::vector<StoredMessage> buffer_spare;  // storage kept between reads (ReadBatch::spare)
   std::size_t buffer_index = 0;
+  // A batch handler's span read in place (topic_span_in_place): held only
+  // during the handler call; kept for its vector's storage.
+  InPlaceBatch in_place;
   // Durable topic poison bookkeeping (DlqStore::TopicMark).
+  std::uint64_t marked_to = 0;              // the committed delivery mark covers offsets below it
   std::uint64_t careful_to = 0;             // deliver one message at a time below this offset
   std::uint32_t head_crashes = 0;           // crashes of the message at read_pos (careful mode)
   // Durable queues: the claims the store's writer makes for this lane in the
@@ -850,6 +854,20 @@ class DurableRunner {
   std::int64_t topic_commit_tx(TopicRun& run, TxnState& tx, bool* reposition);
   std::int64_t topic_settle(TopicRun& run, const Parcel& p, const Invocation& inv);
   TopicStep topic_deliver_span(TopicRun& run, MessageView* views);
+  /// A batch handler's span read in place and delivered while the read is
+  /// held (no copy); Got when it cannot go that way (the caller goes the
+  /// buffer's way).
+  TopicStep topic_span_in_place(TopicRun& run, MessageView* views);
+  bool in_place_ok(const TopicRun& run) const;
+  static void keep_in_buffer(GroupLane* gl, std::size_t from);
+  /// How far ahead of an in-place span its delivery mark reaches (one mark
+  /// commit per this many messages, as one buffer read has).
+  static constexpr std::uint64_t kInPlaceMarkAhead = 1024;
+  /// The delivery mark of [from, to) with the offset commit of what is done
+  /// (poison detection): Got once committed, Stop (held) or Reposition.
+  TopicStep topic_mark(TopicRun& run, std::uint64_t from, std::uint64_t to);
+  /// What a read found before its first message: retention's skip and the lane's end.
+  static void note_read(TopicRun& run, std::uint64_t first, std::uint64_t skipped, std::uint64_t end);
   static void stored_view(const GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, MessageView* out);
   TopicStep topic_after(TopicRun& run, std::int64_t wait_ns);
   bool topic_run_end(TopicRun& run);

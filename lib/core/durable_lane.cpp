@@ -143,6 +143,7 @@ struct DurableRunner::TopicRun {
   std::uint32_t limit_span = 0;  // messages a run handles: the fairness batch, or batch_max if larger
   std::uint32_t handled = 0;
   bool retry_pending = false;
+  bool more_in_lane = false;  // the last read in place stopped before the lane's end
   std::uint64_t consumed_pos;
   std::ptrdiff_t pi = -1;
   StoredMessage* mp = nullptr;
@@ -202,14 +203,7 @@ DurableRunner::TopicStep DurableRunner::topic_refill(TopicRun& run) {
     gl->buffer_index = 0;
     return TopicStep::Stop;
   }
-  if (rb.skipped > 0) {
-    gl->skipped.fetch_add(rb.skipped, std::memory_order_relaxed);
-    if (run.consumed_pos < rb.first_offset) run.consumed_pos = rb.first_offset;
-    if (gl->read_pos < gl->careful_to && rb.first_offset > gl->read_pos) gl->head_crashes = 1;
-  }
-  std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
-  while (rb.end_offset > k && !gl->known_end.compare_exchange_weak(k, rb.end_offset)) {
-  }
+  note_read(run, rb.first_offset, rb.skipped, rb.end_offset);
   if (rb.messages.empty()) {
     gl->read_pos = rb.next_offset;
     gl->buffer.swap(rb.messages);
@@ -217,38 +211,61 @@ DurableRunner::TopicStep DurableRunner::topic_refill(TopicRun& run) {
     return TopicStep::Stop;
   }
   if (run.poison) {
-    DlqStore::TopicMark mark;
-    mark.from = rb.messages.front().offset;
-    mark.to = rb.messages.back().offset + 1;
-    mark.careful_to = gl->careful_to;
-    mark.crashes = mark.from < gl->careful_to ? gl->head_crashes : 0;
-    const std::uint64_t commit_to = run.done_upto();
-    Status ms;
-    {
-      MutexLock l(&g->commit_mu);
-      if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return TopicStep::Reposition;
-      ms = bus_.store_->write([&](StoreTxn& txn) -> Status {
-        if (commit_to > gl->committed_sent) {
-          Status cs = txn.commit_offset(g->store_group, gl->lane, commit_to);
-          if (!cs.ok()) return cs;
-        }
-        return bus_.dlq_->set_topic_mark_in(txn, g->store_group, gl->lane, mark);
-      });
-    }
-    if (!ms.ok()) {
-      gl->errors.fetch_add(1, std::memory_order_relaxed);
-      gl->retry_delay_ns = kHoldBusyKeyNs;
-      run.retry_pending = true;
+    const TopicStep m = topic_mark(run, rb.messages.front().offset, rb.messages.back().offset + 1);
+    if (m == TopicStep::Stop) {
       gl->buffer.clear();  // read again after the hold
       gl->buffer_index = 0;
-      return TopicStep::Stop;
     }
-    if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
+    if (m != TopicStep::Got) return m;
   }
   gl->buffer.swap(rb.messages);
   gl->buffer_index = 0;
   gl->read_pos = rb.next_offset;
   run.consumed_pos = gl->buffer.front().offset;
+  return TopicStep::Got;
+}
+
+void DurableRunner::note_read(TopicRun& run, std::uint64_t first, std::uint64_t skipped, std::uint64_t end) {
+  GroupLane* gl = run.gl;
+  if (skipped > 0) {
+    gl->skipped.fetch_add(skipped, std::memory_order_relaxed);
+    if (run.consumed_pos < first) run.consumed_pos = first;
+    if (gl->read_pos < gl->careful_to && first > gl->read_pos) gl->head_crashes = 1;
+  }
+  std::uint64_t k = gl->known_end.load(std::memory_order_relaxed);
+  while (end > k && !gl->known_end.compare_exchange_weak(k, end)) {
+  }
+}
+
+DurableRunner::TopicStep DurableRunner::topic_mark(TopicRun& run, std::uint64_t from, std::uint64_t to) {
+  GroupLane* gl = run.gl;
+  GroupImpl* g = run.g;
+  DlqStore::TopicMark mark;
+  mark.from = from;
+  mark.to = to;
+  mark.careful_to = gl->careful_to;
+  mark.crashes = mark.from < gl->careful_to ? gl->head_crashes : 0;
+  const std::uint64_t commit_to = run.done_upto();
+  Status ms;
+  {
+    MutexLock l(&g->commit_mu);
+    if (g->seek_gen.load(std::memory_order_acquire) != gl->seen_seek_gen) return TopicStep::Reposition;
+    ms = bus_.store_->write([&](StoreTxn& txn) -> Status {
+      if (commit_to > gl->committed_sent) {
+        Status cs = txn.commit_offset(g->store_group, gl->lane, commit_to);
+        if (!cs.ok()) return cs;
+      }
+      return bus_.dlq_->set_topic_mark_in(txn, g->store_group, gl->lane, mark);
+    });
+  }
+  if (!ms.ok()) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    gl->retry_delay_ns = kHoldBusyKeyNs;
+    run.retry_pending = true;
+    return TopicStep::Stop;
+  }
+  if (commit_to > gl->committed_sent) gl->committed_sent = commit_to;
+  gl->marked_to = to;
   return TopicStep::Got;
 }
 
@@ -451,6 +468,107 @@ DurableRunner::TopicStep DurableRunner::topic_deliver_span(TopicRun& run, Messag
   return topic_after(run, topic_settle(run, p, Invocation{result.next(), false}));
 }
 
+// A span read in place needs the lane at rest (no message read and not yet
+// handled, no attempt under way, not in the poison search) and a map that
+// never moves while the read is held (a handler that publishes could
+// otherwise wait for a writer waiting for the handler's read to end).
+bool DurableRunner::in_place_ok(const TopicRun& run) const {
+  const GroupLane* gl = run.gl;
+  return run.spans && gl->buffer_index == gl->buffer.size() && gl->attempts == 0 &&
+         gl->read_pos >= gl->careful_to && run.poison_after != 1 && bus_.store_->map_at_max();
+}
+
+// A batch handler's span without a copy: up to batch_max messages read in
+// place, the delivery mark (poison detection) written ahead for up to
+// kInPlaceMarkAhead of them when the span passes the last one, and the
+// handler called while the read is held. An acked span leaves nothing behind
+// (Next). Where the handler stopped, that message and the ones after it are
+// copied into the buffer before the read ends, and settled and delivered
+// from there as topic_deliver_span does. A message past its TTL in the span:
+// Got, nothing delivered (the buffer's way handles it).
+DurableRunner::TopicStep DurableRunner::topic_span_in_place(TopicRun& run, MessageView* views) {
+  GroupLane* gl = run.gl;
+  GroupImpl* g = run.g;
+  InPlaceBatch& ib = gl->in_place;
+  run.pi = -1;
+  run.attempts = &gl->attempts;
+  run.first_failure = &gl->first_failure_ns;
+  ReadLimits limits;
+  limits.max_messages = std::min(g->options.batch_max, run.limit_span - run.handled);
+  limits.max_bytes = 1u << 20;
+  if (!bus_.store_->read_in_place(g->topic->store_topic, gl->lane, gl->read_pos, limits, &ib).ok()) {
+    gl->errors.fetch_add(1, std::memory_order_relaxed);
+    return TopicStep::Stop;
+  }
+  note_read(run, ib.first_offset, ib.skipped, ib.end_offset);
+  run.more_in_lane = ib.next_offset < ib.end_offset;
+  const std::size_t n = ib.messages.size();
+  if (n == 0) {
+    gl->read_pos = ib.next_offset;
+    return TopicStep::Stop;
+  }
+  const std::int64_t now = now_ns();
+  for (const MessageRef& m : ib.messages) {
+    if (m.expires_ns != 0 && now >= m.expires_ns) {
+      ib.release();
+      return TopicStep::Got;
+    }
+  }
+  if (run.poison && ib.next_offset > gl->marked_to) {
+    const std::uint64_t ahead = std::min(ib.first_offset + kInPlaceMarkAhead, ib.end_offset);
+    const TopicStep m = topic_mark(run, ib.first_offset, std::max(ib.next_offset, ahead));
+    if (m != TopicStep::Got) {
+      ib.release();
+      return m;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const MessageRef& m = ib.messages[i];
+    new (&views[i]) MessageView(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
+    Access::set_attempt(views[i], 1);
+    Access::set_headers(views[i], m.headers);
+  }
+  gl->read_pos = ib.next_offset;
+  const std::span<const MessageView> span(views, n);
+  const BatchOutcome result = bus_.delivery_.invoke_span(run.c, gl, span);
+  std::size_t acked = 0;
+  bus_.delivery_.span_settled(gl, result, span, &acked);
+  gl->acked.store(gl->acked.load(std::memory_order_relaxed) + acked, std::memory_order_relaxed);
+  run.handled += static_cast<std::uint32_t>(acked);
+  if (acked == n) {
+    ib.release();
+    run.consumed_pos = gl->read_pos;
+    return TopicStep::Next;
+  }
+  keep_in_buffer(gl, acked);  // the message the handler stopped at, and the rest
+  gl->attempts = 1;
+  run.consumed_pos = gl->buffer.front().offset;
+  run.mp = &gl->buffer.front();
+  const StoredMessage& m = *run.mp;
+  const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, gl->attempts, m.headers};
+  ++run.handled;
+  return topic_after(run, topic_settle(run, p, Invocation{result.next(), false}));
+}
+
+// The in-place read's messages from `from` on, copied into the empty buffer
+// (its old entries' storage reused); then the read ends.
+void DurableRunner::keep_in_buffer(GroupLane* gl, std::size_t from) {
+  InPlaceBatch& ib = gl->in_place;
+  for (StoredMessage& m : gl->buffer) gl->buffer_spare.push_back(std::move(m));
+  gl->buffer.clear();
+  for (std::size_t i = from; i < ib.messages.size(); ++i) {
+    if (gl->buffer_spare.empty()) {
+      gl->buffer.emplace_back();
+    } else {
+      gl->buffer.push_back(std::move(gl->buffer_spare.back()));
+      gl->buffer_spare.pop_back();
+    }
+    copy_message(ib.messages[i], &gl->buffer.back());
+  }
+  gl->buffer_index = 0;
+  ib.release();
+}
+
 // After the delivery: a message to try again waits parked (a parked one, or
 // the head with key_parallel_retry while there is room: Next) or at the
 // head of its lane (Stop); a settled one leaves the run's view (Next).
@@ -499,8 +617,12 @@ bool DurableRunner::topic_run_end(TopicRun& run) {
   GroupLane* gl = run.gl;
   gl->done_pos = run.done_upto();
   // Never while the consumer is being closed or the bus shut down: no later run may come to commit it.
-  const bool holds_more = gl->buffer_index < gl->buffer.size() && !run.retry_pending &&
-                          run.c->enabled.load(std::memory_order_seq_cst) && !bus_.closing();
+  // In place a run reads no further than its limit: more in the lane after a
+  // run that used its limit means the next run comes at once too.
+  const bool buffered = gl->buffer_index < gl->buffer.size();
+  const bool comes_back = buffered || (run.more_in_lane && run.handled >= run.limit_span);
+  const bool holds_more = comes_back && !run.retry_pending && run.c->enabled.load(std::memory_order_seq_cst) &&
+                          !bus_.closing();
   if (gl->done_pos > gl->committed_sent &&
       (!holds_more || RetryTimer::now_ns() - gl->committed_sent_ns >= kTopicCommitDelayNs))
     commit_topic_position(gl);
@@ -547,6 +669,13 @@ bool DurableRunner::run_durable_topic_batch(GroupLane* gl, Consumer* c) {
   run.limit_span = std::max(g->options.batch, run.spans ? g->options.batch_max : 1u);
   alignas(MessageView) unsigned char view_bytes[kMaxBatch * sizeof(MessageView)];  // the span's views
   while (run.handled < run.limit_span) {
+    if (in_place_ok(run)) {
+      const TopicStep s = topic_span_in_place(run, reinterpret_cast<MessageView*>(view_bytes));
+      if (s == TopicStep::Next) continue;
+      if (s == TopicStep::Stop) break;
+      if (s == TopicStep::Reposition) return true;
+      // Got: the buffer's way.
+    }
     const TopicStep step = topic_pick(run);
     if (step == TopicStep::Next) continue;
     if (step == TopicStep::Stop) break;

@@ -148,42 +148,59 @@ Result<ReadBatch> TopicLog::read(const TopicRef& topic, std::uint32_t lane, std:
   return b;
 }
 
-Status TopicLog::read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
-                               const ReadLimits& limits, ReadBatch* out) {
-  ReadBatch& b = *out;
-  // Keep the messages' strings (their capacity is reused); only the count resets.
-  std::size_t used = 0;
-  if (lane >= topic.lanes) {
-    return Status(Code::InvalidArgument, "read " + quoted(topic.name) + ": lane " + std::to_string(lane) + " out of range");
-  }
-  auto view = s_.begin_read();
-  if (!view.ok()) return view.status();
-  LmdbTxn* txn = &view->txn;
-  auto ls = read_lane(*txn, s_.dbi_lanes_, topic.id, lane);
+template <class Visit>
+Status TopicLog::walk_lane(LmdbTxn& txn, const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                           const ReadLimits& limits, LaneRange* range, Visit&& visit) {
+  auto ls = read_lane(txn, s_.dbi_lanes_, topic.id, lane);
   if (!ls.ok()) return ls.status();
-  b.skipped = 0;
-  b.end_offset = ls->next;
+  range->skipped = 0;
+  range->end = ls->next;
   std::uint64_t start = from;
   if (start < ls->first) {
-    b.skipped = ls->first - start;
+    range->skipped = ls->first - start;
     start = ls->first;
     // Relaxed: a statistic.
-    s_.counters_.skipped_by_retention.fetch_add(b.skipped, std::memory_order_relaxed);
+    s_.counters_.skipped_by_retention.fetch_add(range->skipped, std::memory_order_relaxed);
   }
-  b.first_offset = start;
-  b.next_offset = start;
-  if (start >= ls->next || limits.max_messages == 0) {
-    b.messages.clear();
-    return Status();
-  }
-  LaneLog log(*txn, s_.dbi_log_, topic.id, lane, topic.name);
+  range->first = range->next = start;
+  if (start >= ls->next || limits.max_messages == 0) return Status();
+  LaneLog log(txn, s_.dbi_log_, topic.id, lane, topic.name);
   auto r = log.seek(start);
   std::uint64_t bytes = 0;
   std::uint64_t expect = start;
+  std::uint32_t used = 0;
   while (r.ok() && *r && used < limits.max_messages && expect < ls->next) {
     if (log.offset() != expect) break;
     const std::string_view rec = log.record();
     if (used > 0 && bytes + rec.size() > limits.max_bytes) break;
+    if (Status s = visit(rec, expect); !s.ok()) return s;
+    ++used;
+    bytes += rec.size();
+    ++expect;
+    r = log.next();
+  }
+  if (!r.ok()) return r.status();
+  if (used == 0 && expect < ls->next) {
+    return Status(Code::Corruption, "read " + quoted(topic.name) + " lane " + std::to_string(lane) + ": offset " +
+                                        std::to_string(expect) + " is missing from the log");
+  }
+  range->next = expect;
+  return Status();
+}
+
+Status TopicLog::read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                               const ReadLimits& limits, ReadBatch* out) {
+  ReadBatch& b = *out;
+  if (lane >= topic.lanes) {
+    b.messages.clear();
+    return Status(Code::InvalidArgument, "read " + quoted(topic.name) + ": lane " + std::to_string(lane) + " out of range");
+  }
+  auto view = s_.begin_read();
+  if (!view.ok()) return view.status();
+  // Keep the messages' strings (their capacity is reused); only the count resets.
+  std::size_t used = 0;
+  LaneRange range;
+  Status s = walk_lane(view->txn, topic, lane, from, limits, &range, [&](std::string_view rec, std::uint64_t off) {
     if (used == b.messages.size()) {
       if (b.spare.empty()) {
         b.messages.emplace_back();
@@ -192,26 +209,48 @@ Status TopicLog::read_into(const TopicRef& topic, std::uint32_t lane, std::uint6
         b.spare.pop_back();
       }
     }
-    Status s = decode_record(rec, topic.name, lane, expect, &b.messages[used]);
-    if (!s.ok()) {
-      b.messages.clear();
-      return s;
-    }
-    ++used;
-    bytes += rec.size();
-    ++expect;
-    r = log.next();
-  }
+    Status d = decode_record(rec, topic.name, lane, off, &b.messages[used]);
+    if (d.ok()) ++used;
+    return d;
+  });
+  if (!s.ok()) used = 0;  // on error no message
   while (b.messages.size() > used) {  // keep the storage for the next read
     b.spare.push_back(std::move(b.messages.back()));
     b.messages.pop_back();
   }
-  if (!r.ok()) return r.status();
-  if (b.messages.empty() && expect < ls->next) {
-    return Status(Code::Corruption, "read " + quoted(topic.name) + " lane " + std::to_string(lane) + ": offset " +
-                                        std::to_string(expect) + " is missing from the log");
+  b.first_offset = range.first;
+  b.next_offset = range.next;
+  b.end_offset = range.end;
+  b.skipped = range.skipped;
+  return s;
+}
+
+Status TopicLog::read_in_place(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                               const ReadLimits& limits, InPlaceBatch* out) {
+  out->release();
+  out->messages.clear();
+  if (lane >= topic.lanes) {
+    return Status(Code::InvalidArgument, "read " + quoted(topic.name) + ": lane " + std::to_string(lane) + " out of range");
   }
-  b.next_offset = expect;
+  auto view = s_.begin_read();
+  if (!view.ok()) return view.status();
+  LaneRange range;
+  Status s = walk_lane(view->txn, topic, lane, from, limits, &range, [&](std::string_view rec, std::uint64_t off) {
+    out->messages.emplace_back();
+    return decode_record_in_place(rec, topic.name, lane, off, &out->messages.back());
+  });
+  out->first_offset = range.first;
+  out->next_offset = range.next;
+  out->end_offset = range.end;
+  out->skipped = range.skipped;
+  if (!s.ok()) {
+    out->messages.clear();
+    return s;
+  }
+  if (!out->messages.empty()) {  // hold the read: the views point into its pages
+    out->life_ = std::move(view->life);
+    out->txn_ = std::move(view->txn);
+  }
   return Status();
 }
 

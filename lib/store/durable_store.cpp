@@ -352,6 +352,12 @@ Status DurableStore::read_into(const TopicRef& topic, std::uint32_t lane, std::u
                                const ReadLimits& limits, ReadBatch* out) {
   return log_->read_into(topic, lane, from, limits, out);
 }
+Status DurableStore::read_in_place(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                                   const ReadLimits& limits, InPlaceBatch* out) {
+  return log_->read_in_place(topic, lane, from, limits, out);
+}
+bool DurableStore::map_at_max() const noexcept { return env_ != nullptr && env_->map_at_max(); }
+bool DurableStore::in_map(const void* p) const noexcept { return env_ != nullptr && env_->in_map(p); }
 Result<std::uint64_t> DurableStore::end_offset(const TopicRef& topic, std::uint32_t lane) {
   return log_->end_offset(topic, lane);
 }

@@ -159,6 +159,56 @@ struct ReadBatch {
   std::vector<StoredMessage> spare;
 };
 
+/// A message read in place (DurableStore::read_in_place): its key, payload
+/// and headers are views into LMDB's mapped pages, valid while the
+/// InPlaceBatch that holds it keeps its read. Checked like StoredMessage
+/// (its checksum, once, when it was read).
+struct MessageRef {
+  MessageHeader header;
+  std::uint32_t lane = 0;
+  std::uint64_t offset = 0;
+  std::int64_t index_ts_ns = 0;  ///< As StoredMessage::index_ts_ns.
+  std::string_view key;
+  std::string_view idempotency_key;
+  std::string_view payload;
+  std::int64_t due_ns = 0;
+  std::int64_t expires_ns = 0;
+  std::string_view headers;  ///< The stored header block, or empty.
+};
+
+/// `r`'s bytes copied into `*m` (reusing its strings' storage): a message
+/// read in place that must outlive the read.
+void copy_message(const MessageRef& r, StoredMessage* m);
+
+/// The result of read_in_place: messages whose bytes stay in LMDB's pages,
+/// and the read transaction that keeps them there. Hold it no longer than the
+/// views are used: a held read pins the pages it sees (LMDB cannot reuse them
+/// for later writes) and one of the process's reserved reader slots. Its
+/// destructor, or release(), ends the read. Not thread-safe; it may be used on
+/// one thread at a time (MDB_NOTLS).
+class InPlaceBatch {
+ public:
+  std::vector<MessageRef> messages;
+  std::uint64_t first_offset = 0;  ///< As ReadBatch.
+  std::uint64_t next_offset = 0;
+  std::uint64_t end_offset = 0;
+  std::uint64_t skipped = 0;
+
+  /// True while the read is held (the views of `messages` are valid).
+  bool held() const noexcept { return txn_.active(); }
+  /// End the read: every view of `messages` dangles from here on. The
+  /// messages' offsets, headers and sizes stay readable.
+  void release() noexcept {
+    txn_.abort();
+    if (life_.owns_lock()) life_.unlock();
+  }
+
+ private:
+  friend class TopicLog;
+  std::shared_lock<std::shared_mutex> life_;  // the store stays open (released after txn_)
+  LmdbTxn txn_;
+};
+
 /// One lane's log bounds.
 struct LaneInfo {
   std::uint64_t first_offset = 0;  ///< Earliest retained offset.
@@ -446,6 +496,21 @@ class DurableStore {
   /// On error `out->messages` is empty.
   [[nodiscard]] Status read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
                                  const ReadLimits& limits, ReadBatch* out);
+  /// As read_into, without copying: `out` gets views into LMDB's mapped
+  /// pages and holds the read transaction that keeps them valid, until
+  /// out->release() or its destruction (first releasing any read it held).
+  /// Holds no read when it returns no message, nor on error (then
+  /// out->messages is empty). Each record's checksum is checked once here.
+  /// The views stay valid across writes of this and other processes (LMDB's
+  /// copy-on-write) as long as the map does not move: see
+  /// LmdbEnv::map_at_max, which the caller checks before holding a read
+  /// across a call that can wait for the writer.
+  [[nodiscard]] Status read_in_place(const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                                     const ReadLimits& limits, InPlaceBatch* out);
+  /// The map never moves while this process holds a read (LmdbEnv::map_at_max).
+  bool map_at_max() const noexcept;
+  /// `p` points into the mapped data file (tests of reads in place).
+  bool in_map(const void* p) const noexcept;
   /// The lane's end offset (one past the last message): one read txn and one
   /// lookup, cheap enough to poll for new data from any process.
   [[nodiscard]] Result<std::uint64_t> end_offset(const TopicRef& topic, std::uint32_t lane);

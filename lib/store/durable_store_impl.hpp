@@ -153,6 +153,9 @@ void encode_record(char* p, std::size_t size, const AppendRequest& r, const Mess
                    std::int64_t index_ts);
 Status decode_record(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
                      StoredMessage* m);
+// As decode_record, with views into `v` instead of copies.
+Status decode_record_in_place(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
+                              MessageRef* m);
 
 // ---- lane bounds and the time index (durable_reads.cpp) ----
 // The first offset in [ls.first, ls.next) whose index timestamp is >= ts:
@@ -587,6 +590,8 @@ class TopicLog : public StorePart {
   Result<ReadBatch> read(const TopicRef& topic, std::uint32_t lane, std::uint64_t from, const ReadLimits& limits);
   Status read_into(const TopicRef& topic, std::uint32_t lane, std::uint64_t from, const ReadLimits& limits,
                    ReadBatch* out);
+  Status read_in_place(const TopicRef& topic, std::uint32_t lane, std::uint64_t from, const ReadLimits& limits,
+                       InPlaceBatch* out);
   Result<std::uint64_t> end_offset(const TopicRef& topic, std::uint32_t lane);
   Status end_offsets(const TopicRef& topic, std::uint64_t* ends);
   Result<LaneInfo> lane_info(const TopicRef& topic, std::uint32_t lane);
@@ -599,6 +604,16 @@ class TopicLog : public StorePart {
   // without a fence, 2 = fenced, 0 = not open in this store. `lanes` is set
   // when open.
   int topic_kind(std::uint32_t id, std::uint32_t* lanes) const EXCLUDES(topics_mutex_);
+  // Where a read of (topic, lane) from an offset starts and ends.
+  struct LaneRange {
+    std::uint64_t first = 0, next = 0, end = 0, skipped = 0;
+  };
+  // The records of read_into / read_in_place: from `from` on (retention's
+  // skip counted), within `limits`, each passed to visit(record, offset),
+  // whose error ends the walk with it.
+  template <class Visit>
+  Status walk_lane(LmdbTxn& txn, const TopicRef& topic, std::uint32_t lane, std::uint64_t from,
+                   const ReadLimits& limits, LaneRange* range, Visit&& visit);
   void remember_topic(const TopicRef& t) EXCLUDES(topics_mutex_);
 
   mutable Mutex topics_mutex_;

@@ -674,10 +674,11 @@ Status check_store_dir(const LmdbEnv::Config& config, struct stat* st, struct st
   return Status();
 }
 
-// Start at least as large as the data file so reopening a grown store does
-// not shrink its map below what is used.
-std::uint64_t initial_map_size(const LmdbEnv::Config& config, bool have_data, const struct stat& data) {
-  std::uint64_t map = config.map_size_initial;
+// The map the environment opens with: `reserve` (Config::reserve_map) the
+// whole of map_size_max, else map_size_initial; never less than the data file
+// uses, so reopening a grown store does not shrink its map below what is used.
+std::uint64_t initial_map_size(const LmdbEnv::Config& config, bool have_data, const struct stat& data, bool reserve) {
+  std::uint64_t map = reserve ? config.map_size_max : config.map_size_initial;
   if (have_data && static_cast<std::uint64_t>(data.st_size) > map) {
     map = std::min<std::uint64_t>(static_cast<std::uint64_t>(data.st_size) * 2, config.map_size_max);
     if (map < static_cast<std::uint64_t>(data.st_size)) map = static_cast<std::uint64_t>(data.st_size);
@@ -687,7 +688,7 @@ std::uint64_t initial_map_size(const LmdbEnv::Config& config, bool have_data, co
 
 // An environment handle for `config`, configured and opened with a map of
 // `map` bytes.
-Result<MDB_env*> open_env_handle(const LmdbEnv::Config& config, std::uint64_t map) {
+Result<MDB_env*> open_env_handle(const LmdbEnv::Config& config, std::uint64_t map, bool* enomem = nullptr) {
   const std::string& path = config.path;
   MDB_env* env = nullptr;
   int rc = mdb_env_create(&env);
@@ -719,6 +720,7 @@ Result<MDB_env*> open_env_handle(const LmdbEnv::Config& config, std::uint64_t ma
       continue;
     }
     mdb_env_close(env);
+    if (rc == ENOMEM && enomem != nullptr) *enomem = true;
     if (rc == ENOMEM) return open_enomem("open", path);
     if (rc == EINVAL) return open_einval("open", path);
     return lmdb_error(rc, "open", path);
@@ -741,7 +743,15 @@ Result<std::unique_ptr<LmdbEnv>> LmdbEnv::open(const Config& config) {
                                     "process; share the open store)");
     }
   }
-  auto env = open_env_handle(config, initial_map_size(config, have_data, dst));
+  // The reserved map costs address space only (LMDB extends the file as it
+  // writes, never to the map's size without MDB_WRITEMAP). Where the OS
+  // refuses that much (RLIMIT_AS, a 32-bit process), open with the initial
+  // size and grow as before.
+  bool enomem = false;
+  auto env = open_env_handle(config, initial_map_size(config, have_data, dst, config.reserve_map), &enomem);
+  if (!env.ok() && config.reserve_map && enomem && env.code() != Code::Corruption) {
+    env = open_env_handle(config, initial_map_size(config, have_data, dst, false));
+  }
   if (!env.ok()) {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry().erase({st.st_dev, st.st_ino});
@@ -911,15 +921,20 @@ Result<LmdbDbi> LmdbEnv::open_dbi(LmdbTxn& txn, const char* name, bool create) {
 }
 
 Status LmdbEnv::grow_map() {
+  auto at_max = [this](std::uint64_t current) {
+    return Status(Code::MapFull, "write to " + quoted(config_.path) + ": MDB_MAP_FULL: map size " +
+                                     std::to_string(current >> 20) +
+                                     " MiB reached its maximum; raise StoreOptions::map_size_max");
+  };
+  // At the maximum (always, once the map is reserved) without the exclusive
+  // lock: a read held across a handler call (in-place delivery) must never
+  // hold up the writer's answer.
+  if (const std::uint64_t current = map_size(); current >= config_.map_size_max) return at_max(current);
   std::unique_lock<std::shared_mutex> lock(map_mutex_);  // no txn of ours is open now
   MDB_envinfo info{};
   mdb_env_info(env_, &info);
   std::uint64_t current = info.me_mapsize;
-  if (current >= config_.map_size_max) {
-    return Status(Code::MapFull, "write to " + quoted(config_.path) + ": MDB_MAP_FULL: map size " +
-                                     std::to_string(current >> 20) +
-                                     " MiB reached its maximum; raise StoreOptions::map_size_max");
-  }
+  if (current >= config_.map_size_max) return at_max(current);
   std::uint64_t next = std::min<std::uint64_t>(current * 2, config_.map_size_max);
   int rc = mdb_env_set_mapsize(env_, static_cast<std::size_t>(next));
   if (rc != 0) return lmdb_error(rc, "grow map of", config_.path);
@@ -927,6 +942,25 @@ Status LmdbEnv::grow_map() {
   map_size_.store(info.me_mapsize, std::memory_order_relaxed);
   map_growths_.fetch_add(1, std::memory_order_relaxed);
   return Status();
+}
+
+bool LmdbEnv::in_map(const void* p) const noexcept {
+  // LMDB does not tell where it mapped the file (me_mapaddr is only set with
+  // MDB_FIXEDMAP): find the mapping of data.mdb's inode in /proc/self/maps.
+  struct stat data {};
+  if (::stat((config_.path + "/data.mdb").c_str(), &data) != 0) return false;
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return false;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  bool found = false;
+  char line[512];
+  while (!found && std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0, ino = 0;
+    if (std::sscanf(line, "%lx-%lx %*s %*s %*s %lu", &lo, &hi, &ino) == 3 && ino == data.st_ino)
+      found = a >= lo && a < hi;
+  }
+  std::fclose(f);
+  return found;
 }
 
 Result<int> LmdbEnv::reader_check() {

@@ -151,7 +151,8 @@ class LmdbCursor {
 ///   descriptor of lock.mdb would drop this process's fcntl locks.
 /// - The map is resized only with no transaction of this process open: every
 ///   transaction holds `map_mutex_` shared, a resize takes it exclusively.
-///   Growth after MDB_MAP_FULL doubles up to Config::map_size_max;
+///   The map is reserved at Config::map_size_max at open (Config::reserve_map);
+///   without the reservation, growth after MDB_MAP_FULL doubles up to it;
 ///   MDB_MAP_RESIZED (another process grew it) is handled inside begin_*.
 /// - Writers of different processes queue on a POSIX record lock on
 ///   `writer.lock` in the store directory (fcntl F_SETLKW), taken before
@@ -204,6 +205,12 @@ class LmdbEnv {
     /// commit's fsync or sync(). Not used by the store; bench/durable's
     /// `layouts` case measures what pipelining acknowledgements that way would gain.
     bool no_meta_sync = false;
+    /// Map the whole of map_size_max at open, so that the map never moves
+    /// while this process has a transaction open (a read held across a
+    /// handler call can then never hold up the writer). Costs address space
+    /// only. Where the OS refuses the address space, or when false, the map
+    /// starts at map_size_initial and doubles on MDB_MAP_FULL.
+    bool reserve_map = true;
     /// Reader slots this process reserves at open (read transactions open at
     /// once; more wait). 0: min(8, max(1, maxreaders / 16)). At most kMaxReadSlots.
     unsigned read_slots = 0;
@@ -260,6 +267,12 @@ class LmdbEnv {
   const Config& config() const noexcept { return config_; }
   std::uint64_t map_size() const noexcept { return map_size_.load(std::memory_order_relaxed); }
   std::uint64_t map_growths() const noexcept { return map_growths_.load(std::memory_order_relaxed); }
+  /// The map is at map_size_max: this process never resizes it again, unless
+  /// another process with a larger map_size_max grows the file past it
+  /// (MDB_MAP_RESIZED, adopted with no transaction of this process open).
+  bool map_at_max() const noexcept { return map_size() >= config_.map_size_max; }
+  /// `p` points into the mapped data file (a view read in place).
+  bool in_map(const void* p) const noexcept;
   /// DiskFull when data.mdb is at RLIMIT_FSIZE or the file system is full
   /// (explains an EIO that LMDB reports for a short write), else OK.
   Status short_write_cause() const;

@@ -129,8 +129,8 @@ void encode_record(char* p, std::size_t size, const AppendRequest& r, const Mess
   put_le32(p + size - 4, crc32c(p, size - 4));
 }
 
-Status decode_record(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
-                     StoredMessage* m) {
+Status decode_record_in_place(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
+                              MessageRef* m) {
   auto bad = [&](const char* why) {
     return Status(Code::Corruption, "read topic " + quoted(topic) + " lane " + std::to_string(lane) + " offset " +
                                         std::to_string(off) + ": " + why);
@@ -154,12 +154,12 @@ Status decode_record(std::string_view v, std::string_view topic, std::uint32_t l
   m->header.content_type = get_le16(p + 60);
   m->header.schema_version = get_le16(p + 62);
   const char* d = p + kRecordHeader;
-  m->key.assign(d, klen);
-  m->idempotency_key.assign(d + klen, ilen);
-  m->payload.assign(d + klen + ilen, plen);
+  m->key = std::string_view(d, klen);
+  m->idempotency_key = std::string_view(d + klen, ilen);
+  m->payload = std::string_view(d + klen + ilen, plen);
   m->due_ns = 0;
   m->expires_ns = 0;
-  m->headers.clear();
+  m->headers = {};
   if (elen != 0) [[unlikely]] {
     const char* e = d + klen + ilen + plen;
     if (get_le16(e) != elen) return bad("record extension block length mismatch");
@@ -170,10 +170,31 @@ Status decode_record(std::string_view v, std::string_view topic, std::uint32_t l
     if (has_headers) {
       const std::string_view block(e + kRecordExtension, elen - kRecordExtension);
       if (block.empty() || !valid_header_block(block)) return bad("record headers are malformed");
-      m->headers.assign(block);
+      m->headers = block;
     }
   }
   return Status();
+}
+
+Status decode_record(std::string_view v, std::string_view topic, std::uint32_t lane, std::uint64_t off,
+                     StoredMessage* m) {
+  MessageRef r;
+  if (Status s = decode_record_in_place(v, topic, lane, off, &r); !s.ok()) return s;
+  copy_message(r, m);
+  return Status();
+}
+
+void copy_message(const MessageRef& r, StoredMessage* m) {
+  m->header = r.header;
+  m->lane = r.lane;
+  m->offset = r.offset;
+  m->index_ts_ns = r.index_ts_ns;
+  m->key.assign(r.key);
+  m->idempotency_key.assign(r.idempotency_key);
+  m->payload.assign(r.payload);
+  m->due_ns = r.due_ns;
+  m->expires_ns = r.expires_ns;
+  m->headers.assign(r.headers);
 }
 
 // ---- exposed decoders (lib/store/store_codec.hpp: the verify walk and fuzz targets) ----
