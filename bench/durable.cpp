@@ -14,6 +14,7 @@
 //   sync_batch64  1 thread, Topic::publish_batch of 64 on a Sync durable topic through the Bus
 //             vs the same thread publishing one by one, and lmdb_fsync with 64 puts per txn
 //   replay    one group reads every lane of sync_4p's log from offset 0 (DurableStore::read);
+//             replay_in_place: the same with DurableStore::read_in_place (views, no copy);
 //             replay_bus / replay_bus_batch: the same log through Bus::subscribe / subscribe_batch
 //             (BENCH_REPLAY_BATCH=N sets the group's batch and batch_max, BENCH_REPLAY_WORKERS the workers)
 //             vs lmdb_cursor (raw cursor scan of lmdb_fsync's table), and
@@ -809,7 +810,7 @@ double bus_publish_batched(std::size_t batch, const std::string& dir) {
 }
 
 // Replay: a new group reads every lane of the sync_4p topic from offset 0.
-Run lanebus_replay(const std::string& dir) {
+Run lanebus_replay(const std::string& dir, bool in_place = false) {
   lanebus::StoreOptions o;
   o.directory = dir;
   auto store = DurableStore::open(o);
@@ -822,10 +823,20 @@ Run lanebus_replay(const std::string& dir) {
   std::size_t bytes = 0;
   // One ReadBatch reused across reads, as a durable topic group's lane does
   // (read_into keeps the messages' storage).
+  // `in_place`: read_in_place instead, views into the map, each read held
+  // while its messages are used, as a batch handler's span is.
   lanebus::detail::ReadBatch batch;
+  lanebus::detail::InPlaceBatch views;
   auto start = Clock::now();
   for (std::uint32_t lane = 0; lane < t->lanes; ++lane) {
-    for (std::uint64_t from = 0;;) {
+    for (std::uint64_t from = 0; in_place;) {
+      if (!(*store)->read_in_place(*t, lane, from, {1024, 4 << 20}, &views).ok()) std::exit(1);
+      if (views.messages.empty()) break;
+      for (const auto& m : views.messages) bytes += m.payload.size();
+      n += views.messages.size();
+      from = views.next_offset;
+    }
+    for (std::uint64_t from = 0; !in_place;) {
       if (!(*store)->read_into(*t, lane, from, {1024, 4 << 20}, &batch).ok()) std::exit(1);
       if (batch.messages.empty()) break;
       for (const auto& m : batch.messages) bytes += m.payload.size();
@@ -837,6 +848,7 @@ Run lanebus_replay(const std::string& dir) {
   r.msgs = n;
   r.msgs_per_sec = static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - start).count();
   if (bytes == 0 && n > 0) std::exit(1);
+  views.release();
   (void)(*store)->close();
   return r;
 }
@@ -1789,7 +1801,7 @@ int main(int argc, char** argv) {
     if (want("replay")) {
       // Also the raw cursor over lanebus's own log: what the log's layout
       // costs (page fill, record size) apart from lanebus's reader.
-      std::vector<double> x, y, z;
+      std::vector<double> x, y, z, v;
       double fill_raw = 0, fill_log = 0;
       std::uint64_t logged = 0;
       for (int r = 0; r < g_repeats; ++r) {
@@ -1798,8 +1810,11 @@ int main(int argc, char** argv) {
         logged = rr.msgs;
         y.push_back(lmdb_cursor(lmdb_dir, &fill_raw).msgs_per_sec);
         z.push_back(lmdb_cursor(sync4_dir, &fill_log, true).msgs_per_sec);
+        v.push_back(lanebus_replay(sync4_dir, true).msgs_per_sec);
       }
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor", y);
+      ratio_line("replay_in_place", "msg_per_s", v, "lmdb_cursor", y);
+      ratio_line("replay_in_place", "msg_per_s", v, "replay", x);
       char fills[96];
       std::snprintf(fills, sizeof fills, "msgs_per_page=%.1f baseline_msgs_per_page=%.1f ", fill_log, fill_raw);
       ratio_line("replay", "msg_per_s", x, "lmdb_cursor_lanebus_log", z, fills);
