@@ -9,6 +9,20 @@
 
 namespace lanebus {
 
+// Reading in place (zero-copy delivery, doc/durable.md "Reading in place"):
+// a batch handler (Bus::subscribe_batch) of a durable topic receives
+// MessageViews whose key, idempotency key, payload and headers point into
+// LMDB's memory-mapped data file. A view lives for the handler call: the bus
+// holds the read transaction that keeps those pages from call start to
+// return, and ends it before the next call. Copy whatever must outlive the
+// call (the bus itself copies the messages a handler did not ack, for their
+// retry). While the call runs, the handler may publish, acknowledge and read
+// as anywhere else; the views stay valid across those writes (LMDB's
+// copy-on-write pages), because the store reserves map_size_max of address
+// space at open and so never moves the map. A held read pins the pages it
+// sees and one of the process's reserved reader slots: a handler that runs
+// for minutes keeps the file from reusing the space freed meanwhile.
+
 /// What "publish returned OK" means for a durable topic or queue.
 ///
 /// Both modes commit every message in an LMDB write transaction before the

@@ -78,8 +78,11 @@ class BatchOutcome {
 
 /// A batch handler (Bus::subscribe_batch, Bus::consume_batch): receives up
 /// to GroupOptions::batch_max messages of one lane, oldest first. The views
-/// and their bytes are valid for the call. Same threading and exception
-/// rules as Handler; an exception counts as stop_at(0, retry).
+/// and their bytes are valid for the call only: copy what must outlive it.
+/// On a durable topic they point into the store's mapped file (read in
+/// place, no copy; doc/durable.md "Reading in place") and a read transaction
+/// is held until the call returns, so keep the call short. Same threading and
+/// exception rules as Handler; an exception counts as stop_at(0, retry).
 using BatchHandler = std::function<BatchOutcome(std::span<const MessageView>)>;
 
 }  // namespace lanebus
