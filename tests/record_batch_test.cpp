@@ -8,8 +8,11 @@
 // for writing.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "durable_store.hpp"
@@ -205,7 +208,23 @@ TEST_CASE("reads in place: views into the map, held until released, valid while 
   CHECK_FALSE(ib.held());
   CHECK(store->read_in_place(*t, 2, 0, {100, 1 << 20}, &ib).code() == Code::InvalidArgument);
   CHECK_FALSE(ib.held());
-  REQUIRE(store->close().ok());  // nothing held: close does not wait
+  // A held read holds no lock of the store: reads and writes of other threads
+  // go on, and close() waits for its release.
+  REQUIRE(store->read_in_place(*t, 0, 0, {100, 1 << 20}, &ib).ok());
+  REQUIRE(ib.held());
+  std::atomic<bool> worked{false}, released{false};
+  std::thread other([&] {
+    CHECK(store->lane_info(*t, 1).ok());
+    append_in_one_batch(*store, *t, 2, 3'000'000);
+    worked = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    released = true;
+    ib.release();
+  });
+  while (!worked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(store->close().ok());
+  CHECK(released.load());
+  other.join();
 }
 
 TEST_CASE("record batches: retention cuts through a batch and keeps exactly the newest records") {

@@ -107,6 +107,7 @@ bool DurableRunner::position_durable_topic(GroupLane* gl) {
   gl->parked.clear();
   gl->careful_to = 0;
   gl->head_crashes = 0;
+  gl->marked_to = 0;  // the stored mark may cover offsets from before a seek
   if (poison_on(bus_.dlq_.get())) {
     std::optional<DlqStore::TopicMark> mark;
     Status s = bus_.store_->read([&](StoreTxn& t) -> Status {
@@ -479,9 +480,9 @@ bool DurableRunner::in_place_ok(const TopicRun& run) const {
 }
 
 // A batch handler's span without a copy: up to batch_max messages read in
-// place, the delivery mark (poison detection) written ahead for up to
-// kInPlaceMarkAhead of them when the span passes the last one, and the
-// handler called while the read is held. An acked span leaves nothing behind
+// place (with poison detection: the delivery mark written, before the read,
+// for the next kInPlaceMarkAhead offsets up to the lane's known end, and the
+// span kept inside it), and the handler called while the read is held. An acked span leaves nothing behind
 // (Next). Where the handler stopped, that message and the ones after it are
 // copied into the buffer before the read ends, and settled and delivered
 // from there as topic_deliver_span does. A message past its TTL in the span:
@@ -496,6 +497,16 @@ DurableRunner::TopicStep DurableRunner::topic_span_in_place(TopicRun& run, Messa
   ReadLimits limits;
   limits.max_messages = std::min(g->options.batch_max, run.limit_span - run.handled);
   limits.max_bytes = 1u << 20;
+  if (run.poison) {
+    // Marked before the read, never while it is held (the mark takes the
+    // group's commit mutex, which a repositioning worker holds while it reads).
+    if (gl->read_pos >= gl->marked_to) {
+      const std::uint64_t end = std::max(gl->known_end.load(std::memory_order_relaxed), gl->read_pos + 1);
+      const TopicStep m = topic_mark(run, gl->read_pos, std::min(gl->read_pos + kInPlaceMarkAhead, end));
+      if (m != TopicStep::Got) return m;
+    }
+    limits.max_messages = static_cast<std::uint32_t>(std::min<std::uint64_t>(limits.max_messages, gl->marked_to - gl->read_pos));
+  }
   if (!bus_.store_->read_in_place(g->topic->store_topic, gl->lane, gl->read_pos, limits, &ib).ok()) {
     gl->errors.fetch_add(1, std::memory_order_relaxed);
     return TopicStep::Stop;
@@ -512,14 +523,6 @@ DurableRunner::TopicStep DurableRunner::topic_span_in_place(TopicRun& run, Messa
     if (m.expires_ns != 0 && now >= m.expires_ns) {
       ib.release();
       return TopicStep::Got;
-    }
-  }
-  if (run.poison && ib.next_offset > gl->marked_to) {
-    const std::uint64_t ahead = std::min(ib.first_offset + kInPlaceMarkAhead, ib.end_offset);
-    const TopicStep m = topic_mark(run, ib.first_offset, std::max(ib.next_offset, ahead));
-    if (m != TopicStep::Got) {
-      ib.release();
-      return m;
     }
   }
   for (std::size_t i = 0; i < n; ++i) {

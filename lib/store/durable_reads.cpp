@@ -248,7 +248,7 @@ Status TopicLog::read_in_place(const TopicRef& topic, std::uint32_t lane, std::u
     return s;
   }
   if (!out->messages.empty()) {  // hold the read: the views point into its pages
-    out->life_ = std::move(view->life);
+    view->txn.hold();
     out->txn_ = std::move(view->txn);
   }
   return Status();

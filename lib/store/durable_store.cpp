@@ -182,6 +182,13 @@ Status DurableStore::close() {
   writer_->stop();
   std::unique_lock<std::shared_mutex> life(life_mutex_);
   if (closed_.load()) return Status();
+  // An InPlaceBatch still holding its read (it holds no lock): wait for its release.
+  while (env_ && env_->held_reads() > 0) {
+    life.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    life.lock();
+    if (closed_.load()) return Status();
+  }
   Status s;
   if (options_.durability == Durability::Async && !options_.read_only && env_ && !env_->fatal()) {
     s = env_->sync();

@@ -198,14 +198,13 @@ class InPlaceBatch {
   bool held() const noexcept { return txn_.active(); }
   /// End the read: every view of `messages` dangles from here on. The
   /// messages' offsets, headers and sizes stay readable.
-  void release() noexcept {
-    txn_.abort();
-    if (life_.owns_lock()) life_.unlock();
-  }
+  void release() noexcept { txn_.abort(); }
 
  private:
   friend class TopicLog;
-  std::shared_lock<std::shared_mutex> life_;  // the store stays open (released after txn_)
+  // Kept with LmdbTxn::hold: no lock of the store is held while the caller
+  // uses the views (its handler may take its own locks, which other threads
+  // hold while they read); DurableStore::close waits for the release.
   LmdbTxn txn_;
 };
 
@@ -501,6 +500,7 @@ class DurableStore {
   /// out->release() or its destruction (first releasing any read it held).
   /// Holds no read when it returns no message, nor on error (then
   /// out->messages is empty). Each record's checksum is checked once here.
+  /// Release it before close(), which waits for every held read.
   /// The views stay valid across writes of this and other processes (LMDB's
   /// copy-on-write) as long as the map does not move: see
   /// LmdbEnv::map_at_max, which the caller checks before holding a read

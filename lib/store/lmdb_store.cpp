@@ -236,7 +236,8 @@ Status open_einval(std::string_view what, std::string_view path) {
 
 LmdbTxn::LmdbTxn(LmdbTxn&& other) noexcept
     : env_(other.env_), txn_(std::exchange(other.txn_, nullptr)), lock_(std::move(other.lock_)),
-      write_(other.write_), writer_locked_(std::exchange(other.writer_locked_, false)), slot_(other.slot_) {}
+      write_(other.write_), writer_locked_(std::exchange(other.writer_locked_, false)), slot_(other.slot_),
+      held_(std::exchange(other.held_, false)) {}
 
 LmdbTxn& LmdbTxn::operator=(LmdbTxn&& other) noexcept {
   if (this != &other) {
@@ -247,11 +248,19 @@ LmdbTxn& LmdbTxn::operator=(LmdbTxn&& other) noexcept {
     write_ = other.write_;
     writer_locked_ = std::exchange(other.writer_locked_, false);
     slot_ = other.slot_;
+    held_ = std::exchange(other.held_, false);
   }
   return *this;
 }
 
 LmdbTxn::~LmdbTxn() { abort(); }
+
+void LmdbTxn::hold() noexcept {
+  if (txn_ == nullptr || write_ || held_) return;
+  env_->held_reads_.fetch_add(1, std::memory_order_seq_cst);  // under the map lock: a resize sees it
+  held_ = true;
+  if (lock_.owns_lock()) lock_.unlock();
+}
 
 void LmdbTxn::abort() noexcept {
   if (txn_ != nullptr) {
@@ -261,6 +270,10 @@ void LmdbTxn::abort() noexcept {
       env_->end_read(txn_, slot_);
     }
     txn_ = nullptr;
+  }
+  if (held_) {
+    env_->held_reads_.fetch_sub(1, std::memory_order_seq_cst);
+    held_ = false;
   }
   release_writer();
   if (lock_.owns_lock()) lock_.unlock();
@@ -791,6 +804,7 @@ Status LmdbEnv::fatal_status() const {
 
 Status LmdbEnv::adopt_map_size() {
   std::unique_lock<std::shared_mutex> lock(map_mutex_);
+  if (Status s = refuse_resize_if_held("adopt the larger map another process set"); !s.ok()) return s;
   int rc = mdb_env_set_mapsize(env_, 0);  // adopt the size another process set
   if (rc != 0) return lmdb_error(rc, "resize map of", config_.path);
   MDB_envinfo info{};
@@ -931,6 +945,7 @@ Status LmdbEnv::grow_map() {
   // hold up the writer's answer.
   if (const std::uint64_t current = map_size(); current >= config_.map_size_max) return at_max(current);
   std::unique_lock<std::shared_mutex> lock(map_mutex_);  // no txn of ours is open now
+  if (Status s = refuse_resize_if_held("grow the map"); !s.ok()) return s;
   MDB_envinfo info{};
   mdb_env_info(env_, &info);
   std::uint64_t current = info.me_mapsize;
@@ -942,6 +957,15 @@ Status LmdbEnv::grow_map() {
   map_size_.store(info.me_mapsize, std::memory_order_relaxed);
   map_growths_.fetch_add(1, std::memory_order_relaxed);
   return Status();
+}
+
+Status LmdbEnv::refuse_resize_if_held(const char* what) const {
+  const std::uint32_t held = held_reads_.load(std::memory_order_seq_cst);
+  if (held == 0) return Status();
+  return Status(Code::MapFull, "write to " + quoted(config_.path) + ": cannot " + what + " of " +
+                                   std::to_string(map_size() >> 20) + " MiB while " + std::to_string(held) +
+                                   " read(s) of this process hold views into it (a batch handler's call); give "
+                                   "every process that opens the store the same StoreOptions::map_size_max");
 }
 
 bool LmdbEnv::in_map(const void* p) const noexcept {

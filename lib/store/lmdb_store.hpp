@@ -81,6 +81,12 @@ class LmdbTxn {
   Status commit();
   /// Abort (no-op when already ended).
   void abort() noexcept;
+  /// A read kept while its thread may wait for this process's writer (a batch
+  /// handler holding views into the map): gives up the map lock, so that no
+  /// lock of lanebus is held across the caller's code, and is counted
+  /// instead; a resize of the map refuses (MapFull naming the cause) while any
+  /// held read is counted. No-op on a write transaction.
+  void hold() noexcept;
 
   bool active() const noexcept { return txn_ != nullptr; }
   MDB_txn* raw() const noexcept { return txn_; }
@@ -98,6 +104,7 @@ class LmdbTxn {
   bool write_ = false;
   bool writer_locked_ = false;  // holds env_'s writer lock (a write txn)
   std::size_t slot_ = 0;        // a read txn: its entry in env_'s reserved reader slots
+  bool held_ = false;           // hold(): counted in env_->held_reads_ instead of lock_
 };
 
 /// A cursor on one database inside a transaction; closed on destruction.
@@ -273,6 +280,8 @@ class LmdbEnv {
   bool map_at_max() const noexcept { return map_size() >= config_.map_size_max; }
   /// `p` points into the mapped data file (a view read in place).
   bool in_map(const void* p) const noexcept;
+  /// Reads kept with LmdbTxn::hold and not yet ended.
+  std::uint32_t held_reads() const noexcept { return held_reads_.load(std::memory_order_seq_cst); }
   /// DiskFull when data.mdb is at RLIMIT_FSIZE or the file system is full
   /// (explains an EIO that LMDB reports for a short write), else OK.
   Status short_write_cause() const;
@@ -284,6 +293,7 @@ class LmdbEnv {
   LmdbEnv(const Config& config, MDB_env* env, dev_t dev, ino_t ino) noexcept;
   Result<LmdbTxn> begin_write_txn();
   Status adopt_map_size();   // after MDB_MAP_RESIZED
+  Status refuse_resize_if_held(const char* what) const;  // MapFull while held reads are counted
   Status check_meta_fits();  // Corruption when the meta page claims more pages than the map
   Status lock_writer();     // writer_mutex_, then the record lock on writer_fd_
   void unlock_writer() noexcept;
@@ -309,6 +319,9 @@ class LmdbEnv {
   // changed under map_mutex_ exclusively.
   std::atomic<std::uint64_t> map_size_{0};
   std::atomic<std::uint64_t> map_growths_{0};
+  // Reads kept without the map lock (LmdbTxn::hold). Changed by a thread that
+  // holds the map lock shared or by the read's end; read under it exclusively.
+  std::atomic<std::uint32_t> held_reads_{0};
   struct ReadSlot {
     MDB_txn* txn = nullptr;  // reset while free; nullptr after a failed replacement
     bool busy = false;
