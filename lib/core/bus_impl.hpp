@@ -858,6 +858,7 @@ class DurableRunner {
   /// held (no copy); Got when it cannot go that way (the caller goes the
   /// buffer's way).
   TopicStep topic_span_in_place(TopicRun& run, MessageView* views);
+  TopicStep topic_settle_stop(TopicRun& run, const BatchOutcome& result);
   bool in_place_ok(const TopicRun& run) const;
   static void keep_in_buffer(GroupLane* gl, std::size_t from);
   /// How far ahead of an in-place span its delivery mark reaches (one mark
@@ -868,7 +869,8 @@ class DurableRunner {
   TopicStep topic_mark(TopicRun& run, std::uint64_t from, std::uint64_t to);
   /// What a read found before its first message: retention's skip and the lane's end.
   static void note_read(TopicRun& run, std::uint64_t first, std::uint64_t skipped, std::uint64_t end);
-  static void stored_view(const GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, MessageView* out);
+  template <class Message>  // StoredMessage or MessageRef (durable_lane.cpp)
+  static void stored_view(const GroupLane* gl, const Message& m, std::uint32_t attempt, MessageView* out);
   TopicStep topic_after(TopicRun& run, std::int64_t wait_ns);
   bool topic_run_end(TopicRun& run);
   void commit_topic_position(GroupLane* gl);

@@ -421,8 +421,10 @@ std::int64_t DurableRunner::topic_settle(TopicRun& run, const Parcel& p, const I
   return -1;
 }
 
-// A message of the buffer as a batch handler sees it (attempt and headers set).
-void DurableRunner::stored_view(const GroupLane* gl, const StoredMessage& m, std::uint32_t attempt, MessageView* out) {
+// A message of the buffer, or read in place, as a batch handler sees it
+// (attempt and headers set).
+template <class Message>
+void DurableRunner::stored_view(const GroupLane* gl, const Message& m, std::uint32_t attempt, MessageView* out) {
   new (out) MessageView(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
   Access::set_attempt(*out, attempt);
   Access::set_headers(*out, m.headers);
@@ -462,6 +464,13 @@ DurableRunner::TopicStep DurableRunner::topic_deliver_span(TopicRun& run, Messag
   if (acked == n) return TopicStep::Next;
   // The handler stopped at message `acked`: its own attempt now (the head's was counted above).
   if (acked > 0) gl->attempts = 1;
+  return topic_settle_stop(run, result);
+}
+
+// The message a batch handler stopped at (the buffer's head), settled with
+// the call's outcome for it as a one-message call's would be.
+DurableRunner::TopicStep DurableRunner::topic_settle_stop(TopicRun& run, const BatchOutcome& result) {
+  GroupLane* gl = run.gl;
   run.mp = &gl->buffer[gl->buffer_index];
   const StoredMessage& m = *run.mp;
   const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, gl->attempts, m.headers};
@@ -525,12 +534,7 @@ DurableRunner::TopicStep DurableRunner::topic_span_in_place(TopicRun& run, Messa
       return TopicStep::Got;
     }
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    const MessageRef& m = ib.messages[i];
-    new (&views[i]) MessageView(m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset);
-    Access::set_attempt(views[i], 1);
-    Access::set_headers(views[i], m.headers);
-  }
+  for (std::size_t i = 0; i < n; ++i) stored_view(gl, ib.messages[i], 1, &views[i]);
   gl->read_pos = ib.next_offset;
   const std::span<const MessageView> span(views, n);
   const BatchOutcome result = bus_.delivery_.invoke_span(run.c, gl, span);
@@ -546,11 +550,7 @@ DurableRunner::TopicStep DurableRunner::topic_span_in_place(TopicRun& run, Messa
   keep_in_buffer(gl, acked);  // the message the handler stopped at, and the rest
   gl->attempts = 1;
   run.consumed_pos = gl->buffer.front().offset;
-  run.mp = &gl->buffer.front();
-  const StoredMessage& m = *run.mp;
-  const Parcel p{&m.header, m.key, m.idempotency_key, m.payload, gl->lane, m.offset, gl->attempts, m.headers};
-  ++run.handled;
-  return topic_after(run, topic_settle(run, p, Invocation{result.next(), false}));
+  return topic_settle_stop(run, result);
 }
 
 // The in-place read's messages from `from` on, copied into the empty buffer
